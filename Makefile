@@ -1,0 +1,60 @@
+# Developer and CI entry points. Everything runs inside $(VENV), created on
+# first use from setup.cfg's [dev] extra (re-created when setup.cfg changes).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Extra pytest arguments, e.g. make test PYTEST_ARGS='-k worker -x'
+PYTEST_ARGS ?=
+
+.PHONY: all install demo test test-all lint examples clean bench bench-quick
+
+all: lint test
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+# Starts an embedded server unless JOBQ_REDIS_URL names one.
+demo: $(VENV)/.installed
+	$(BIN)/python examples/quickstart.py
+
+# Default selection: everything but the load, sentinel and slow tiers (setup.cfg).
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every tier, slow, load and fault included.
+test-all: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy jobq
+
+# Runs each examples/*.py that has a "# ci: run" line, two minutes at most each.
+examples: $(VENV)/.installed
+	@set -e; ran=0; \
+	for script in examples/*.py; do \
+	    [ -f "$$script" ] || continue; \
+	    grep -q '^# ci: run' "$$script" || continue; \
+	    echo "--- $$script"; \
+	    timeout 120 $(BIN)/python "$$script"; \
+	    ran=$$((ran + 1)); \
+	done; \
+	echo "--- $$ran example(s) ran"
+
+# Side-by-side benchmark of jobq and its peers (bench/README.md); ~25 min.
+bench: $(VENV)/.installed
+	timeout 2400 $(BIN)/python bench/run.py
+
+# About 3 minutes: fewer jobs, 1 repeat, a subset of peers.
+bench-quick: $(VENV)/.installed
+	timeout 600 $(BIN)/python bench/run.py --quick
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

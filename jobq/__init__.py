@@ -1,0 +1,48 @@
+"""jobq: a Redis-backed job queue for synchronous Python.
+
+Queue adds and administers jobs, Worker runs them in a thread pool,
+QueueEvents streams every job's life to listeners, and
+``Job.wait_until_finished`` blocks until a job is done.
+"""
+
+from .errors import (
+    ClosedError,
+    JobFailedError,
+    JobNotFoundError,
+    JobqError,
+    JobTimeoutError,
+    LockLostError,
+    SerializationError,
+    UnrecoverableError,
+    WaitUntilFinishedTimeoutError,
+)
+from .events import Event, JobMetrics
+from .job import Job
+from .options import Backoff, JobOptions, KeepJobs
+from .queue import Queue
+from .queue_events import QueueEvents
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backoff",
+    "ClosedError",
+    "Event",
+    "Job",
+    "JobFailedError",
+    "JobMetrics",
+    "JobNotFoundError",
+    "JobOptions",
+    "JobTimeoutError",
+    "JobqError",
+    "KeepJobs",
+    "LockLostError",
+    "Queue",
+    "QueueEvents",
+    "SerializationError",
+    "UnrecoverableError",
+    "WaitUntilFinishedTimeoutError",
+    "Worker",
+    "__version__",
+]

@@ -1,0 +1,7 @@
+"""``python -m jobq``: the jobq command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

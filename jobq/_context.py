@@ -1,0 +1,61 @@
+"""What Queue, Worker, QueueEvents and Job share about one queue."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from . import connection as _connection
+from .errors import ClosedError
+from .keys import QueueKeys, validate_name
+from .scripts import Scripts
+
+if TYPE_CHECKING:
+    from .queue_events import QueueEvents
+
+
+class QueueContext:
+    """One queue on one client: keys, scripts and the shared event reader."""
+
+    def __init__(self, name: str, connection: object, prefix: str) -> None:
+        self.name = validate_name(name)
+        self.prefix = validate_name(prefix, "prefix")
+        self.client, self._owned = _connection.resolve(connection)
+        self.keys = QueueKeys(self.prefix, self.name)
+        self.scripts = Scripts(self.client)
+        self._events: QueueEvents | None = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def run(self, script: str, *args: Any) -> Any:
+        """Run one of the queue's scripts."""
+        return self.scripts.run(script, self.keys.base, *args)
+
+    def check_open(self, what: str) -> None:
+        """Raise ClosedError if this queue was closed."""
+        if self.closed:
+            raise ClosedError(f"{what} {self.name!r} is closed")
+
+    def shared_events(self) -> QueueEvents:
+        """The QueueEvents shared by every user of this context, started lazily."""
+        with self._lock:
+            self.check_open("queue")
+            if self._events is None or self._events.closed:
+                from .queue_events import QueueEvents
+
+                self._events = QueueEvents(
+                    self.name, connection=self.client, prefix=self.prefix
+                )
+            return self._events
+
+    def close(self) -> None:
+        """Close the shared reader and, if jobq created it, the client."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            events, self._events = self._events, None
+        if events is not None:
+            events.close()
+        if self._owned:
+            _connection.close_client(self.client)

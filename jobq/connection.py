@@ -1,0 +1,121 @@
+"""Build and wrap Redis clients; dedicated clients for blocking reads."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+
+# A redis.Redis or a RedisCluster. redis-py types every reply as a union of
+# bytes and str (it depends on decode_responses, which jobq refuses), so
+# replies are handled as what they are here: bytes.
+Client = Any
+
+DEFAULT_URL = "redis://localhost:6379/0"
+#: URL schemes that name a Redis Cluster (or Valkey Cluster) by one of its nodes.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+#: Longest single blocking read (s): a blocked read cannot be interrupted from
+#: another thread, so this bounds how long ``close()`` may take.
+BLOCK_CAP = 1.0
+#: Socket timeout of blocking clients: longer than any block, so a healthy
+#: blocked read never times out, yet a dead peer is noticed.
+BLOCKING_SOCKET_TIMEOUT = BLOCK_CAP + 9.0
+
+
+def resolve(connection: object) -> tuple[Client, bool]:
+    """Return ``(client, owned)`` for a ``connection=`` argument.
+
+    ``owned`` is True when jobq created the client and must close it.
+
+    Raises:
+        TypeError: the argument is of no accepted type.
+        ValueError: the client decodes responses (payloads are binary).
+    """
+    if connection is None:
+        connection = os.environ.get("JOBQ_REDIS_URL") or DEFAULT_URL
+    if isinstance(connection, str):
+        scheme, sep, rest = connection.partition("://")
+        if sep and scheme in CLUSTER_SCHEMES:
+            return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}"), True
+        return redis.Redis.from_url(connection), True
+    if isinstance(connection, (redis.Redis, RedisCluster)):
+        if connection.get_encoder().decode_responses:
+            raise ValueError(
+                "jobq needs a client built with decode_responses=False: "
+                "payloads and results are binary msgpack"
+            )
+        return connection, False
+    raise TypeError(
+        "connection must be None, a redis://, rediss://, unix://, redis+cluster:// or "
+        "rediss+cluster:// URL, a redis.Redis "
+        f"or a redis.cluster.RedisCluster, not {type(connection).__name__}"
+    )
+
+
+
+
+def blocking_client(client: Client, name: str) -> Client:
+    """Return a new client for one thread's blocking reads.
+
+    It has its own connection, a socket timeout longer than any block and no
+    client-level retries: the calling loop owns reconnection and backoff.
+    """
+    if isinstance(client, RedisCluster):
+        # A cluster client of its own, from the nodes the caller's knows: it
+        # routes each command to its slot's node, and follows MOVED itself.
+        options = {
+            k: v for k, v in client.nodes_manager.connection_kwargs.items()
+            if k not in ("redis_connect_func", "oss_cluster_maint_notifications_handler")
+        }
+        options.update(socket_timeout=BLOCKING_SOCKET_TIMEOUT, client_name=name)
+        nodes = [
+            ClusterNode(node.host, node.port)  # type: ignore[no-untyped-call]
+            for node in client.get_nodes()  # type: ignore[no-untyped-call]
+        ]
+        return RedisCluster(startup_nodes=nodes, **options)
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    kwargs.update(
+        socket_timeout=BLOCKING_SOCKET_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+        client_name=name,
+    )
+    kwargs.pop("retry_on_timeout", None)
+    kwargs.pop("retry_on_error", None)
+    pool = redis.ConnectionPool(
+        connection_class=client.connection_pool.connection_class, max_connections=2, **kwargs
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+def close_client(client: Client) -> None:
+    """Close a client and disconnect its pool, ignoring errors."""
+    try:
+        client.close()
+        if not isinstance(client, RedisCluster):
+            client.connection_pool.disconnect()
+    except Exception:  # closing is best effort
+        pass
+
+
+def client_id(client: Client) -> int | None:
+    """The server-side id of a blocking client's connection (None on a cluster,
+    where the client has a connection per node)."""
+    if isinstance(client, RedisCluster):
+        return None
+    return int(client.client_id())
+
+
+def unblock(client: Client, blocked_id: int | None) -> None:
+    """Wake a connection blocked in BZPOPMIN / XREAD (it returns as if timed
+    out), so that a close need not wait for the block to end. Best effort."""
+    if blocked_id is None:
+        return
+    try:
+        client.client_unblock(blocked_id)
+    except Exception:  # e.g. no permission: the block ends by itself
+        pass

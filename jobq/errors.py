@@ -1,0 +1,100 @@
+"""Exception hierarchy of jobq, and the mapping of script return codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ClosedError",
+    "JobFailedError",
+    "JobNotFoundError",
+    "JobTimeoutError",
+    "JobqError",
+    "LockLostError",
+    "SerializationError",
+    "UnrecoverableError",
+    "WaitUntilFinishedTimeoutError",
+]
+
+
+class JobqError(Exception):
+    """Base class of every error jobq raises."""
+
+
+class SerializationError(JobqError, ValueError):
+    """A value cannot be encoded or decoded with msgpack."""
+
+
+class JobFailedError(JobqError):
+    """A waited-on job failed for good (retries exhausted, or unrecoverable)."""
+
+    def __init__(
+        self, job_id: str, failed_reason: str | None, stacktrace: list[str] | None = None
+    ) -> None:
+        super().__init__(f"job {job_id!r} failed: {failed_reason}")
+        self.job_id = job_id
+        self.failed_reason = failed_reason
+        self.stacktrace = list(stacktrace or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job_id, self.failed_reason, self.stacktrace))
+
+
+class JobNotFoundError(JobqError, LookupError):
+    """A job does not exist, or was removed while it was waited on."""
+
+    def __init__(self, job_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"job {job_id!r} not found")
+        self.job_id = job_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job_id, str(self)))
+
+
+class WaitUntilFinishedTimeoutError(JobqError, TimeoutError):
+    """``wait_until_finished`` ran out of time before the job finished."""
+
+    def __init__(self, job_id: str, timeout: float) -> None:
+        super().__init__(f"job {job_id!r} did not finish within {timeout:g} s")
+        self.job_id = job_id
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job_id, self.timeout))
+
+
+class JobTimeoutError(JobqError, TimeoutError):
+    """An attempt ran longer than the job's ``timeout``."""
+
+
+class UnrecoverableError(JobqError):
+    """Raised by a processor to fail its job at once, without retries."""
+
+
+class LockLostError(JobqError):
+    """The worker no longer holds the job's lock, so it may not finalise it."""
+
+
+class ClosedError(JobqError, RuntimeError):
+    """A method was called on a closed object, or it closed under a wait."""
+
+
+# Negative return codes of the Lua scripts, mapped in one place.
+JOB_MISSING = -1
+LOCK_LOST = -2
+NOT_IN_STATE = -3
+ACTIVE_JOBS = -4
+
+
+def script_error(code: int, job_id: str | None = None, action: str = "") -> JobqError:
+    """Return the exception that a script's negative return code stands for."""
+    jid = job_id or "?"
+    if code == JOB_MISSING:
+        return JobNotFoundError(jid)
+    if code == LOCK_LOST:
+        return LockLostError(f"lock of job {jid!r} is not held by this worker ({action})")
+    if code == NOT_IN_STATE:
+        return JobqError(f"job {jid!r} is not in a state that allows {action}")
+    if code == ACTIVE_JOBS:
+        return JobqError(f"cannot {action}: the queue has active jobs (use force=True)")
+    return JobqError(f"script error {code} for job {jid!r} ({action})")

@@ -1,0 +1,255 @@
+"""Job: one unit of work, its record, and the ways to wait for it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from . import serializer
+from .errors import JobNotFoundError, script_error
+from .options import JobOptions
+
+if TYPE_CHECKING:
+    from ._context import QueueContext
+    from .queue_events import QueueEvents
+
+__all__ = ["Job", "STATES"]
+
+#: Every state a job can be in, as ``get_state`` reports it.
+STATES = ("waiting", "delayed", "active", "completed", "failed")
+
+#: At most this many stack traces are kept per job, newest last.
+MAX_STACKTRACES = 10
+
+
+def _s(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def _f(value: bytes | None) -> float | None:
+    return None if value is None else float(value) / 1000.0
+
+
+class Job:
+    """A job of a queue, as last read from Redis.
+
+    Attributes mirror the job's record: ``id``, ``name``, ``data``, ``opts``,
+    ``timestamp``, ``delay``, ``priority``, ``attempts_made``,
+    ``stalled_counter``, ``progress``, ``return_value``, ``failed_reason``,
+    ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``.
+    Times are epoch seconds (server clock); durations are seconds.
+
+    Inside a processor, ``cancelled`` is set when the attempt timed out or the
+    worker lost the job's lock: a cooperative handler may stop early.
+    """
+
+    def __init__(
+        self,
+        context: QueueContext,
+        job_id: str,
+        name: str,
+        data: Any = None,
+        opts: Mapping[str, Any] | None = None,
+        timestamp: float | None = None,
+    ) -> None:
+        self._context = context
+        self.id = job_id
+        self.name = name
+        self.data = data
+        self.opts: dict[str, Any] = dict(opts or {})
+        self.timestamp = timestamp
+        self.delay: float = float(self.opts.get("delay", 0.0))
+        self.priority: int = int(self.opts.get("priority", 0))
+        self.attempts_made = 0
+        self.stalled_counter = 0
+        self.progress: Any = None
+        self.return_value: Any = None
+        self.failed_reason: str | None = None
+        self.stacktrace: list[str] = []
+        self.processed_on: float | None = None
+        self.finished_on: float | None = None
+        self.processed_by: str | None = None
+        self.cancelled = threading.Event()
+        self._token: str | None = None
+        # Set by a worker: its local ``progress`` listeners.
+        self._on_progress: Callable[[Job, Any], None] | None = None
+
+    @classmethod
+    def from_record(cls, context: QueueContext, job_id: str, record: Mapping[bytes, bytes]) -> Job:
+        """Build a Job from its Redis hash."""
+        job = cls(context, job_id, _s(record.get(b"name")) or "")
+        job._load(record)
+        return job
+
+    def _load(self, record: Mapping[bytes, bytes]) -> None:
+        get = record.get
+        self.name = _s(get(b"name")) or self.name
+        self.data = serializer.decode(get(b"data"), f"data of job {self.id!r}")
+        opts = serializer.decode(get(b"opts"), f"options of job {self.id!r}")
+        self.opts = dict(opts) if isinstance(opts, dict) else {}
+        self.timestamp = _f(get(b"ts"))
+        self.delay = _f(get(b"delay")) or 0.0
+        self.priority = int(get(b"priority") or 0)
+        self.attempts_made = int(get(b"atm") or 0)
+        self.stalled_counter = int(get(b"stc") or 0)
+        self.progress = serializer.decode(get(b"prog"), "progress")
+        self.return_value = serializer.decode(get(b"rv"), "return value")
+        self.failed_reason = _s(get(b"fr"))
+        stacktrace = serializer.decode(get(b"st"), "stack trace")
+        self.stacktrace = list(stacktrace) if isinstance(stacktrace, list) else []
+        self.processed_on = _f(get(b"pon"))
+        self.finished_on = _f(get(b"fon"))
+        self.processed_by = _s(get(b"pb"))
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id!r} name={self.name!r} queue={self._context.name!r}>"
+
+    @property
+    def queue_name(self) -> str:
+        """The name of the job's queue."""
+        return self._context.name
+
+    def is_cancelled(self) -> bool:
+        """Whether the running attempt was cancelled (timeout or lost lock)."""
+        return self.cancelled.is_set()
+
+    # -- reading ----------------------------------------------------------
+
+    def get_state(self) -> str:
+        """The job's current state, or ``"unknown"`` when it does not exist."""
+        state = self._context.client.hget(self._context.keys.job(self.id), "state")
+        return _s(state) or "unknown"
+
+    def refresh(self) -> Job:
+        """Re-read the job's record; return self.
+
+        Raises:
+            JobNotFoundError: the job no longer exists.
+        """
+        record = self._context.client.hgetall(self._context.keys.job(self.id))
+        if not record:
+            raise JobNotFoundError(self.id)
+        self._load(record)
+        return self
+
+    def get_logs(self, start: int = 0, end: int = -1) -> list[str]:
+        """The job's log lines from ``start`` to ``end`` (inclusive, like LRANGE)."""
+        lines = self._context.client.lrange(self._context.keys.logs(self.id), start, end)
+        return [line.decode("utf-8", "replace") for line in lines]
+
+    # -- changing ---------------------------------------------------------
+
+    def _run(self, script: str, *args: Any, action: str) -> int:
+        code = int(self._context.run(script, self.id, *args))
+        if code < 0:
+            raise script_error(code, self.id, action)
+        return code
+
+    def remove(self) -> bool:
+        """Remove the job; False if it is gone already or active with its lock held."""
+        return int(self._context.run("remove", self.id)) == 1
+
+    def retry(self, state: str = "failed") -> None:
+        """Move a failed (or completed) job back to waiting with fresh attempts.
+
+        Raises:
+            JobqError: the job is not in that state.
+        """
+        if state not in ("failed", "completed"):
+            raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
+        # retry.lua takes the state first and the job ids last (it also serves retry_jobs)
+        code = int(self._context.run("retry", state, 1, self.id))
+        if code < 0:
+            raise script_error(code, self.id, "retry")
+
+    def promote(self) -> None:
+        """Run a delayed job now.
+
+        Raises:
+            JobNotFoundError: no such job.  JobqError: the job is not delayed.
+        """
+        self._run("promote", action="promote")
+
+    def change_delay(self, delay: float) -> None:
+        """Reschedule a delayed job to run ``delay`` seconds from now.
+
+        Raises:
+            JobNotFoundError: no such job.  JobqError: the job is not delayed.
+        """
+        opts = JobOptions.parse({"delay": delay})
+        self._run("changeDelay", round(opts.delay * 1000), action="change_delay")
+        self.delay = opts.delay
+
+    def change_priority(self, priority: int = 0, *, lifo: bool = False) -> None:
+        """Change the job's priority (0: none; 1 is the most urgent).
+
+        Raises:
+            JobNotFoundError: no such job.
+        """
+        JobOptions.parse({"priority": priority, "lifo": lifo})
+        self._run("changePriority", priority, "1" if lifo else "0", action="change_priority")
+        self.priority = priority
+
+    def update_data(self, data: Any) -> None:
+        """Replace the job's data.
+
+        Raises:
+            SerializationError: data is not msgpack-encodable.
+            JobNotFoundError: no such job.
+        """
+        packed = serializer.encode(data, "data")
+        self._run("updateJob", "data", packed, 0, action="update_data")
+        self.data = data
+
+    def update_progress(self, value: Any) -> None:
+        """Record the job's progress (any msgpack value) and emit ``progress``.
+
+        Raises:
+            SerializationError: value is not msgpack-encodable.
+            JobNotFoundError: no such job.
+        """
+        packed = serializer.encode(value, "progress")
+        self._run("updateJob", "progress", packed, 0, action="update_progress")
+        self.progress = value
+        if self._on_progress is not None:
+            self._on_progress(self, value)
+
+    def log(self, message: str, *, keep: int = 0) -> int:
+        """Append a line to the job's log; keep the newest ``keep`` (0: all).
+
+        Returns:
+            The number of lines in the log.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"log message must be a str, not {type(message).__name__}")
+        return self._run("updateJob", "log", message, keep, action="log")
+
+    # -- waiting ----------------------------------------------------------
+
+    def _events(self, queue_events: QueueEvents | None) -> QueueEvents:
+        return queue_events if queue_events is not None else self._context.shared_events()
+
+    def wait_until_finished(
+        self, queue_events: QueueEvents | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """Block until the job is finished; return its return value.
+
+        Args:
+            queue_events: the reader to wait through; None uses the queue's
+                shared ``events``.
+            timeout: seconds to wait at most; None waits for ever.
+
+        Raises:
+            JobFailedError: the job failed for good.
+            JobNotFoundError: the job does not exist or was removed.
+            WaitUntilFinishedTimeoutError: ``timeout`` elapsed first.
+            ClosedError: the QueueEvents was closed during the wait.
+        """
+        return self._events(queue_events).wait_for(self.id, timeout)
+
+    def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
+        """A Future resolved with the job's result (or its failure) by the reader."""
+        return self._events(queue_events).future_for(self.id)
+

@@ -1,0 +1,114 @@
+"""A thread-safe registry of event listeners: on / off / once."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[..., Any]
+
+
+class _Entry:
+    __slots__ = ("callback", "once", "seq")
+
+    def __init__(self, callback: Listener, once: bool, seq: int) -> None:
+        self.callback = callback
+        self.once = once
+        self.seq = seq
+
+
+class ListenerRegistry:
+    """Callbacks by event name; per-job channels are just names like ``completed:42``.
+
+    Callbacks run outside the lock, in registration order; one that raises is
+    logged and does not stop the others.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, list[_Entry]] = {}
+        self._seq = itertools.count()
+
+    def on(self, event: str, callback: Listener) -> Listener:
+        """Call ``callback`` on every ``event``; return it."""
+        return self._add(event, callback, once=False)
+
+    def once(self, event: str, callback: Listener) -> Listener:
+        """Call ``callback`` on the next ``event`` only; return it."""
+        return self._add(event, callback, once=True)
+
+    def _add(self, event: str, callback: Listener, once: bool) -> Listener:
+        if not isinstance(event, str) or not event:
+            raise ValueError(f"event must be a non-empty string, not {event!r}")
+        if not callable(callback):
+            raise TypeError(f"listener must be callable, not {callback!r}")
+        with self._lock:
+            self._entries.setdefault(event, []).append(_Entry(callback, once, next(self._seq)))
+        return callback
+
+    def off(self, event: str, callback: Listener) -> bool:
+        """Remove one registration of ``callback``; False when there was none."""
+        with self._lock:
+            entries = self._entries.get(event)
+            if not entries:
+                return False
+            for i, entry in enumerate(entries):
+                if entry.callback == callback:
+                    del entries[i]
+                    if not entries:
+                        del self._entries[event]
+                    return True
+        return False
+
+    def count(self, event: str | None = None) -> int:
+        """Listeners of ``event``, or of every event when None."""
+        with self._lock:
+            if event is None:
+                return sum(len(entries) for entries in self._entries.values())
+            return len(self._entries.get(event, ()))
+
+    def has(self, event: str) -> bool:
+        """Whether ``event`` has any listener (cheap, no copy)."""
+        return event in self._entries
+
+    def take(self, event: str) -> list[Listener]:
+        """The callbacks to run for one ``event``; ``once`` entries are removed."""
+        return [callback for _, callback in self.take_many((event,))]
+
+    def take_many(self, events: tuple[str, ...]) -> list[tuple[str, Listener]]:
+        """(event, callback) pairs of several events, in registration order;
+        ``once`` entries are removed."""
+        with self._lock:
+            found: list[tuple[int, str, Listener]] = []
+            for event in events:
+                entries = self._entries.get(event)
+                if not entries:
+                    continue
+                found.extend((entry.seq, event, entry.callback) for entry in entries)
+                if any(entry.once for entry in entries):
+                    kept = [entry for entry in entries if not entry.once]
+                    if kept:
+                        self._entries[event] = kept
+                    else:
+                        del self._entries[event]
+        if len(events) > 1:
+            found.sort(key=lambda item: item[0])
+        return [(event, callback) for _, event, callback in found]
+
+    def emit(self, event: str, *args: Any) -> None:
+        """Call every listener of ``event`` with ``args``."""
+        for callback in self.take(event):
+            call_safely(callback, event, *args)
+
+
+def call_safely(callback: Listener, event: str, *args: Any) -> None:
+    """Call a listener; log whatever it raises (BaseException included)."""
+    try:
+        callback(*args)
+    except BaseException:  # a listener must never kill the thread that calls it
+        logger.exception("listener %r of %r raised", callback, event)

@@ -1,0 +1,154 @@
+--[[
+  Helpers shared by every script; the loader inserts this file right after
+  each script's shebang line. KEYS[1] is always the queue's base prefix
+  "<prefix>:{<queue>}:", and every other key is derived from it, so all keys
+  of a queue share its hash tag (one cluster slot).
+
+  Numbers are passed to redis.call as Lua numbers (formatted with %.17g),
+  never through tostring(), which would round them to 14 digits.
+]]
+local base = KEYS[1]
+local K_WAIT = base .. 'wait'
+local K_PRIO = base .. 'prioritized'
+local K_DELAYED = base .. 'delayed'
+local K_ACTIVE = base .. 'active'
+local K_COMPLETED = base .. 'completed'
+local K_FAILED = base .. 'failed'
+local K_META = base .. 'meta'
+local K_EVENTS = base .. 'events'
+local K_MARKER = base .. 'marker'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+local function job_key(id) return base .. 'job:' .. id end
+local function lock_key(id) return base .. 'lock:' .. id end
+
+local _meta = nil
+local function meta()
+  if not _meta then
+    local m = redis.call('HMGET', K_META, 'em', 'maxev')
+    _meta = { m[1] or 'stream', tonumber(m[2]) or 10000 }
+  end
+  return _meta
+end
+
+-- Encode a flat list as netstrings ("<len>:<bytes>"), for pub/sub messages.
+local function netstrings(parts)
+  local out = {}
+  for i = 1, #parts do
+    local s = parts[i]
+    if type(s) == 'number' then s = string.format('%.17g', s) end
+    out[i] = string.len(s) .. ':' .. s
+  end
+  return table.concat(out)
+end
+
+-- Write one event: name, job id (or false) and a flat field/value list.
+local function emit(name, jid, fields)
+  local m = meta()
+  if m[1] == 'pubsub' then
+    local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
+    for i = 1, #fields do parts[#parts + 1] = fields[i] end
+    redis.call('PUBLISH', K_EVENTS, netstrings(parts))
+  else
+    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
+      unpack(fields))
+  end
+end
+
+-- Make a job ready to run: prioritized jobs in the sorted set, others in the
+-- wait list (taken from its right end; `front` puts the job next in line).
+local function push_ready(id, priority, front)
+  if priority > 0 then
+    local seq = redis.call('INCR', base .. 'pc')
+    if seq >= 2147483647 then redis.call('SET', base .. 'pc', 0) end
+    local offset
+    if front then offset = 2147483648 - seq else offset = 2147483648 + seq end
+    redis.call('ZADD', K_PRIO, priority * 4294967296 + offset, id)
+  elseif front then
+    redis.call('RPUSH', K_WAIT, id)
+  else
+    redis.call('LPUSH', K_WAIT, id)
+  end
+  redis.call('ZADD', K_MARKER, 0, '0')
+end
+
+local function delete_job(id)
+  redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
+end
+
+-- Add a finished job to its set and apply a retention rule:
+-- count < 0 keeps all, count > 0 keeps the newest `count`; age_ms > 0 also
+-- removes jobs finished more than age_ms ago. Removes at most 1000 per call.
+local function retain(set, id, finished, count, age_ms)
+  redis.call('ZADD', set, finished, id)
+  if age_ms > 0 then
+    local old = redis.call('ZRANGEBYSCORE', set, '-inf', finished - age_ms, 'LIMIT', 0, 1000)
+    for _, oid in ipairs(old) do
+      delete_job(oid)
+      redis.call('ZREM', set, oid)
+    end
+  end
+  if count > 0 then
+    local excess = redis.call('ZCARD', set) - count
+    if excess > 0 then
+      if excess > 1000 then excess = 1000 end
+      local old = redis.call('ZRANGE', set, 0, excess - 1)
+      for _, oid in ipairs(old) do delete_job(oid) end
+      redis.call('ZREMRANGEBYRANK', set, 0, excess - 1)
+    end
+  end
+end
+
+-- Whether `token` owns the active job: it holds the lock, or the lock just
+-- expired and nobody has taken the job over yet.
+local function owns(id, token)
+  local cur = redis.call('GET', lock_key(id))
+  if cur then return cur == token end
+  local f = redis.call('HMGET', job_key(id), 'tok', 'state')
+  return f[1] == token and f[2] == 'active'
+end
+
+-- The metrics fields of a finished attempt.
+local function metrics(f_pon, f_rdy, f_delay, attempt, now)
+  local pon = tonumber(f_pon) or now
+  local rdy = tonumber(f_rdy) or pon
+  return { 'attempt', attempt, 'waited_for', math.max(0, pon - rdy),
+           'ran_for', math.max(0, now - pon), 'expected_delay', tonumber(f_delay) or 0 }
+end
+
+local function append(list, more)
+  for i = 1, #more do list[#list + 1] = more[i] end
+  return list
+end
+
+-- Fail a job for good (its lock and active entry already gone): record it
+-- in the failed set under its retention rule and emit `failed`.
+local function fail_for_good(id, reason, attempt, now)
+  local jk = job_key(id)
+  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa')
+  local fields = append({ 'prev', 'active', 'failed_reason', reason },
+    metrics(f[1], f[2], f[3], attempt, now))
+  local keep = tonumber(f[4]) or -1
+  if keep == 0 then
+    delete_job(id)
+  else
+    redis.call('HSET', jk, 'state', 'failed', 'fon', now, 'fr', reason)
+    retain(K_FAILED, id, now, keep, tonumber(f[5]) or 0)
+  end
+  emit('failed', id, fields)
+end
+
+-- The return code of a finalising script called without owning the job:
+-- 0 when this token finalised it already (a retried call), -1 when the job
+-- is gone, -2 when another worker holds it; nil when the token owns it.
+local function not_owner(id, token)
+  if owns(id, token) then return nil end
+  local f = redis.call('HMGET', job_key(id), 'ftok', 'state')
+  if f[1] == token then return 0 end
+  if not f[2] then return -1 end
+  return -2
+end

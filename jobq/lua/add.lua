@@ -1,0 +1,54 @@
+#!lua
+--[[
+  Add one or more jobs, atomically.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  N, the number of jobs; then 12 values per job:
+           job_id ('' to generate one), name, data (msgpack), opts (msgpack),
+           delay_ms, priority, lifo ('1' | '0'), attempts,
+           keep_completed_count, keep_completed_age_ms,
+           keep_failed_count, keep_failed_age_ms
+  Returns  {timestamp ms, id, duplicated, id, duplicated, ...} (duplicated: 1
+           when a job with that custom id already existed; it is left as it was)
+  Events   added, then waiting or delayed; duplicated for an existing id
+]]
+local n = tonumber(ARGV[1])
+local now = now_ms()
+-- as a string: a number reply would be truncated to whole ms, unlike the stored ts
+local out = { string.format('%.17g', now) }
+for j = 0, n - 1 do
+  local a = 2 + j * 12
+  local id = ARGV[a]
+  local dup = 0
+  if id == '' then
+    id = tostring(redis.call('INCR', base .. 'id'))
+  elseif redis.call('EXISTS', job_key(id)) == 1 then
+    dup = 1
+    emit('duplicated', id, {})
+  end
+  if dup == 0 then
+    local delay = tonumber(ARGV[a + 4])
+    local priority = tonumber(ARGV[a + 5])
+    local lifo = ARGV[a + 6]
+    local jk = job_key(id)
+    redis.call('HSET', jk, 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3],
+      'ts', now, 'delay', delay, 'priority', priority, 'lifo', lifo, 'atts', ARGV[a + 7],
+      'atm', 0, 'stc', 0, 'kc', ARGV[a + 8], 'ka', ARGV[a + 9], 'kfc', ARGV[a + 10],
+      'kfa', ARGV[a + 11])
+    emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
+    if delay > 0 then
+      local run_at = now + delay
+      redis.call('ZADD', K_DELAYED, run_at, id)
+      redis.call('HSET', jk, 'state', 'delayed', 'rdy', run_at)
+      redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+      emit('delayed', id, { 'delay', delay, 'run_at', run_at })
+    else
+      push_ready(id, priority, lifo == '1')
+      redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
+      emit('waiting', id, {})
+    end
+  end
+  out[#out + 1] = id
+  out[#out + 1] = dup
+end
+return out

@@ -1,0 +1,41 @@
+#!lua flags=allow-oom
+--[[
+  Finish an active job successfully.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  job id
+  ARGV[2]  lock token of the attempt
+  ARGV[3]  return value (msgpack)
+  Returns  1 done; 0 already done by this token (a retried call);
+           -1 job missing; -2 lock not held
+  Events   completed, with the result when it is at most 16 KiB or the job
+           has a retention rule (else the result stays in the record only)
+]]
+local id, token, result = ARGV[1], ARGV[2], ARGV[3]
+local jk = job_key(id)
+local refused = not_owner(id, token)
+if refused then return refused end
+local now = now_ms()
+local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka')
+local atm = (tonumber(f[1]) or 0) + 1
+redis.call('DEL', lock_key(id))
+redis.call('ZREM', K_ACTIVE, id)
+local fields = append({ 'prev', 'active' }, metrics(f[2], f[3], f[4], atm, now))
+local keep = tonumber(f[5]) or -1
+if keep == 0 then
+  delete_job(id)
+  append(fields, { 'result', result })
+else
+  redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', now, 'atm', atm,
+    'ftok', token)
+  retain(K_COMPLETED, id, now, keep, tonumber(f[6]) or 0)
+  -- a job that a retention rule may remove before its event is read keeps
+  -- its result in the event, whatever its size
+  if string.len(result) <= 16384 or keep ~= -1 or (tonumber(f[6]) or 0) > 0 then
+    append(fields, { 'result', result })
+  else
+    append(fields, { 'big', '1' })
+  end
+end
+emit('completed', id, fields)
+return 1

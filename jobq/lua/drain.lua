@@ -1,0 +1,31 @@
+#!lua
+--[[
+  Remove waiting jobs (and delayed ones when asked), a batch per call.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  '1' to remove delayed jobs too
+  ARGV[2]  batch size
+  Returns  number of jobs removed (less than the batch size: done)
+  Events   removed per job
+]]
+local batch = tonumber(ARGV[2])
+local removed = 0
+local function take(ids, prev)
+  for _, id in ipairs(ids) do
+    delete_job(id)
+    emit('removed', id, { 'prev', prev })
+    removed = removed + 1
+  end
+end
+take(redis.call('LPOP', K_WAIT, batch) or {}, 'waiting')
+if removed < batch then
+  local ids = redis.call('ZRANGE', K_PRIO, 0, batch - removed - 1)
+  if #ids > 0 then redis.call('ZREM', K_PRIO, unpack(ids)) end
+  take(ids, 'waiting')
+end
+if ARGV[1] == '1' and removed < batch then
+  local ids = redis.call('ZRANGE', K_DELAYED, 0, batch - removed - 1)
+  if #ids > 0 then redis.call('ZREM', K_DELAYED, unpack(ids)) end
+  take(ids, 'delayed')
+end
+return removed

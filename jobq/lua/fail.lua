@@ -1,0 +1,45 @@
+#!lua flags=allow-oom
+--[[
+  End a failed attempt of an active job: retry it, or fail it for good.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  job id
+  ARGV[2]  lock token of the attempt
+  ARGV[3]  failed reason
+  ARGV[4]  stack traces so far, newest last (msgpack list)
+  ARGV[5]  retry delay in ms; -1 forbids a retry (unrecoverable)
+  Returns  1 failed for good; 2 retry scheduled; 0 already done by this
+           token; -1 job missing; -2 lock not held
+  Events   retrying, then waiting or delayed; or failed (terminal only)
+]]
+local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
+local jk = job_key(id)
+local refused = not_owner(id, token)
+if refused then return refused end
+local now = now_ms()
+local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority')
+local atm = (tonumber(f[1]) or 0) + 1
+local delay = tonumber(ARGV[5])
+redis.call('DEL', lock_key(id))
+redis.call('ZREM', K_ACTIVE, id)
+redis.call('HSET', jk, 'atm', atm, 'fr', reason, 'st', ARGV[4], 'ftok', token)
+
+if delay >= 0 and atm < (tonumber(f[2]) or 1) then
+  emit('retrying', id, { 'attempt', atm, 'failed_reason', reason, 'delay', delay,
+    'prev', 'active' })
+  if delay > 0 then
+    local run_at = now + delay
+    redis.call('ZADD', K_DELAYED, run_at, id)
+    redis.call('HSET', jk, 'state', 'delayed', 'rdy', run_at)
+    redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+    emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'active' })
+  else
+    push_ready(id, tonumber(f[3]) or 0, false)
+    redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
+    emit('waiting', id, { 'prev', 'active' })
+  end
+  return 2
+end
+
+fail_for_good(id, reason, atm, now)
+return 1

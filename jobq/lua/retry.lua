@@ -1,0 +1,34 @@
+#!lua
+--[[
+  Move finished jobs back to waiting, with a fresh set of attempts.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  state the jobs must be in: failed | completed
+  ARGV[2]  batch size (when no ids are given)
+  ARGV[3..] job ids; none: the oldest jobs of that state, a batch
+  Returns  number of jobs moved; -3 when a given id is not in that state
+           (nothing is moved then)
+  Events   waiting (prev: the state) per job
+]]
+local state = ARGV[1]
+local set = base .. state
+local now = now_ms()
+local ids = {}
+if #ARGV > 2 then
+  for i = 3, #ARGV do
+    if not redis.call('ZSCORE', set, ARGV[i]) then return -3 end
+    ids[#ids + 1] = ARGV[i]
+  end
+else
+  ids = redis.call('ZRANGE', set, 0, tonumber(ARGV[2]) - 1)
+end
+for _, id in ipairs(ids) do
+  local jk = job_key(id)
+  redis.call('ZREM', set, id)
+  local f = redis.call('HMGET', jk, 'priority', 'lifo')
+  redis.call('HDEL', jk, 'fr', 'st', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
+  redis.call('HSET', jk, 'atm', 0, 'stc', 0, 'state', 'waiting', 'rdy', now)
+  push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
+  emit('waiting', id, { 'prev', state })
+end
+return #ids

@@ -1,0 +1,42 @@
+#!lua
+--[[
+  Recover active jobs whose lock expired (their worker died or hung).
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  max stalled count: a job stalled more often than this fails
+  ARGV[2]  guard, ms: when > 0, skip unless no check ran in that time
+  ARGV[3]  at most this many jobs recovered per call
+  Returns  the ids recovered (requeued or failed)
+  Events   stalled, then waiting (requeued first in line) or failed
+]]
+local guard = tonumber(ARGV[2])
+if guard > 0 and not redis.call('SET', base .. 'stalled-check', '1', 'PX', guard, 'NX') then
+  return {}
+end
+local max_stalled = tonumber(ARGV[1])
+local limit = tonumber(ARGV[3])
+local now = now_ms()
+local out = {}
+local ids = redis.call('ZRANGE', K_ACTIVE, 0, -1)
+for _, id in ipairs(ids) do
+  if redis.call('EXISTS', lock_key(id)) == 0 then
+    local jk = job_key(id)
+    redis.call('ZREM', K_ACTIVE, id)
+    if redis.call('EXISTS', jk) == 1 then
+      local stalled = redis.call('HINCRBY', jk, 'stc', 1)
+      local f = redis.call('HMGET', jk, 'atm', 'priority')
+      local atm = tonumber(f[1]) or 0
+      emit('stalled', id, { 'attempt', atm + 1 })
+      if stalled > max_stalled then
+        fail_for_good(id, 'job stalled more than allowable limit', atm, now)
+      else
+        push_ready(id, tonumber(f[2]) or 0, true)
+        redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
+        emit('waiting', id, { 'prev', 'active' })
+      end
+    end
+    out[#out + 1] = id
+    if #out >= limit then break end
+  end
+end
+return out

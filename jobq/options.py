@@ -1,0 +1,197 @@
+"""Job options: parsing and validation, and their encodings for the scripts."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .keys import validate_job_id
+
+#: Largest priority: priority and a sequence share one exact sorted-set score.
+MAX_PRIORITY = 2**21
+
+
+def _number(name: str, value: Any, minimum: float = 0.0) -> float:
+    # NaN and infinity are refused: both would fail only later, converting to ms
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds, not {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum:g}, not {value!r}")
+    return float(value)
+
+
+def _int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, not {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f" and <= {maximum}" if maximum is not None else ""
+        raise ValueError(f"{name} must be >= {minimum}{bound}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long to wait before retrying a failed attempt."""
+
+    type: str = "fixed"
+    delay: float = 0.0
+    jitter: float = 0.0
+
+    @classmethod
+    def parse(cls, value: Any) -> Backoff | None:
+        """Build from ``None``, a number of seconds, or a dict."""
+        if value is None:
+            return None
+        if isinstance(value, Backoff):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"type", "delay", "jitter"}
+            if unknown:
+                raise ValueError(f"unknown backoff keys: {sorted(unknown)}")
+            kind = value.get("type", "fixed")
+            if kind not in ("fixed", "exponential"):
+                raise ValueError(f"backoff type must be 'fixed' or 'exponential', not {kind!r}")
+            jitter = _number("backoff jitter", value.get("jitter", 0.0))
+            if jitter > 1:
+                raise ValueError(f"backoff jitter must be between 0 and 1, not {jitter!r}")
+            return cls(kind, _number("backoff delay", value.get("delay", 0.0)), jitter)
+        return cls("fixed", _number("backoff", value))
+
+    def delay_for(self, attempts_made: int) -> float:
+        """Seconds to wait after the ``attempts_made``-th failed attempt."""
+        delay = self.delay
+        if self.type == "exponential":
+            delay = self.delay * 2 ** max(0, attempts_made - 1)
+        if self.jitter:
+            delay *= 1 - self.jitter * random.random()
+        return delay
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form, as stored in a job's options."""
+        return {"type": self.type, "delay": self.delay, "jitter": self.jitter}
+
+
+@dataclass(frozen=True)
+class KeepJobs:
+    """Retention of finished jobs: how many and for how long to keep them."""
+
+    count: int | None = None  # None: no limit; 0: remove at once
+    age: float | None = None  # seconds; None: no limit
+
+    @classmethod
+    def parse(cls, name: str, value: Any) -> KeepJobs:
+        """Build from ``True``, ``False``, an int, or ``{"age": s, "count": n}``."""
+        if value is True:
+            return cls(count=0)
+        if value is False or value is None:
+            return cls()
+        if isinstance(value, int):
+            return cls(count=_int(name, value, 0))
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"age", "count"}
+            if unknown:
+                raise ValueError(f"unknown {name} keys: {sorted(unknown)}")
+            count = value.get("count")
+            age = value.get("age")
+            return cls(
+                count=None if count is None else _int(f"{name} count", count, 0),
+                age=None if age is None else _number(f"{name} age", age),
+            )
+        raise ValueError(f"{name} must be a bool, an int or a dict, not {value!r}")
+
+    def to_script(self) -> tuple[int, int]:
+        """(count, age in ms) as the scripts take them; -1 / 0 mean no limit."""
+        count = -1 if self.count is None else self.count
+        age = 0 if self.age is None else max(1, round(self.age * 1000))
+        return count, age
+
+    def to_plain(self) -> Any:
+        """Plain form, as stored in a job's options."""
+        if self.count == 0 and self.age is None:
+            return True
+        if self.count is None and self.age is None:
+            return False
+        return {"count": self.count, "age": self.age}
+
+
+OPTION_NAMES = frozenset(
+    {
+        "job_id",
+        "delay",
+        "priority",
+        "attempts",
+        "backoff",
+        "lifo",
+        "timeout",
+        "remove_on_complete",
+        "remove_on_fail",
+    }
+)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The validated options of one job."""
+
+    job_id: str | None = None
+    delay: float = 0.0
+    priority: int = 0
+    attempts: int = 1
+    backoff: Backoff | None = None
+    lifo: bool = False
+    timeout: float | None = None
+    remove_on_complete: KeepJobs = KeepJobs()
+    remove_on_fail: KeepJobs = KeepJobs()
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> JobOptions:
+        """Validate a mapping of option names to values.
+
+        Raises:
+            TypeError: an unknown option name.
+            ValueError: a value out of range or of the wrong type.
+        """
+        unknown = set(options) - OPTION_NAMES
+        if unknown:
+            raise TypeError(f"unknown job options: {sorted(unknown)}")
+        job_id = options.get("job_id")
+        timeout = options.get("timeout")
+        lifo = options.get("lifo", False)
+        if not isinstance(lifo, bool):
+            raise ValueError(f"lifo must be a bool, not {lifo!r}")
+        return cls(
+            job_id=None if job_id is None else validate_job_id(job_id),
+            delay=_number("delay", options.get("delay", 0)),
+            priority=_int("priority", options.get("priority", 0), 0, MAX_PRIORITY),
+            attempts=_int("attempts", options.get("attempts", 1), 1),
+            backoff=Backoff.parse(options.get("backoff")),
+            lifo=lifo,
+            timeout=None if timeout is None else _positive("timeout", timeout),
+            remove_on_complete=KeepJobs.parse(
+                "remove_on_complete", options.get("remove_on_complete", False)
+            ),
+            remove_on_fail=KeepJobs.parse("remove_on_fail", options.get("remove_on_fail", False)),
+        )
+
+    def to_plain(self) -> dict[str, Any]:
+        """The options as a plain dict (``Job.opts``), stored with the job."""
+        return {
+            "delay": self.delay,
+            "priority": self.priority,
+            "attempts": self.attempts,
+            "backoff": None if self.backoff is None else self.backoff.to_dict(),
+            "lifo": self.lifo,
+            "timeout": self.timeout,
+            "remove_on_complete": self.remove_on_complete.to_plain(),
+            "remove_on_fail": self.remove_on_fail.to_plain(),
+        }
+
+
+def _positive(name: str, value: Any) -> float:
+    seconds = _number(name, value)
+    if seconds <= 0:
+        raise ValueError(f"{name} must be > 0, not {value!r}")
+    return seconds

@@ -1,0 +1,369 @@
+"""Queue: add jobs and administer them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import serializer
+from ._context import QueueContext
+from .errors import ACTIVE_JOBS, JobqError, SerializationError, script_error
+from .job import STATES, Job
+from .options import JobOptions
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .queue_events import QueueEvents
+
+__all__ = ["Queue"]
+
+EVENT_MODES = ("stream", "pubsub")
+DEFAULT_MAX_EVENTS = 10_000
+#: Jobs per script call for bulk adds and batched admin operations.
+BATCH = 1000
+#: Longest job name, in characters.
+MAX_JOB_NAME = 200
+
+
+def _job_name(name: object) -> str:
+    if not isinstance(name, str) or not name or len(name) > MAX_JOB_NAME:
+        raise ValueError(f"job name must be a non-empty str of at most {MAX_JOB_NAME} characters")
+    return name
+
+
+class Queue:
+    """A named queue on Redis: add jobs, read them, administer the queue.
+
+    Args:
+        name: the queue's name (no braces, wildcards or whitespace).
+        connection: None (``$JOBQ_REDIS_URL``, else localhost), a URL, a
+            ``redis.Redis`` or a ``redis.cluster.RedisCluster``.
+        prefix: the first part of every key of the queue.
+        event_mode: ``"stream"`` or ``"pubsub"``, stored with the queue; None
+            follows the stored mode (stream when none is stored).
+        max_events: about how many events the event stream retains.
+        default_job_options: options applied to every ``add`` unless given.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        connection: object = None,
+        prefix: str = "jobq",
+        event_mode: str | None = None,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        default_job_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if event_mode is not None and event_mode not in EVENT_MODES:
+            raise ValueError(f"event_mode must be 'stream' or 'pubsub', not {event_mode!r}")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be a positive int, not {max_events!r}")
+        defaults = dict(default_job_options or {})
+        JobOptions.parse(defaults)  # fail early on bad defaults
+        self._defaults = defaults
+        self._context = QueueContext(name, connection, prefix)
+        self.max_events = max_events
+        try:
+            self._setup_meta(event_mode)
+        except BaseException:
+            self._context.close()
+            raise
+
+    def _setup_meta(self, event_mode: str | None) -> None:
+        meta = self._context.keys.meta
+        client = self._context.client
+        if event_mode is not None:
+            client.hsetnx(meta, "em", event_mode)
+        stored_mode, stored_max = client.hmget(meta, ["em", "maxev"])
+        stored = stored_mode.decode() if stored_mode else "stream"
+        if event_mode is not None and stored != event_mode:
+            raise JobqError(
+                f"queue {self.name!r} uses event mode {stored!r}, not {event_mode!r}"
+            )
+        self.event_mode = stored
+        if int(stored_max or DEFAULT_MAX_EVENTS) != self.max_events:
+            client.hset(meta, "maxev", self.max_events)
+
+    @property
+    def name(self) -> str:
+        """The queue's name."""
+        return self._context.name
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of the queue."""
+        return self._context.prefix
+
+    @property
+    def client(self) -> Any:
+        """The Redis client this queue uses."""
+        return self._context.client
+
+    def __repr__(self) -> str:
+        state = "closed" if self._context.closed else "open"
+        return f"<Queue {self.name!r} prefix={self.prefix!r} {state}>"
+
+    # -- adding -----------------------------------------------------------
+
+    def _prepare(self, name: Any, data: Any, options: Mapping[str, Any]) -> tuple[Any, ...]:
+        opts = JobOptions.parse({**self._defaults, **options})
+        packed = serializer.encode(data, "job data")
+        complete_count, complete_age = opts.remove_on_complete.to_script()
+        fail_count, fail_age = opts.remove_on_fail.to_script()
+        return (
+            opts.job_id or "",
+            _job_name(name),
+            packed,
+            serializer.encode(opts.to_plain(), "job options"),
+            round(opts.delay * 1000),
+            opts.priority,
+            "1" if opts.lifo else "0",
+            opts.attempts,
+            complete_count,
+            complete_age,
+            fail_count,
+            fail_age,
+        ), opts
+
+    def add(self, name: str, data: Any = None, **options: Any) -> Job:
+        """Add one job; return it.
+
+        ``options`` are those of SPEC: job_id, delay, priority, attempts,
+        backoff, lifo, timeout, remove_on_complete, remove_on_fail. Adding an
+        existing ``job_id`` returns the existing job and emits ``duplicated``.
+
+        Raises:
+            SerializationError: data is not msgpack-encodable.
+            TypeError: an unknown option.  ValueError: a bad option value.
+        """
+        return self.add_bulk([{"name": name, "data": data, **options}])[0]
+
+    def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """Add many jobs: ``{"name": ..., "data": ..., **options}`` each.
+
+        Every job is validated before anything is written; then they are
+        written a chunk of 1000 per round trip, each chunk atomically.
+        """
+        self._context.check_open("queue")
+        prepared: list[tuple[tuple[Any, ...], JobOptions, Any]] = []
+        for spec in jobs:
+            if not isinstance(spec, Mapping):
+                raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
+            options = {k: v for k, v in spec.items() if k not in ("name", "data")}
+            if "name" not in spec:
+                raise ValueError("each job needs a 'name'")
+            args, opts = self._prepare(spec["name"], spec.get("data"), options)
+            prepared.append((args, opts, spec.get("data")))
+        result: list[Job] = []
+        for start in range(0, len(prepared), BATCH):
+            chunk = prepared[start : start + BATCH]
+            argv: list[Any] = [len(chunk)]
+            for args, _, _ in chunk:
+                argv.extend(args)
+            reply = self._context.run("add", *argv)
+            timestamp = float(reply[0]) / 1000.0
+            for i, (args, opts, data) in enumerate(chunk):
+                job_id = reply[1 + 2 * i].decode()
+                if int(reply[2 + 2 * i]):
+                    existing = self.get_job(job_id)
+                    if existing is not None:
+                        result.append(existing)
+                        continue
+                job = Job(self._context, job_id, args[1], data, opts.to_plain(), timestamp)
+                result.append(job)
+        return result
+
+    # -- reading ----------------------------------------------------------
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job with that id, or None."""
+        record = self._context.client.hgetall(self._context.keys.job(job_id))
+        if not record:
+            return None
+        return Job.from_record(self._context, job_id, record)
+
+    def get_job_state(self, job_id: str) -> str:
+        """One of waiting, delayed, active, completed, failed, or unknown."""
+        state = self._context.client.hget(self._context.keys.job(job_id), "state")
+        return state.decode() if state else "unknown"
+
+    def get_job_result(self, job_id: str, default: Any = None) -> Any:
+        """The return value of a completed job, else ``default``."""
+        state, value = self._context.client.hmget(self._context.keys.job(job_id), ["state", "rv"])
+        if state != b"completed":
+            return default
+        return serializer.decode(value, "return value")
+
+    def get_job_counts(self, *states: str) -> dict[str, int]:
+        """Jobs per state (every state when none is named), zeros included."""
+        for state in states:
+            if state not in STATES:
+                raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
+        counts = self._context.run("getCounts")
+        everything = {state: int(counts[i]) for i, state in enumerate(STATES)}
+        return {state: everything[state] for state in (states or STATES)}
+
+    def count(self) -> int:
+        """Jobs waiting or delayed."""
+        counts = self.get_job_counts("waiting", "delayed")
+        return counts["waiting"] + counts["delayed"]
+
+    def get_jobs(
+        self, states: str | Sequence[str], start: int = 0, end: int = -1, asc: bool = False
+    ) -> list[Job]:
+        """Jobs in the given state(s), newest first (oldest first when ``asc``).
+
+        ``start`` and ``end`` index each state's jobs inclusively, like LRANGE.
+        """
+        names = [states] if isinstance(states, str) else list(states)
+        keys = self._context.keys
+        client = self._context.client
+        ids: list[bytes] = []
+        for state in names:
+            if state not in STATES:
+                raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
+            if state == "waiting":
+                # the wait list holds the newest job at its left end
+                waiting = client.lrange(keys.wait, 0, -1) + client.zrange(keys.prioritized, 0, -1)
+                ordered = list(reversed(waiting)) if asc else waiting
+                ids.extend(_slice(ordered, start, end))
+            else:
+                key = getattr(keys, state)
+                ids.extend(client.zrange(key, start, end, desc=not asc))
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id.decode()))
+        jobs = []
+        for job_id, record in zip(ids, pipe.execute(), strict=True):
+            if record:
+                jobs.append(Job.from_record(self._context, job_id.decode(), record))
+        return jobs
+
+    # -- administering ----------------------------------------------------
+
+    def pause(self) -> None:
+        """Pause the queue for every worker (durable); emits ``paused``."""
+        self._context.run("pause", "1")
+
+    def resume(self) -> None:
+        """Resume the queue; emits ``resumed``."""
+        self._context.run("pause", "0")
+
+    def is_paused(self) -> bool:
+        """Whether the queue is paused."""
+        return bool(self._context.client.hget(self._context.keys.meta, "paused") == b"1")
+
+    def remove(self, job_id: str) -> bool:
+        """Remove a job; False if there is none or it is active with its lock held."""
+        return int(self._context.run("remove", job_id)) == 1
+
+    def drain(self, delayed: bool = False) -> int:
+        """Remove every waiting job (and delayed ones when asked); return how many."""
+        total = 0
+        while True:
+            removed = int(self._context.run("drain", "1" if delayed else "0", BATCH))
+            total += removed
+            if removed < BATCH:
+                return total
+
+    def clean(self, grace: float, limit: int = 0, state: str = "completed") -> list[str]:
+        """Remove jobs of ``state`` older than ``grace`` seconds; return their ids.
+
+        Finished jobs are aged by when they finished, others by when they were
+        added. ``limit`` caps how many (0: no cap). Emits ``cleaned``.
+        """
+        if state not in ("completed", "failed", "delayed", "waiting"):
+            raise ValueError(
+                f"clean takes state completed, failed, delayed or waiting, not {state!r}"
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit must be an int >= 0, not {limit!r}")
+        grace_ms = round(JobOptions.parse({"delay": grace}).delay * 1000)
+        removed: list[str] = []
+        while True:
+            batch = BATCH if not limit else min(BATCH, limit - len(removed))
+            ids = self._context.run("clean", state, grace_ms, batch)
+            removed.extend(i.decode() for i in ids)
+            if len(ids) < batch or (limit and len(removed) >= limit):
+                return removed
+
+    def obliterate(self, force: bool = False) -> None:
+        """Delete the queue, its jobs, events and settings.
+
+        Raises:
+            JobqError: the queue has active jobs and ``force`` is False.
+        """
+        while True:
+            deleted = int(self._context.run("obliterate", "1" if force else "0", BATCH))
+            if deleted == ACTIVE_JOBS:
+                raise script_error(deleted, action="obliterate")
+            if deleted < BATCH:
+                return
+
+    def retry_jobs(self, state: str = "failed") -> int:
+        """Move every failed (or completed) job back to waiting; return how many."""
+        if state not in ("failed", "completed"):
+            raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
+        # bounded by what is there now, so jobs failing again are not retried twice
+        remaining = int(self._context.client.zcard(getattr(self._context.keys, state)))
+        total = 0
+        while remaining > 0:
+            moved = int(self._context.run("retry", state, min(BATCH, remaining)))
+            if moved <= 0:
+                break
+            total += moved
+            remaining -= moved
+        return total
+
+    def trim_events(self, max_len: int) -> int:
+        """Trim the event stream to about ``max_len`` entries; return how many went."""
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
+            raise ValueError(f"max_len must be an int >= 0, not {max_len!r}")
+        return int(self._context.client.xtrim(self._context.keys.events, maxlen=max_len))
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Publish a custom event to every QueueEvents of this queue.
+
+        Raises:
+            SerializationError: a field value is not msgpack-encodable.
+        """
+        if not isinstance(event, str) or not event or ":" in event:
+            raise ValueError(f"event name must be a non-empty str without ':', not {event!r}")
+        argv: list[Any] = [event]
+        for key, value in fields.items():
+            if key in ("ev", "jid", "c", "ts"):
+                raise SerializationError(f"event field name {key!r} is reserved")
+            argv.extend((key, serializer.encode(value, f"event field {key!r}")))
+        self._context.run("emit", *argv)
+
+    @property
+    def events(self) -> QueueEvents:
+        """A QueueEvents of this queue, started on first use, shared by all threads."""
+        return self._context.shared_events()
+
+    def close(self) -> None:
+        """Close the shared events reader and the client jobq created."""
+        self._context.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _slice(items: list[bytes], start: int, end: int) -> list[bytes]:
+    """Inclusive LRANGE-style slice of a Python list."""
+    n = len(items)
+    if start < 0:
+        start = max(0, n + start)
+    if end < 0:
+        end = n + end
+    return items[start : end + 1]

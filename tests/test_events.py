@@ -1,0 +1,1311 @@
+"""Tests of QueueEvents, Event, Queue.emit / Queue.events and waiting for jobs.
+
+Everything runs against the session's real server. Waits are bounded
+(threading.Event / Condition with timeouts whose result is asserted); no
+sleep is used to synchronise.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import (
+    ClosedError,
+    Event,
+    Job,
+    JobFailedError,
+    JobMetrics,
+    JobNotFoundError,
+    JobqError,
+    Queue,
+    QueueEvents,
+    UnrecoverableError,
+    WaitUntilFinishedTimeoutError,
+    Worker,
+)
+from jobq.testing import RedisServer, find_server_binary
+
+WAIT = 10.0  # the bound of every wait that should succeed quickly
+BIG = 16 * 1024 + 100  # a result encoding to more than 16 KiB
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+class Recorder:
+    """A listener that records events and lets a test wait for them."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, event: Event) -> None:
+        with self._cond:
+            self.events.append(event)
+            self._cond.notify_all()
+
+    def wait(self, predicate: Callable[[list[Event]], bool], timeout: float = WAIT) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.events), timeout)
+
+    def wait_count(self, n: int, timeout: float = WAIT) -> bool:
+        return self.wait(lambda evs: len(evs) >= n, timeout)
+
+    def wait_name(self, name: str, job_id: str | None = None, timeout: float = WAIT) -> bool:
+        return self.wait(
+            lambda evs: any(e.name == name and (job_id is None or e.job_id == job_id)
+                            for e in evs),
+            timeout,
+        )
+
+    def snapshot(self) -> list[Event]:
+        with self._cond:
+            return list(self.events)
+
+    def of(self, job_id: str) -> list[Event]:
+        return [e for e in self.snapshot() if e.job_id == job_id]
+
+    def names(self, job_id: str) -> list[str]:
+        return [e.name for e in self.of(job_id)]
+
+    def first(self, name: str, job_id: str | None = None) -> Event:
+        for event in self.snapshot():
+            if event.name == name and (job_id is None or event.job_id == job_id):
+                return event
+        raise AssertionError(f"no {name!r} event for {job_id!r}")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes (bounded)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        pause.wait(0.01)
+
+
+def reader_clients(client: redis.Redis, queue_name: str) -> list[dict[str, Any]]:
+    """CLIENT LIST entries of the event readers of ``queue_name``."""
+    name = f"jobq-events-{queue_name}"
+    return [c for c in client.client_list() if c.get("name") == name]
+
+
+def kill_readers(client: redis.Redis, queue_name: str) -> list[str]:
+    """Kill the event reader connections of a queue; return the killed ids."""
+    killed = []
+    for entry in reader_clients(client, queue_name):
+        try:
+            client.client_kill_filter(_id=entry["id"])
+            killed.append(str(entry["id"]))
+        except redis.ResponseError:  # already gone
+            pass
+    return killed
+
+
+def echo(job: Job) -> Any:
+    """A processor returning the job's data."""
+    return job.data
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
+    with Queue(queue_name, connection=redis_url) as q:
+        yield q
+
+
+@pytest.fixture
+def qe(queue: Queue, redis_url: str) -> Iterator[QueueEvents]:
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as events:
+        assert events.wait_until_ready(WAIT)
+        yield events
+
+
+# -- every event of SPEC's table, with typed fields ---------------------------
+
+
+def test_job_lifecycle_events_in_order_with_typed_fields(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+
+    def work(job: Job) -> dict[str, int]:
+        job.update_progress({"pct": 50})
+        return {"sum": job.data["a"] + job.data["b"]}
+
+    before = time.time()
+    with Worker(queue.name, work, connection=redis_url, name="w-life") as worker:
+        job = queue.add("adder", {"a": 1, "b": 2})
+        assert job.wait_until_finished(qe, timeout=WAIT) == {"sum": 3}
+        assert rec.wait_name("completed", job.id)
+        assert rec.wait_name("drained")
+    assert rec.names(job.id) == ["added", "waiting", "active", "progress", "completed"]
+
+    added = rec.first("added", job.id)
+    assert added.job_name == "adder" and added.fields["job_name"] == "adder"
+    assert added.delay == 0.0 and isinstance(added.delay, float)
+    assert added.priority == 0 and isinstance(added.priority, int)
+    assert added.prev is None
+
+    waiting = rec.first("waiting", job.id)
+    assert waiting.prev is None
+
+    active = rec.first("active", job.id)
+    assert active.attempt == 1 and isinstance(active.attempt, int)
+    assert active.worker == worker.name == "w-life"
+    assert active.prev == "waiting"
+
+    progress = rec.first("progress", job.id)
+    assert progress.progress == {"pct": 50}
+    assert progress.fields["progress"] == {"pct": 50}
+
+    completed = rec.first("completed", job.id)
+    assert completed.result == {"sum": 3}
+    assert completed.prev == "active"
+    metrics = completed.metrics
+    assert isinstance(metrics, JobMetrics)
+    assert metrics.attempt == 1
+    for value in (metrics.waited_for, metrics.ran_for, metrics.expected_delay):
+        assert isinstance(value, float) and 0.0 <= value < 5.0
+    assert metrics.expected_delay == 0.0
+    assert completed.fields["metrics"] is metrics
+
+    drained = rec.first("drained")
+    assert drained.job_id is None
+
+    ids = [e.id for e in rec.of(job.id)]
+    assert all(isinstance(i, str) and "-" in i for i in ids)
+    assert ids == sorted(ids, key=lambda s: tuple(int(p) for p in s.split("-")))
+    for event in rec.of(job.id):
+        assert isinstance(event.timestamp, float)
+        assert before - 5 < event.timestamp < time.time() + 5
+        assert event.job_id == job.id
+
+
+def test_delayed_job_events(queue: Queue, qe: QueueEvents, redis_url: str) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+    with Worker(queue.name, echo, connection=redis_url):
+        job = queue.add("later", 7, delay=0.2)
+        assert job.wait_until_finished(qe, timeout=WAIT) == 7
+        assert rec.wait_name("completed", job.id)
+    assert rec.names(job.id) == ["added", "delayed", "waiting", "active", "completed"]
+    added = rec.first("added", job.id)
+    assert added.delay == pytest.approx(0.2)
+    delayed = rec.first("delayed", job.id)
+    assert delayed.delay == pytest.approx(0.2)
+    assert isinstance(delayed.run_at, float)
+    assert delayed.run_at == pytest.approx(delayed.timestamp + 0.2, abs=0.05)
+    assert rec.first("waiting", job.id).prev == "delayed"
+    assert rec.first("completed", job.id).metrics.expected_delay == pytest.approx(0.2)
+
+
+def test_retrying_then_failed_events(queue: Queue, qe: QueueEvents, redis_url: str) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+
+    def boom(job: Job) -> None:
+        raise ValueError("boom")
+
+    with Worker(queue.name, boom, connection=redis_url):
+        job = queue.add("x", attempts=3, backoff=0.05)
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(qe, timeout=WAIT)
+        assert rec.wait_name("failed", job.id)
+    assert rec.names(job.id) == [
+        "added", "waiting",
+        "active", "retrying", "delayed", "waiting",
+        "active", "retrying", "delayed", "waiting",
+        "active", "failed",
+    ]  # fmt: skip
+    retrying = [e for e in rec.of(job.id) if e.name == "retrying"]
+    assert [e.attempt for e in retrying] == [1, 2]
+    assert all(e.failed_reason == "boom" and e.prev == "active" for e in retrying)
+    assert all(e.delay == pytest.approx(0.05) for e in retrying)
+    assert [e.attempt for e in rec.of(job.id) if e.name == "active"] == [1, 2, 3]
+    failed = rec.first("failed", job.id)
+    assert failed.failed_reason == "boom"
+    assert failed.attempt == 3
+    assert failed.prev == "active"
+    assert isinstance(failed.metrics, JobMetrics) and failed.metrics.attempt == 3
+    assert isinstance(failed.metrics.ran_for, float)
+
+
+def test_retry_without_backoff_goes_straight_to_waiting(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+    calls = []
+
+    def flaky(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first")
+        return "ok"
+
+    with Worker(queue.name, flaky, connection=redis_url):
+        job = queue.add("x", attempts=2)
+        assert job.wait_until_finished(qe, timeout=WAIT) == "ok"
+        assert rec.wait_name("completed", job.id)
+    assert rec.names(job.id) == [
+        "added", "waiting", "active", "retrying", "waiting", "active", "completed"
+    ]
+    retrying = rec.first("retrying", job.id)
+    assert retrying.delay == 0.0 and retrying.attempt == 1
+    assert rec.of(job.id)[4].prev == "active"
+    assert rec.first("completed", job.id).metrics.attempt == 2
+
+
+def test_stalled_event(queue: Queue, qe: QueueEvents, redis_url: str,
+                       redis_client: redis.Redis) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+    started = threading.Event()
+    release = threading.Event()
+    calls: list[int] = []
+
+    def handler(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            started.set()
+            assert release.wait(WAIT)
+            return "late"
+        return "second"
+
+    with Worker(queue.name, handler, connection=redis_url, lock_duration=5,
+                stalled_interval=0.3) as worker:
+        errors: list[BaseException] = []
+        worker.on("error", errors.append)
+        job = queue.add("x")
+        assert started.wait(WAIT)
+        assert redis_client.delete(f"jobq:{{{queue.name}}}:lock:{job.id}") == 1
+        assert rec.wait_name("stalled", job.id)
+        release.set()
+        assert job.wait_until_finished(qe, timeout=WAIT) == "second"
+    stalled = rec.first("stalled", job.id)
+    assert stalled.attempt == 1
+    names = rec.names(job.id)
+    i = names.index("stalled")
+    assert names[i + 1] == "waiting"
+    assert rec.of(job.id)[i + 1].prev == "active"
+    assert names[-1] == "completed"
+    assert names.count("completed") == 1  # the late result was discarded
+
+
+def test_removed_duplicated_paused_resumed_cleaned(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+    waiting = queue.add("a", job_id="custom-1")
+    again = queue.add("a", job_id="custom-1")
+    assert again.id == waiting.id
+    assert queue.remove(waiting.id) is True
+    delayed = queue.add("b", delay=60)
+    assert delayed.remove() is True
+    queue.pause()
+    queue.resume()
+    with Worker(queue.name, echo, connection=redis_url):
+        done = queue.add("c", 1)
+        assert done.wait_until_finished(qe, timeout=WAIT) == 1
+    assert queue.clean(0) == [done.id]
+    assert rec.wait_name("cleaned")
+
+    dup = rec.first("duplicated", "custom-1")
+    assert dup.fields == {}
+    removed = [e for e in rec.snapshot() if e.name == "removed"]
+    assert [(e.job_id, e.prev) for e in removed] == [
+        ("custom-1", "waiting"), (delayed.id, "delayed")
+    ]
+    paused, resumed = rec.first("paused"), rec.first("resumed")
+    assert paused.job_id is None and resumed.job_id is None
+    assert paused.fields == {} and resumed.fields == {}
+    cleaned = rec.first("cleaned")
+    assert cleaned.count == 1 and isinstance(cleaned.count, int)
+    assert cleaned.job_id is None
+    order = [e.name for e in rec.snapshot() if e.name in ("duplicated", "removed", "paused",
+                                                          "resumed", "cleaned")]
+    assert order == ["duplicated", "removed", "removed", "paused", "resumed", "cleaned"]
+
+
+def test_every_spec_event_name_is_observed(queue: Queue, qe: QueueEvents,
+                                           redis_url: str) -> None:
+    """A summary check: every name of SPEC's table is delivered for real jobs."""
+    rec = Recorder()
+    qe.on_all_events(rec)
+    seen: set[str] = set()
+
+    def handler(job: Job) -> str:
+        job.update_progress(1)
+        if job.data == "fail":
+            raise ValueError("no")
+        return "ok"
+
+    with Worker(queue.name, handler, connection=redis_url, lock_duration=5,
+                stalled_interval=0.3):
+        a = queue.add("ok", "ok", delay=0.05, job_id="job-a")
+        b = queue.add("fail", "fail", attempts=2)
+        assert a.wait_until_finished(qe, timeout=WAIT) == "ok"
+        with pytest.raises(JobFailedError):
+            b.wait_until_finished(qe, timeout=WAIT)
+        queue.add("d", job_id=a.id)
+        queue.pause()
+        queue.resume()
+        queue.remove(b.id)
+        queue.clean(0)
+        assert rec.wait_name("cleaned")
+    seen = {e.name for e in rec.snapshot()}
+    expected = {"added", "waiting", "delayed", "active", "progress", "completed",
+                "retrying", "failed", "removed", "duplicated", "drained", "paused",
+                "resumed", "cleaned"}
+    assert expected <= seen  # stalled: see test_stalled_event
+
+
+# -- listeners ----------------------------------------------------------------
+
+
+def test_per_job_channel(queue: Queue, qe: QueueEvents, redis_url: str) -> None:
+    mine = Recorder()
+    everything = Recorder()
+    with Worker(queue.name, echo, connection=redis_url):
+        other = queue.add("x", "other")
+        job = queue.add("x", "mine", delay=0.1)
+        qe.on(f"completed:{job.id}", mine)
+        qe.on("completed", everything)
+        assert job.wait_until_finished(qe, timeout=WAIT) == "mine"
+        assert other.wait_until_finished(qe, timeout=WAIT) == "other"
+        assert mine.wait_count(1)
+        assert everything.wait_name("completed", job.id)
+    assert [(e.name, e.job_id, e.result) for e in mine.snapshot()] == [
+        ("completed", job.id, "mine")
+    ]
+    assert qe.listener_count(f"completed:{job.id}") == 1
+    assert qe.off(f"completed:{job.id}", mine) is True
+    assert qe.listener_count(f"completed:{job.id}") == 0
+
+
+def test_on_as_decorator_once_off_listener_count(queue: Queue, qe: QueueEvents) -> None:
+    calls: list[str] = []
+    assert qe.listener_count() == 0
+
+    @qe.on("ping")
+    def on_ping(event: Event) -> None:
+        calls.append(f"on:{event.n}")
+
+    assert callable(on_ping) and on_ping.__name__ == "on_ping"  # returns the function
+
+    def once_cb(event: Event) -> None:
+        calls.append(f"once:{event.n}")
+
+    assert qe.once("ping", once_cb) is once_cb
+    assert qe.on("pong", calls.append) == calls.append
+    assert qe.listener_count("ping") == 2
+    assert qe.listener_count("pong") == 1
+    assert qe.listener_count() == 3
+
+    rec = Recorder()
+    qe.on("ping", rec)
+    queue.emit("ping", n=1)
+    queue.emit("ping", n=2)
+    assert rec.wait_count(2)
+    assert calls == ["on:1", "once:1", "on:2"]
+    assert qe.listener_count("ping") == 2  # the once listener removed itself
+
+    assert qe.off("ping", on_ping) is True
+    assert qe.off("ping", on_ping) is False
+    assert qe.off("ping", once_cb) is False
+    assert qe.off("nothing", on_ping) is False
+    queue.emit("ping", n=3)
+    assert rec.wait_count(3)
+    assert calls == ["on:1", "once:1", "on:2"]
+
+
+def test_listeners_run_in_registration_order(queue: Queue, qe: QueueEvents) -> None:
+    order: list[int] = []
+    done = threading.Event()
+    for i in range(5):
+        qe.on("go", lambda e, i=i: order.append(i))
+    qe.on("go", lambda e: done.set())
+    queue.emit("go")
+    assert done.wait(WAIT)
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_on_all_events_and_off_all_events(queue: Queue, qe: QueueEvents) -> None:
+    rec = Recorder()
+    assert qe.on_all_events(rec) is rec
+    assert qe.listener_count() == 1
+    queue.emit("one")
+    queue.emit("two", x=1)
+    assert rec.wait_count(2)
+    assert [e.name for e in rec.snapshot()] == ["one", "two"]
+    assert qe.off_all_events(rec) is True
+    assert qe.off_all_events(rec) is False
+    assert qe.listener_count() == 0
+    marker = Recorder()
+    qe.on("three", marker)
+    queue.emit("three")
+    assert marker.wait_count(1)
+    assert len(rec.snapshot()) == 2
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("listener bug"), SystemExit(3)],
+                         ids=["exception", "systemexit"])
+def test_raising_listener_disturbs_nothing(queue: Queue, qe: QueueEvents,
+                                           exc: BaseException) -> None:
+    def bad(event: Event) -> None:
+        raise exc
+
+    rec = Recorder()
+    qe.on("tick", bad)
+    qe.on("tick", rec)
+    qe.on_all_events(bad)
+    for i in range(5):
+        queue.emit("tick", i=i)
+    assert rec.wait_count(5)
+    assert [e.i for e in rec.snapshot()] == [0, 1, 2, 3, 4]
+    assert not qe.closed
+    # the reader and dispatcher are still alive
+    queue.emit("tick", i=5)
+    assert rec.wait_count(6)
+
+
+def test_slow_listener_does_not_delay_waiter(queue: Queue, qe: QueueEvents,
+                                             redis_url: str) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+    seen: list[str] = []
+
+    def slow(event: Event) -> None:
+        seen.append(str(event.job_id))
+        entered.set()
+        assert release.wait(WAIT)
+
+    qe.on("completed", slow)
+    try:
+        with Worker(queue.name, echo, connection=redis_url):
+            first = queue.add("x", 1)
+            assert first.wait_until_finished(qe, timeout=WAIT) == 1
+            assert entered.wait(WAIT)  # the dispatcher is now stuck in `slow`
+            second = queue.add("x", 2)
+            start = time.monotonic()
+            assert second.wait_until_finished(qe, timeout=WAIT) == 2
+            assert time.monotonic() - start < 2.0
+            assert not release.is_set() and seen == [first.id]
+    finally:
+        release.set()
+    assert wait_until(lambda: len(seen) == 2)
+    assert seen == [first.id, second.id]
+
+
+# -- replay, resume, last_event_id ------------------------------------------
+
+
+def _stream_ids(client: redis.Redis, queue_name: str) -> list[str]:
+    return [i.decode() for i, _ in client.xrange(f"jobq:{{{queue_name}}}:events")]
+
+
+def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
+                                             redis_client: redis.Redis) -> None:
+    for i in range(10):
+        queue.emit("old", i=i)
+    queue.add("job", 1)
+    ids = _stream_ids(redis_client, queue.name)
+    assert len(ids) == 12  # 10 custom events, added, waiting (no worker)
+
+    rec = Recorder()
+    with QueueEvents(queue.name, connection=redis_url, last_event_id="0",
+                     blocking_timeout=0.1, autorun=False) as replay:
+        replay.on_all_events(rec)
+        replay.run()
+        assert rec.wait_count(len(ids))
+        assert [e.id for e in rec.snapshot()] == ids
+        assert [e.i for e in rec.snapshot()[:10]] == list(range(10))
+        assert wait_until(lambda: replay.last_event_id == ids[-1])
+        queue.emit("new", i=10)
+        assert rec.wait_count(len(ids) + 1)
+        assert wait_until(lambda: replay.last_event_id == rec.snapshot()[-1].id)
+
+    all_ids = _stream_ids(redis_client, queue.name)
+    resumed = Recorder()
+    with QueueEvents(queue.name, connection=redis_url, last_event_id=ids[4],
+                     blocking_timeout=0.1, autorun=False) as qe2:
+        assert qe2.last_event_id is None
+        qe2.on_all_events(resumed)
+        qe2.run()
+        assert resumed.wait_count(len(all_ids) - 5)
+        assert wait_until(lambda: qe2.last_event_id == all_ids[-1])
+        # no duplicates, no gaps
+        assert [e.id for e in resumed.snapshot()] == all_ids[5:]
+        for i in range(11, 15):
+            queue.emit("more", i=i)
+        assert resumed.wait_count(len(all_ids) - 5 + 4)
+        got = [e.id for e in resumed.snapshot()]
+        assert got == _stream_ids(redis_client, queue.name)[5:]
+        assert len(set(got)) == len(got)
+
+
+def test_dollar_means_from_now(queue: Queue, redis_url: str) -> None:
+    for i in range(3):
+        queue.emit("before", i=i)
+    rec = Recorder()
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
+        qe.on_all_events(rec)
+        assert qe.wait_until_ready(WAIT)
+        queue.emit("after", i=0)
+        assert rec.wait_count(1)
+        assert [e.name for e in rec.snapshot()] == ["after"]
+
+
+def test_last_event_id_property_tracks_dispatch(queue: Queue, qe: QueueEvents) -> None:
+    assert qe.last_event_id is None
+    seen_during: list[str | None] = []
+    rec = Recorder()
+
+    def look(event: Event) -> None:
+        seen_during.append(qe.last_event_id)
+
+    qe.on_all_events(look)
+    qe.on_all_events(rec)
+    for i in range(3):
+        queue.emit("e", i=i)
+    assert rec.wait_count(3)
+    ids = [e.id for e in rec.snapshot()]
+    # while an event's listeners run, last_event_id is the previous event's id
+    assert seen_during == [None, ids[0], ids[1]]
+    assert wait_until(lambda: qe.last_event_id == ids[2])
+
+
+def test_no_event_lost_across_empty_block_timeouts(queue: Queue, redis_url: str) -> None:
+    rec = Recorder()
+    pause = threading.Event()  # never set: paces the producer between reads
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.05) as qe:
+        qe.on_all_events(rec)
+        assert qe.wait_until_ready(WAIT)
+        n = 0
+        for round_ in range(12):
+            assert not pause.wait(0.07 * (1 + round_ % 3))  # several empty reads pass
+            burst = 1 + round_ % 4
+            for _ in range(burst):
+                queue.emit("tick", seq=n)
+                n += 1
+            assert rec.wait_count(n)
+        assert [e.seq for e in rec.snapshot()] == list(range(n))
+
+
+def test_reader_connection_killed_loses_and_duplicates_nothing(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    rec = Recorder()
+    errors: list[BaseException] = []
+    total = 200
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
+        qe.on_all_events(rec)
+        qe.on("error", errors.append)
+        assert qe.wait_until_ready(WAIT)
+        kills = 0
+        for seq in range(total):
+            queue.emit("tick", seq=seq)
+            if seq % 40 == 20:
+                # the previous kill's reconnection has completed
+                assert wait_until(lambda: len(reader_clients(redis_client, queue.name)) == 1)
+                before = {c["id"] for c in reader_clients(redis_client, queue.name)}
+                assert len(kill_readers(redis_client, queue.name)) == 1
+                kills += 1
+                if seq % 80 == 20:  # sometimes emit more at once while it reconnects
+                    continue
+                assert wait_until(lambda before=before: any(
+                    c["id"] not in before for c in reader_clients(redis_client, queue.name)))
+        assert kills == 5
+        assert rec.wait_count(total)
+        assert not rec.wait_count(total + 1, timeout=0.3)  # nothing duplicated
+        events = rec.snapshot()
+        assert [e.seq for e in events] == list(range(total))
+        assert len({e.id for e in events}) == total
+        assert [e.id for e in events] == _stream_ids(redis_client, queue.name)
+        assert len(reader_clients(redis_client, queue.name)) == 1
+
+
+def test_wait_until_ready_then_every_event_is_delivered(queue: Queue, redis_url: str) -> None:
+    for i in range(15):
+        rec = Recorder()
+        with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.05,
+                         autorun=False) as qe:
+            qe.on_all_events(rec)
+            assert qe.wait_until_ready(WAIT) is True  # starts the reader too
+            queue.emit("hello", i=i)
+            assert rec.wait_count(1), f"event lost on round {i}"
+            assert rec.snapshot()[0].i == i
+
+
+def test_autorun_false_and_run(queue: Queue, redis_url: str) -> None:
+    def readers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == f"jobq-events-{queue.name}"]
+
+    rec = Recorder()
+    qe = QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1, autorun=False)
+    with qe:
+        qe.on_all_events(rec)
+        queue.emit("before-run")
+        assert readers() == []
+        assert qe.run() is qe
+        assert qe.run() is qe  # a second call does nothing
+        assert len(readers()) == 1
+        assert qe.wait_until_ready(WAIT)
+        queue.emit("after-run")
+        assert rec.wait_count(1)
+        assert [e.name for e in rec.snapshot()] == ["after-run"]
+    assert readers() == []
+    with pytest.raises(ClosedError):
+        qe.run()
+
+
+def test_close_is_prompt_and_idempotent(queue: Queue, redis_url: str) -> None:
+    qe = QueueEvents(queue.name, connection=redis_url, blocking_timeout=10)
+    assert qe.wait_until_ready(WAIT)
+    start = time.monotonic()
+    qe.close()
+    assert time.monotonic() - start < 2.0
+    assert qe.closed
+    qe.close()  # idempotent
+    assert not [t for t in threading.enumerate() if t.name.endswith(queue.name)
+                and t.name.startswith("jobq-") and t.is_alive()]
+
+
+def test_close_releases_blocked_waiter_with_closed_error(queue: Queue, redis_url: str) -> None:
+    job = queue.add("never-run")
+    qe = QueueEvents(queue.name, connection=redis_url, blocking_timeout=10)
+    outcome: list[BaseException] = []
+    registered = threading.Event()
+
+    def waiter() -> None:
+        registered.set()
+        try:
+            job.wait_until_finished(qe, timeout=30)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    try:
+        assert qe.wait_until_ready(WAIT)
+        thread.start()
+        assert registered.wait(WAIT)
+        assert wait_until(lambda: job.id in qe._waiters)  # it is blocked in the wait
+        start = time.monotonic()
+        qe.close()
+        thread.join(5)
+        assert not thread.is_alive()
+        assert time.monotonic() - start < 2.0
+    finally:
+        qe.close()
+        thread.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], ClosedError)
+    with pytest.raises(ClosedError):
+        job.wait_until_finished(qe, timeout=1)
+
+
+# -- custom events ---------------------------------------------------------
+
+
+def test_emit_custom_event_with_msgpack_fields(queue: Queue, qe: QueueEvents,
+                                               redis_url: str, queue_name: str) -> None:
+    rec = Recorder()
+    qe.on("report", rec)
+    queue.emit("report", n=1, data={"a": [1, 2.5, None]}, blob=b"\x00\xff", text="é")
+    with Queue(queue_name, connection=redis_url) as other:
+        other.emit("report", n=2)
+    assert rec.wait_count(2)
+    first, second = rec.snapshot()
+    assert first.name == "report" and first.job_id is None and first.prev is None
+    assert dict(first.fields) == {"n": 1, "data": {"a": [1, 2.5, None]}, "blob": b"\x00\xff",
+                                  "text": "é"}
+    assert first.n == 1 and first.data == {"a": [1, 2.5, None]} and first.blob == b"\x00\xff"
+    assert isinstance(first.id, str) and isinstance(first.timestamp, float)
+    assert abs(first.timestamp - time.time()) < 60
+    assert dict(second.fields) == {"n": 2}
+    with pytest.raises(AttributeError):
+        _ = first.missing_field
+
+
+def test_emit_fields_colliding_with_event_attributes(queue: Queue, qe: QueueEvents) -> None:
+    rec = Recorder()
+    qe.on("clash", rec)
+    queue.emit("clash", name="other", id=5, job_id="j", timestamp="t", prev="p",
+               fields=[1])
+    assert rec.wait_count(1)
+    event = rec.snapshot()[0]
+    assert event.name == "clash"
+    assert isinstance(event.id, str) and event.id != 5
+    assert event.job_id is None
+    assert isinstance(event.timestamp, float)
+    assert event.prev is None
+    assert dict(event.fields) == {"name": "other", "id": 5, "job_id": "j",
+                                  "timestamp": "t", "prev": "p", "fields": [1]}
+
+
+def test_custom_event_named_like_a_job_event(queue: Queue, qe: QueueEvents,
+                                             redis_url: str) -> None:
+    """A custom 'completed' without a job must not resolve or break anything."""
+    rec = Recorder()
+    qe.on("completed", rec)
+    queue.emit("completed", result="fake")
+    with Worker(queue.name, echo, connection=redis_url):
+        job = queue.add("x", "real")
+        assert job.wait_until_finished(qe, timeout=WAIT) == "real"
+    assert rec.wait_count(2)
+    assert [(e.job_id, e.result) for e in rec.snapshot()] == [(None, "fake"), (job.id, "real")]
+
+
+# -- pub/sub mode ------------------------------------------------------------
+
+
+def test_pubsub_mode_end_to_end(queue_name: str, redis_url: str,
+                                redis_client: redis.Redis) -> None:
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue:
+        assert queue.event_mode == "pubsub"
+        rec = Recorder()
+        with (
+            QueueEvents(queue_name, connection=redis_url, blocking_timeout=0.1) as qe,
+            Worker(queue_name, echo, connection=redis_url),
+        ):
+            qe.on_all_events(rec)
+            assert qe.wait_until_ready(WAIT)
+            job = queue.add("x", {"v": 1})
+            assert job.wait_until_finished(qe, timeout=WAIT) == {"v": 1}
+            assert rec.wait_name("completed", job.id)
+            assert rec.names(job.id) == ["added", "waiting", "active", "completed"]
+            completed = rec.first("completed", job.id)
+            assert completed.id is None
+            assert completed.result == {"v": 1}
+            assert isinstance(completed.metrics, JobMetrics)
+            assert isinstance(completed.timestamp, float)
+            assert abs(completed.timestamp - time.time()) < 60
+            assert rec.first("active", job.id).prev == "waiting"
+            assert all(e.id is None for e in rec.snapshot())
+            assert qe.last_event_id is None
+
+            queue.emit("custom", x=[1, 2])
+            assert rec.wait_name("custom")
+            assert rec.first("custom").x == [1, 2]
+
+            # missing jobs
+            with pytest.raises(JobNotFoundError):
+                qe.wait_for("never-existed", timeout=WAIT)
+            gone = queue.add("y", delay=60)
+            assert gone.remove()
+            with pytest.raises(JobNotFoundError):
+                gone.wait_until_finished(qe, timeout=WAIT)
+
+            # the reader resubscribes after its connection is killed
+            assert len(kill_readers(redis_client, queue_name)) >= 1
+            n = len(rec.snapshot())
+            for seq in range(200):
+                queue.emit("probe", seq=seq)
+                if rec.wait(lambda evs: len(evs) > n, timeout=0.05):
+                    break
+            assert rec.wait(lambda evs: len(evs) > n, timeout=1)
+            job2 = queue.add("x", 2)
+            assert job2.wait_until_finished(qe, timeout=WAIT) == 2
+            # timed-out and failed waits also work in pub/sub mode
+            never = queue.add("z", delay=60)
+            with pytest.raises(WaitUntilFinishedTimeoutError):
+                never.wait_until_finished(qe, timeout=0.2)
+
+
+def test_pubsub_waiter_through_queue_events_shared(queue_name: str, redis_url: str) -> None:
+    with (
+        Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue,
+        Worker(queue_name, echo, connection=redis_url, concurrency=4),
+    ):
+        jobs = [queue.add("x", i) for i in range(20)]
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(20))
+        futures = [j.as_future() for j in jobs]
+        done, not_done = concurrent.futures.wait(futures, timeout=WAIT)
+        assert not not_done
+        assert [f.result() for f in futures] == list(range(20))
+
+
+def test_event_mode_mismatch_raises(queue_name: str, redis_url: str) -> None:
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub"):
+        with pytest.raises(JobqError):
+            Queue(queue_name, connection=redis_url, event_mode="stream")
+
+
+# -- waiting -----------------------------------------------------------------
+
+
+def test_wait_returns_result_and_none(queue: Queue, qe: QueueEvents, redis_url: str) -> None:
+    def handler(job: Job) -> Any:
+        return None if job.data is None else [job.data, {"k": b"v"}]
+
+    with Worker(queue.name, handler, connection=redis_url):
+        job = queue.add("x", 5)
+        assert job.wait_until_finished(qe, timeout=WAIT) == [5, {"k": b"v"}]
+        nothing = queue.add("x", None)
+        assert nothing.wait_until_finished(qe, timeout=WAIT) is None
+
+
+def test_job_finished_before_the_wait_returns_at_once(queue: Queue, qe: QueueEvents,
+                                                      redis_url: str) -> None:
+    done = threading.Event()
+    with Worker(queue.name, echo, connection=redis_url) as worker:
+        worker.on("completed", lambda job, result: done.set())
+        job = queue.add("x", "early")
+        assert done.wait(WAIT)
+    start = time.monotonic()
+    assert job.wait_until_finished(qe, timeout=WAIT) == "early"
+    assert time.monotonic() - start < 1.0
+    # also through a brand-new reader that never saw the event
+    with QueueEvents(queue.name, connection=redis_url) as fresh:
+        assert job.wait_until_finished(fresh, timeout=WAIT) == "early"
+
+
+def test_retried_then_succeeded_is_not_a_failure(queue: Queue, qe: QueueEvents,
+                                                 redis_url: str) -> None:
+    def flaky(job: Job) -> str:
+        if job.attempts_made < 2:
+            raise RuntimeError(f"try {job.attempts_made}")
+        return "finally"
+
+    with Worker(queue.name, flaky, connection=redis_url):
+        job = queue.add("x", attempts=3)
+        assert job.wait_until_finished(qe, timeout=WAIT) == "finally"
+    assert job.refresh().attempts_made == 3
+
+
+def test_terminal_failure_raises_job_failed_error(queue: Queue, qe: QueueEvents,
+                                                  redis_url: str) -> None:
+    def boom(job: Job) -> None:
+        raise ValueError(f"bad {job.data}")
+
+    with Worker(queue.name, boom, connection=redis_url):
+        job = queue.add("x", 7, attempts=2)
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(qe, timeout=WAIT)
+        err = info.value
+        assert err.job_id == job.id
+        assert err.failed_reason == "bad 7"
+        assert isinstance(err.stacktrace, list) and len(err.stacktrace) == 2
+        assert all("ValueError: bad 7" in t for t in err.stacktrace)
+        # a wait started after the failure gives the same answer
+        with pytest.raises(JobFailedError) as later:
+            job.wait_until_finished(qe, timeout=WAIT)
+        assert later.value.failed_reason == "bad 7" and len(later.value.stacktrace) == 2
+
+
+def test_unrecoverable_error_fails_at_once(queue: Queue, qe: QueueEvents,
+                                           redis_url: str) -> None:
+    rec = Recorder()
+    qe.on_all_events(rec)
+
+    def fatal(job: Job) -> None:
+        raise UnrecoverableError("nope")
+
+    with Worker(queue.name, fatal, connection=redis_url):
+        job = queue.add("x", attempts=5)
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(qe, timeout=WAIT)
+    assert info.value.failed_reason == "nope"
+    assert "UnrecoverableError" in info.value.stacktrace[-1]
+    assert rec.wait_name("failed", job.id)
+    assert "retrying" not in rec.names(job.id)
+    assert job.refresh().attempts_made == 1
+
+
+def test_removed_while_waited_raises_not_found(queue: Queue, qe: QueueEvents) -> None:
+    job = queue.add("x", delay=60)
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            job.wait_until_finished(qe, timeout=WAIT)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    try:
+        assert wait_until(lambda: job.id in qe._waiters)
+        assert job.remove() is True
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    finally:
+        thread.join(WAIT)
+    assert len(outcome) == 1 and isinstance(outcome[0], JobNotFoundError)
+    assert outcome[0].job_id == job.id
+
+
+def test_never_existing_and_already_removed_job_raise_not_found(
+    queue: Queue, qe: QueueEvents
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(JobNotFoundError) as info:
+        qe.wait_for("does-not-exist", timeout=WAIT)
+    assert info.value.job_id == "does-not-exist"
+    job = queue.add("x")
+    assert queue.remove(job.id)
+    with pytest.raises(JobNotFoundError):
+        job.wait_until_finished(qe, timeout=WAIT)
+    assert time.monotonic() - start < 2.0
+
+
+def test_not_found_on_an_empty_stream(queue: Queue, redis_url: str) -> None:
+    """A queue whose event stream does not exist yet."""
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
+        with pytest.raises(JobNotFoundError):
+            qe.wait_for("42", timeout=WAIT)
+
+
+def test_timeout_raises_wait_until_finished_timeout_error(queue: Queue,
+                                                          qe: QueueEvents) -> None:
+    job = queue.add("x")
+    start = time.monotonic()
+    with pytest.raises(WaitUntilFinishedTimeoutError) as info:
+        job.wait_until_finished(qe, timeout=0.3)
+    elapsed = time.monotonic() - start
+    assert 0.25 <= elapsed < 2.0
+    assert isinstance(info.value, TimeoutError)
+    assert isinstance(info.value, JobqError)
+    assert job.id in str(info.value) and "0.3" in str(info.value)
+    with pytest.raises(WaitUntilFinishedTimeoutError):
+        job.wait_until_finished(qe, timeout=0)
+    assert qe._waiters == {}
+
+
+@pytest.mark.parametrize("size", [10, BIG], ids=["small", "big"])
+def test_remove_on_complete_returns_value(queue: Queue, qe: QueueEvents, redis_url: str,
+                                          size: int) -> None:
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        assert release.wait(WAIT)
+        return "x" * size
+
+    rec = Recorder()
+    qe.on("completed", rec)
+    with Worker(queue.name, handler, connection=redis_url, concurrency=2):
+        job = queue.add("x", remove_on_complete=True)
+        late = queue.add("y", remove_on_complete=True)
+        result: list[Any] = []
+        thread = threading.Thread(target=lambda: result.append(
+            job.wait_until_finished(qe, timeout=WAIT)))
+        thread.start()
+        try:
+            assert wait_until(lambda: job.id in qe._waiters)
+            release.set()
+            thread.join(WAIT)
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert result == ["x" * size]
+        # a wait that starts after the job was completed and removed
+        assert rec.wait_name("completed", late.id)
+        assert queue.get_job(late.id) is None
+        assert late.wait_until_finished(qe, timeout=WAIT) == "x" * size
+    assert queue.get_job(job.id) is None
+    assert rec.first("completed", job.id).result == "x" * size
+
+
+def test_big_result_without_removal_is_read_from_record(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    rec = Recorder()
+    qe.on("completed", rec)
+    with Worker(queue.name, lambda job: "y" * BIG, connection=redis_url):
+        job = queue.add("x")
+        assert job.wait_until_finished(qe, timeout=WAIT) == "y" * BIG
+    assert rec.wait_count(1)
+    assert rec.snapshot()[0].result == "y" * BIG
+    # the stream itself stays small
+    entries = redis_client.xrange(f"jobq:{{{queue.name}}}:events")
+    assert max(sum(len(v) for v in fields.values()) for _, fields in entries) < 4096
+
+
+def test_thousand_threads_wait_on_one_reader(queue: Queue, redis_url: str,
+                                             redis_client: redis.Redis) -> None:
+    n = 1000
+    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(n)])
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
+        assert qe.wait_until_ready(WAIT)
+
+        def wait(i: int) -> None:
+            try:
+                value = jobs[i].wait_until_finished(qe, timeout=30)
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                results[i] = value
+
+        threads = [threading.Thread(target=wait, args=(i,)) for i in range(n)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: len(qe._waiters) == n, timeout=20)
+        assert len(reader_clients(redis_client, queue.name)) == 1
+        with Worker(queue.name, echo, connection=redis_url, concurrency=8):
+            for thread in threads:
+                thread.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == []
+        assert results == {i: i for i in range(n)}
+        assert qe._waiters == {}
+
+
+def test_as_future_with_wait_and_as_completed(queue: Queue, qe: QueueEvents,
+                                              redis_url: str) -> None:
+    def handler(job: Job) -> int:
+        if job.data == 13:
+            raise ValueError("unlucky")
+        return int(job.data) * 2
+
+    with Worker(queue.name, handler, connection=redis_url, concurrency=4):
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(50)])
+        futures = [job.as_future(qe) for job in jobs]
+        assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+        done, not_done = concurrent.futures.wait(futures, timeout=WAIT)
+        assert not not_done and len(done) == 50
+        seen = 0
+        for future in concurrent.futures.as_completed(futures, timeout=WAIT):
+            seen += 1
+            assert future.done()
+        assert seen == 50
+        for i, future in enumerate(futures):
+            if i == 13:
+                exc = future.exception(0)
+                assert isinstance(exc, JobFailedError)
+                assert exc.job_id == jobs[13].id and exc.failed_reason == "unlucky"
+            else:
+                assert future.result(0) == i * 2
+        # futures of finished, missing, and first-wait-pending jobs
+        assert jobs[0].as_future(qe).result(WAIT) == 0
+        with pytest.raises(JobFailedError):
+            jobs[13].as_future(qe).result(WAIT)
+    with pytest.raises(JobNotFoundError):
+        qe.future_for("missing-job").result(WAIT)
+    assert wait_until(lambda: qe._waiters == {})
+
+
+def test_as_future_on_lazily_started_events(queue_name: str, redis_url: str) -> None:
+    with (
+        Queue(queue_name, connection=redis_url) as queue,
+        Worker(queue_name, echo, connection=redis_url, concurrency=2),
+    ):
+        jobs = [queue.add("x", i) for i in range(10)]
+        futures = [j.as_future() for j in jobs]  # the first one starts the reader
+        done, not_done = concurrent.futures.wait(futures, timeout=WAIT)
+        assert not not_done
+        assert [f.result() for f in futures] == list(range(10))
+
+
+def test_waiters_are_deregistered(queue: Queue, qe: QueueEvents, redis_url: str) -> None:
+    with Worker(queue.name, echo, connection=redis_url, concurrency=4):
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(200)])
+        for job in jobs[:20]:  # some waits that block until the event
+            assert job.wait_until_finished(qe, timeout=WAIT) == job.data
+        done, not_done = concurrent.futures.wait([j.as_future(qe) for j in jobs], timeout=WAIT)
+        assert not not_done
+    for i in range(2000):
+        job = jobs[i % len(jobs)]
+        assert job.wait_until_finished(qe, timeout=WAIT) == job.data
+    for _ in range(5):
+        with pytest.raises(JobNotFoundError):
+            qe.wait_for("nope", timeout=WAIT)
+        with pytest.raises(WaitUntilFinishedTimeoutError):
+            queue.add("pending", delay=60).wait_until_finished(qe, timeout=0.01)
+    assert qe._waiters == {}
+    assert not qe._pending
+
+
+def test_queue_events_is_shared_and_lazy(queue_name: str, redis_url: str,
+                                         redis_client: redis.Redis) -> None:
+    def readers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate()
+                if t.name == f"jobq-events-{queue_name}" and t.is_alive()]
+
+    with Queue(queue_name, connection=redis_url) as queue:
+        queue.add("x", 1)
+        assert readers() == []
+        events = queue.events
+        assert queue.events is events
+        assert isinstance(events, QueueEvents)
+        assert events.wait_until_ready(WAIT)
+        seen: list[QueueEvents] = []
+        threads = [threading.Thread(target=lambda: seen.append(queue.events)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        assert all(e is events for e in seen) and len(seen) == 8
+        assert len(readers()) == 1
+        assert len(reader_clients(redis_client, queue_name)) == 1
+        with Worker(queue_name, echo, connection=redis_url):
+            job = queue.add("x", 2)
+            assert job.wait_until_finished(timeout=WAIT) == 2
+        assert len(readers()) == 1
+    assert events.closed
+    assert wait_until(lambda: readers() == [])
+
+
+def test_wait_on_lazily_started_events_with_remove_on_complete(queue_name: str,
+                                                               redis_url: str) -> None:
+    with (
+        Queue(queue_name, connection=redis_url) as queue,
+        Worker(queue_name, echo, connection=redis_url),
+    ):
+        # SPEC: the value is returned when the reader was ready before completion
+        assert queue.events.wait_until_ready(WAIT)
+        for i in range(5):
+            job = queue.add("x", i, remove_on_complete=True)
+            assert job.wait_until_finished(timeout=WAIT) in (i,)
+
+
+# -- a server restart ----------------------------------------------------------
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    try:
+        binary = find_server_binary()
+    except RuntimeError:
+        pytest.skip("no server binary to start a private server")
+    with RedisServer(binary) as server:
+        yield server
+
+
+def test_reader_recovers_after_server_restart(own_server: RedisServer, queue_name: str) -> None:
+    url = own_server.url
+    rec = Recorder()
+    with (
+        Queue(queue_name, connection=url) as queue,
+        QueueEvents(queue_name, connection=url, blocking_timeout=0.1) as qe,
+        Worker(queue_name, echo, connection=url),
+    ):
+        qe.on_all_events(rec)
+        assert qe.wait_until_ready(WAIT)
+        assert queue.add("x", "before").wait_until_finished(qe, timeout=WAIT) == "before"
+        doomed = queue.add("x", "doomed", delay=60)
+        outcome: list[BaseException] = []
+        registered = threading.Event()
+
+        def wait() -> None:
+            registered.set()
+            try:
+                doomed.wait_until_finished(qe, timeout=30)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            assert registered.wait(WAIT)
+            assert wait_until(lambda: doomed.id in qe._waiters)
+            own_server.restart()
+            start = time.monotonic()
+            thread.join(8)
+            assert not thread.is_alive(), "waiter on a vanished job hangs after a restart"
+            assert time.monotonic() - start < 8
+        finally:
+            thread.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], JobNotFoundError), outcome
+        # the reader and the worker recovered: a new job's wait works
+        n = len(rec.snapshot())
+        job = queue.add("x", "after")
+        assert job.wait_until_finished(qe, timeout=WAIT) == "after"
+        assert rec.wait_name("completed", job.id)
+        assert len(rec.snapshot()) > n
+
+
+def test_big_result_of_a_job_removed_by_retention_before_its_event_is_read(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A completed job must never be reported as not found.
+
+    Job A keeps only the newest completed job (``remove_on_complete=1``) and
+    returns a result too big to travel in the event; job B completes right
+    after it and so deletes A's record. The reader, disconnected meanwhile,
+    reads A's ``completed`` event only after that.
+    """
+    go = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.data == "a":
+            assert go.wait(WAIT)
+        return job.data * BIG
+
+    outcome: list[Any] = []
+    with Worker(queue.name, handler, connection=redis_url) as worker:
+        done = threading.Event()
+        worker.on("completed", lambda job, result: job.data == "b" and done.set())
+        a = queue.add("x", "a", remove_on_complete=1)
+        b = queue.add("x", "b", remove_on_complete=1)
+
+        def wait() -> None:
+            try:
+                outcome.append(a.wait_until_finished(qe, timeout=WAIT))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            assert wait_until(lambda: a.id in qe._waiters)
+            assert len(kill_readers(redis_client, queue.name)) == 1
+            go.set()
+            # keep the reader away until B has completed (and so deleted A)
+            deadline = time.monotonic() + WAIT
+            while not done.wait(0.002):
+                assert time.monotonic() < deadline
+                kill_readers(redis_client, queue.name)
+            thread.join(WAIT)
+        finally:
+            go.set()
+            thread.join(WAIT)
+    assert queue.get_job(a.id) is None and queue.get_job(b.id) is not None
+    assert outcome == ["a" * BIG]
+
+
+def test_close_from_inside_a_listener(queue: Queue, redis_url: str) -> None:
+    closed = threading.Event()
+    qe = QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1)
+    try:
+        assert qe.wait_until_ready(WAIT)
+
+        def stop(event: Event) -> None:
+            qe.close()
+            closed.set()
+
+        qe.on("stop", stop)
+        queue.emit("stop")
+        assert closed.wait(WAIT)
+        assert qe.closed
+    finally:
+        qe.close()
+
+
+def test_close_fails_pending_futures(queue: Queue, redis_url: str) -> None:
+    job = queue.add("never")
+    qe = QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1)
+    with qe:
+        assert qe.wait_until_ready(WAIT)
+        future = job.as_future(qe)
+        assert not future.done()
+    with pytest.raises(ClosedError):
+        future.result(WAIT)
+    closed_future = job.as_future(qe)
+    with pytest.raises(ClosedError):
+        closed_future.result(0)
