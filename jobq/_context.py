@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 class QueueContext:
     """One queue on one client: keys, scripts and the shared event reader."""
 
-    def __init__(self, name: str, connection: object, prefix: str) -> None:
+    def __init__(self, name: str, connection: object, prefix: str, kind: str = "queue") -> None:
+        self.kind = kind
         self.name = validate_name(name)
         self.prefix = validate_name(prefix, "prefix")
         self.client, self._owned = _connection.resolve(connection)
@@ -27,19 +28,32 @@ class QueueContext:
         self._lock = threading.Lock()
         self.closed = False
 
-    def run(self, script: str, *args: Any) -> Any:
-        """Run one of the queue's scripts."""
-        return self.scripts.run(script, self.keys.base, *args)
+    @property
+    def redis(self) -> Any:
+        """The client, for a command of the caller's.
 
-    def check_open(self, what: str) -> None:
-        """Raise ClosedError if this queue was closed."""
+        Raises:
+            ClosedError: the owner (Queue, Worker, QueueEvents) was closed.
+        """
         if self.closed:
-            raise ClosedError(f"{what} {self.name!r} is closed")
+            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        return self.client
+
+    def run(self, script: str, *args: Any) -> Any:
+        """Run one of the queue's scripts.
+
+        Raises:
+            ClosedError: the owner was closed.
+        """
+        if self.closed:
+            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        return self.scripts.run(script, self.keys.base, *args)
 
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""
         with self._lock:
-            self.check_open("queue")
+            if self.closed:
+                raise ClosedError(f"{self.kind} {self.name!r} is closed")
             if self._events is None or self._events.closed:
                 from .queue_events import QueueEvents
 

@@ -119,7 +119,7 @@ class Job:
 
     def get_state(self) -> str:
         """The job's current state, or ``"unknown"`` when it does not exist."""
-        state = self._context.client.hget(self._context.keys.job(self.id), "state")
+        state = self._context.redis.hget(self._context.keys.job(self.id), "state")
         return _s(state) or "unknown"
 
     def refresh(self) -> Job:
@@ -128,7 +128,7 @@ class Job:
         Raises:
             JobNotFoundError: the job no longer exists.
         """
-        record = self._context.client.hgetall(self._context.keys.job(self.id))
+        record = self._context.redis.hgetall(self._context.keys.job(self.id))
         if not record:
             raise JobNotFoundError(self.id)
         self._load(record)
@@ -136,7 +136,7 @@ class Job:
 
     def get_logs(self, start: int = 0, end: int = -1) -> list[str]:
         """The job's log lines from ``start`` to ``end`` (inclusive, like LRANGE)."""
-        lines = self._context.client.lrange(self._context.keys.logs(self.id), start, end)
+        lines = self._context.redis.lrange(self._context.keys.logs(self.id), start, end)
         return [line.decode("utf-8", "replace") for line in lines]
 
     # -- changing ---------------------------------------------------------

@@ -146,7 +146,6 @@ class Queue:
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
-        self._context.check_open("queue")
         prepared: list[tuple[tuple[Any, ...], JobOptions, Any]] = []
         for spec in jobs:
             if not isinstance(spec, Mapping):
@@ -179,19 +178,19 @@ class Queue:
 
     def get_job(self, job_id: str) -> Job | None:
         """The job with that id, or None."""
-        record = self._context.client.hgetall(self._context.keys.job(job_id))
+        record = self._context.redis.hgetall(self._context.keys.job(job_id))
         if not record:
             return None
         return Job.from_record(self._context, job_id, record)
 
     def get_job_state(self, job_id: str) -> str:
         """One of waiting, delayed, active, completed, failed, or unknown."""
-        state = self._context.client.hget(self._context.keys.job(job_id), "state")
+        state = self._context.redis.hget(self._context.keys.job(job_id), "state")
         return state.decode() if state else "unknown"
 
     def get_job_result(self, job_id: str, default: Any = None) -> Any:
         """The return value of a completed job, else ``default``."""
-        state, value = self._context.client.hmget(self._context.keys.job(job_id), ["state", "rv"])
+        state, value = self._context.redis.hmget(self._context.keys.job(job_id), ["state", "rv"])
         if state != b"completed":
             return default
         return serializer.decode(value, "return value")
@@ -215,19 +214,23 @@ class Queue:
     ) -> list[Job]:
         """Jobs in the given state(s), newest first (oldest first when ``asc``).
 
-        ``start`` and ``end`` index each state's jobs inclusively, like LRANGE.
+        Waiting jobs come in the order they will run when ``asc`` (the
+        reverse otherwise). ``start`` and ``end`` index each state's jobs
+        inclusively, like LRANGE.
         """
         names = [states] if isinstance(states, str) else list(states)
         keys = self._context.keys
-        client = self._context.client
+        client = self._context.redis
         ids: list[bytes] = []
         for state in names:
             if state not in STATES:
                 raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
             if state == "waiting":
-                # the wait list holds the newest job at its left end
-                waiting = client.lrange(keys.wait, 0, -1) + client.zrange(keys.prioritized, 0, -1)
-                ordered = list(reversed(waiting)) if asc else waiting
+                # in the order they will run: the wait list from its right
+                # end, then prioritized jobs, most urgent first
+                waiting = client.lrange(keys.wait, 0, -1)[::-1]
+                waiting += client.zrange(keys.prioritized, 0, -1)
+                ordered = waiting if asc else waiting[::-1]
                 ids.extend(_slice(ordered, start, end))
             else:
                 key = getattr(keys, state)
@@ -253,7 +256,7 @@ class Queue:
 
     def is_paused(self) -> bool:
         """Whether the queue is paused."""
-        return bool(self._context.client.hget(self._context.keys.meta, "paused") == b"1")
+        return bool(self._context.redis.hget(self._context.keys.meta, "paused") == b"1")
 
     def remove(self, job_id: str) -> bool:
         """Remove a job; False if there is none or it is active with its lock held."""
@@ -307,7 +310,7 @@ class Queue:
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
         # bounded by what is there now, so jobs failing again are not retried twice
-        remaining = int(self._context.client.zcard(getattr(self._context.keys, state)))
+        remaining = int(self._context.redis.zcard(getattr(self._context.keys, state)))
         total = 0
         while remaining > 0:
             moved = int(self._context.run("retry", state, min(BATCH, remaining)))
@@ -321,7 +324,7 @@ class Queue:
         """Trim the event stream to about ``max_len`` entries; return how many went."""
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
             raise ValueError(f"max_len must be an int >= 0, not {max_len!r}")
-        return int(self._context.client.xtrim(self._context.keys.events, maxlen=max_len))
+        return int(self._context.redis.xtrim(self._context.keys.events, maxlen=max_len))
 
     def emit(self, event: str, **fields: Any) -> None:
         """Publish a custom event to every QueueEvents of this queue.

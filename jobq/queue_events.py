@@ -121,7 +121,7 @@ class QueueEvents:
             )
         if isinstance(blocking_timeout, bool) or not isinstance(blocking_timeout, (int, float)):
             raise ValueError(f"blocking_timeout must be seconds, not {blocking_timeout!r}")
-        self._context = QueueContext(queue_name, connection, prefix)
+        self._context = QueueContext(queue_name, connection, prefix, "QueueEvents")
         self._start_id = last_event_id
         self._block = max(0.01, min(float(blocking_timeout), BLOCK_CAP))
         self._listeners = ListenerRegistry()

@@ -139,7 +139,7 @@ class Worker:
         self.concurrency = concurrency
         self.max_stalled_count = max_stalled_count
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self._context = QueueContext(queue_name, connection, prefix)
+        self._context = QueueContext(queue_name, connection, prefix, "worker")
         self._listeners = ListenerRegistry()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -276,7 +276,14 @@ class Worker:
             timeout: seconds to wait for jobs in flight; past it they are
                 abandoned (no ``failed``; they are recovered as stalled).
             force: abandon jobs in flight at once.
+
+        Called from a handler, it starts the close in the background and
+        returns at once.
         """
+        if threading.current_thread() in self._pool:
+            # called by a handler: closing here would wait for that handler
+            start_thread(f"jobq-closer-{self.queue_name}", lambda: self.close(timeout, force))
+            return
         with self._lock:
             if self._closing:
                 already = True
@@ -631,7 +638,10 @@ class Worker:
 
     def _renew(self) -> None:
         with self._lock:
-            held = [a for a in self._attempts.values() if not a.claimed]
+            # an attempt cancelled (lock lost, timed out) is renewed no more
+            held = [
+                a for a in self._attempts.values() if not a.claimed and not a.job.is_cancelled()
+            ]
         if not held:
             return
         args: list[Any] = [round(self._lock_duration * 1000)]

@@ -6,8 +6,8 @@
   ARGV[1]  state the jobs must be in: failed | completed
   ARGV[2]  batch size (when no ids are given)
   ARGV[3..] job ids; none: the oldest jobs of that state, a batch
-  Returns  number of jobs moved; -3 when a given id is not in that state
-           (nothing is moved then)
+  Returns  number of jobs moved; -1 when a given id does not exist, -3 when
+           it is not in that state (nothing is moved then)
   Events   waiting (prev: the state) per job
 ]]
 local state = ARGV[1]
@@ -16,6 +16,7 @@ local now = now_ms()
 local ids = {}
 if #ARGV > 2 then
   for i = 3, #ARGV do
+    if redis.call('EXISTS', job_key(ARGV[i])) == 0 then return -1 end
     if not redis.call('ZSCORE', set, ARGV[i]) then return -3 end
     ids[#ids + 1] = ARGV[i]
   end

@@ -1,0 +1,1168 @@
+"""Tests of Queue: adding jobs, reading them, ordering, and administering the queue.
+
+Every test runs against the session's real server, on a queue of its own.
+Waits are bounded ``threading.Event`` waits or ``wait_until_finished``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import jobq
+from jobq import ClosedError, JobqError, Queue, SerializationError, Worker
+
+WAIT = 5.0  # seconds: the bound of every wait for something that should happen
+QUIET = 0.3  # seconds: how long something that should not happen is watched for
+STATES = ("waiting", "delayed", "active", "completed", "failed")
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
+    """An open Queue on the test's own queue name, closed after the test."""
+    with Queue(queue_name, connection=redis_url) as q:
+        yield q
+
+
+def queue_keys(client: redis.Redis, queue_name: str) -> list[bytes]:
+    """Every key of the queue (default prefix)."""
+    return sorted(client.keys(f"jobq:{{{queue_name}}}:*"))
+
+
+def stream(client: redis.Redis, queue_name: str, job_id: str | None = None) -> list[tuple]:
+    """The queue's event stream as (name, job id, fields) tuples, oldest first."""
+    out = []
+    for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
+        fields = {k.decode(): v for k, v in raw.items()}
+        name = fields.pop("ev").decode()
+        jid = fields.pop("jid").decode()
+        if job_id is None or jid == job_id:
+            out.append((name, jid, fields))
+    return out
+
+
+def names(events: list[tuple]) -> list[str]:
+    return [e[0] for e in events]
+
+
+def worker(queue_name: str, redis_url: str, processor: Callable[[Any], Any], **kw: Any) -> Worker:
+    """A Worker with a short idle block, so that close() is quick."""
+    kw.setdefault("drain_delay", 0.1)
+    return Worker(queue_name, processor, connection=redis_url, **kw)
+
+
+def run_order(queue_name: str, redis_url: str, expected: int) -> list[str]:
+    """Run the queue's jobs in one worker of concurrency 1; return their names in run order."""
+    seen: list[str] = []
+    done = threading.Event()
+
+    def processor(job: jobq.Job) -> None:
+        seen.append(job.name)
+        if len(seen) >= expected:
+            done.set()
+
+    with worker(queue_name, redis_url, processor, concurrency=1):
+        assert done.wait(WAIT), f"only ran {seen}"
+    return seen
+
+
+def run_all(queue: Queue, redis_url: str, processor: Callable[[Any], Any], jobs: list) -> None:
+    """Run ``processor`` over the queue until every job of ``jobs`` is finished."""
+    with worker(queue.name, redis_url, processor):
+        for job in jobs:
+            try:
+                job.wait_until_finished(timeout=WAIT)
+            except (jobq.JobFailedError, jobq.JobNotFoundError):
+                pass
+
+
+def fail(job: jobq.Job) -> None:
+    raise RuntimeError(f"boom {job.name}")
+
+
+# -- add -------------------------------------------------------------------
+
+
+def test_add_returns_job_with_its_fields(queue: Queue) -> None:
+    before = time.time()
+    job = queue.add("email", {"to": "a@example.com", "n": [1, 2.5, None, True]})
+    assert isinstance(job, jobq.Job)
+    assert isinstance(job.id, str) and job.id
+    assert job.name == "email"
+    assert job.data == {"to": "a@example.com", "n": [1, 2.5, None, True]}
+    assert job.opts["attempts"] == 1
+    assert job.opts["delay"] == 0
+    assert job.opts["priority"] == 0
+    assert isinstance(job.timestamp, float)
+    assert before - 2 <= job.timestamp <= time.time() + 2
+    assert job.attempts_made == 0
+    assert job.get_state() == "waiting"
+
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.id == job.id
+    assert stored.name == job.name
+    assert stored.data == job.data
+    assert stored.opts == job.opts
+    assert stored.timestamp == job.timestamp
+
+
+def test_add_with_no_data_stores_none(queue: Queue) -> None:
+    job = queue.add("nothing")
+    assert job.data is None
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.data is None
+
+
+def test_generated_ids_increase(queue: Queue) -> None:
+    ids = [queue.add("n", i).id for i in range(5)]
+    assert len(set(ids)) == 5
+    numbers = [int(i) for i in ids]
+    assert numbers == sorted(numbers)
+
+
+def test_custom_job_id_is_idempotent(queue: Queue, redis_client: redis.Redis) -> None:
+    first = queue.add("order", {"v": 1}, job_id="order-1")
+    assert first.id == "order-1"
+    second = queue.add("order", {"v": 2}, job_id="order-1", delay=5)
+    assert second.id == "order-1"
+    assert second.data == {"v": 1}
+    assert queue.get_job_state("order-1") == "waiting"
+    stored = queue.get_job("order-1")
+    assert stored is not None and stored.data == {"v": 1}
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 1, "delayed": 0}
+    events = names(stream(redis_client, queue.name, "order-1"))
+    assert events.count("added") == 1
+    assert events[-1] == "duplicated"
+
+
+@pytest.mark.parametrize(
+    "job_id", ["", " ", "a b", "tab\there", "new\nline", "123", "0", 123, 1.5, b"bytes", ["x"],
+               "x" * 201],
+)
+def test_invalid_job_id_raises_before_writing(
+    queue: Queue, redis_client: redis.Redis, job_id: Any
+) -> None:
+    with pytest.raises(ValueError):
+        queue.add("n", 1, job_id=job_id)
+    assert queue_keys(redis_client, queue.name) == []
+
+
+@pytest.mark.parametrize(
+    "data",
+    [object(), {1, 2}, {1: "a"}, {"nested": {2: "b"}}, 2**64, -(2**64),
+     datetime.datetime.now(), [datetime.date.today()], {"f": len}],
+    ids=["object", "set", "int-key", "nested-int-key", "2**64", "-2**64", "datetime", "date",
+         "function"],
+)
+def test_unencodable_data_raises_before_writing(
+    queue: Queue, redis_client: redis.Redis, data: Any
+) -> None:
+    with pytest.raises(SerializationError):
+        queue.add("n", data)
+    assert queue_keys(redis_client, queue.name) == []
+
+
+def test_serialization_error_is_a_jobq_error() -> None:
+    assert issubclass(SerializationError, JobqError)
+
+
+def test_unknown_option_raises_type_error(queue: Queue, redis_client: redis.Redis) -> None:
+    with pytest.raises(TypeError, match="colour"):
+        queue.add("n", 1, colour="red")
+    assert queue_keys(redis_client, queue.name) == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"delay": -1},
+        {"delay": -0.001},
+        {"delay": float("nan")},
+        {"delay": float("inf")},
+        {"delay": "1"},
+        {"delay": True},
+        {"attempts": 0},
+        {"attempts": -1},
+        {"attempts": 1.5},
+        {"attempts": "2"},
+        {"priority": -1},
+        {"priority": 1.5},
+        {"priority": "1"},
+        {"priority": True},
+        {"priority": 2**21 + 1},
+        {"backoff": {"type": "linear", "delay": 1}},
+        {"backoff": {"delay": -1}},
+        {"backoff": {"delay": 1, "bogus": 1}},
+        {"backoff": {"delay": 1, "jitter": 2}},
+        {"backoff": -1},
+        {"backoff": "1"},
+        {"lifo": "yes"},
+        {"timeout": 0},
+        {"timeout": -1},
+        {"remove_on_complete": -1},
+        {"remove_on_complete": "yes"},
+        {"remove_on_complete": 1.5},
+        {"remove_on_complete": {"age": -1}},
+        {"remove_on_complete": {"count": -1}},
+        {"remove_on_complete": {"count": 1.5}},
+        {"remove_on_complete": {"bogus": 1}},
+        {"remove_on_fail": -2},
+        {"remove_on_fail": {"age": "1"}},
+    ],
+    ids=repr,
+)
+def test_bad_option_value_raises_value_error(
+    queue: Queue, redis_client: redis.Redis, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ValueError):
+        queue.add("n", 1, **options)
+    assert queue_keys(redis_client, queue.name) == []
+
+
+@pytest.mark.parametrize("name", ["", 5, None, "x" * 201])
+def test_bad_job_name_raises_value_error(
+    queue: Queue, redis_client: redis.Redis, name: Any
+) -> None:
+    with pytest.raises(ValueError):
+        queue.add(name, 1)
+    assert queue_keys(redis_client, queue.name) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["", "a{b", "a}b", "{x}", "a b", " ", "tab\t", "new\nline", "x" * 101, "a*", "a?",
+             "a[1]", 5, None],
+)
+def test_invalid_queue_name_raises_value_error(redis_url: str, name: Any) -> None:
+    with pytest.raises(ValueError):
+        Queue(name, connection=redis_url)
+
+
+def test_queue_name_of_100_characters_is_valid(redis_url: str, queue_name: str) -> None:
+    name = (queue_name + "x" * 100)[:100]
+    with Queue(name, connection=redis_url) as q:
+        job = q.add("n", 1)
+        assert q.get_job_state(job.id) == "waiting"
+        q.obliterate()
+
+
+def test_zero_delay_and_zero_priority_mean_none(queue: Queue) -> None:
+    job = queue.add("n", 1, delay=0, priority=0)
+    assert queue.get_job_state(job.id) == "waiting"
+
+
+# -- reading -----------------------------------------------------------------
+
+
+def test_get_job_state(queue: Queue) -> None:
+    waiting = queue.add("w")
+    prioritized = queue.add("p", priority=3)
+    delayed = queue.add("d", delay=60)
+    assert queue.get_job_state(waiting.id) == "waiting"
+    assert queue.get_job_state(prioritized.id) == "waiting"
+    assert queue.get_job_state(delayed.id) == "delayed"
+    assert queue.get_job_state("no-such-job") == "unknown"
+
+
+def test_get_job_missing_returns_none(queue: Queue) -> None:
+    assert queue.get_job("no-such-job") is None
+    assert queue.get_job("999999") is None
+
+
+def test_get_job_result(queue: Queue, redis_url: str) -> None:
+    sentinel = object()
+    job = queue.add("n", 20)
+    assert queue.get_job_result(job.id) is None
+    assert queue.get_job_result(job.id, sentinel) is sentinel
+    assert queue.get_job_result("missing", sentinel) is sentinel
+    with worker(queue.name, redis_url, lambda j: {"double": j.data * 2}):
+        assert job.wait_until_finished(timeout=WAIT) == {"double": 40}
+    assert queue.get_job_result(job.id) == {"double": 40}
+    assert queue.get_job_result(job.id, sentinel) == {"double": 40}
+
+
+def test_get_job_result_of_failed_job_is_default(queue: Queue, redis_url: str) -> None:
+    job = queue.add("n", 1)
+    run_all(queue, redis_url, fail, [job])
+    assert queue.get_job_state(job.id) == "failed"
+    assert queue.get_job_result(job.id, "dflt") == "dflt"
+
+
+def test_get_job_counts(queue: Queue, redis_url: str) -> None:
+    assert queue.get_job_counts() == dict.fromkeys(STATES, 0)
+    queue.add("w1")
+    queue.add("w2", priority=2)
+    queue.add("d", delay=60)
+    counts = queue.get_job_counts()
+    assert list(counts) == list(STATES)
+    assert counts == {"waiting": 2, "delayed": 1, "active": 0, "completed": 0, "failed": 0}
+    assert queue.get_job_counts("delayed") == {"delayed": 1}
+    assert queue.get_job_counts("failed", "waiting") == {"failed": 0, "waiting": 2}
+    with pytest.raises(ValueError):
+        queue.get_job_counts("paused")
+    with pytest.raises(ValueError):
+        queue.get_job_counts("waiting", "bogus")
+
+
+def test_get_job_counts_after_running(queue: Queue, redis_url: str) -> None:
+    ok = queue.add("ok")
+    bad = queue.add("bad")
+
+    def processor(job: jobq.Job) -> str:
+        if job.name == "bad":
+            raise ValueError("no")
+        return "yes"
+
+    run_all(queue, redis_url, processor, [ok, bad])
+    assert queue.get_job_counts() == {
+        "waiting": 0, "delayed": 0, "active": 0, "completed": 1, "failed": 1,
+    }
+    assert queue.count() == 0
+
+
+def test_count_is_waiting_plus_delayed(queue: Queue) -> None:
+    assert queue.count() == 0
+    queue.add("a")
+    queue.add("b", priority=1)
+    queue.add("c", delay=60)
+    assert queue.count() == 3
+
+
+def test_get_jobs_orders_waiting_and_delayed(queue: Queue) -> None:
+    a, b, c = (queue.add(n) for n in "abc")
+    assert [j.id for j in queue.get_jobs("waiting")] == [c.id, b.id, a.id]
+    assert [j.id for j in queue.get_jobs("waiting", asc=True)] == [a.id, b.id, c.id]
+    assert [j.id for j in queue.get_jobs("waiting", 0, 1)] == [c.id, b.id]
+    assert [j.id for j in queue.get_jobs("waiting", 1, -1)] == [b.id, a.id]
+    assert [j.id for j in queue.get_jobs("waiting", 0, 0, asc=True)] == [a.id]
+    assert all(isinstance(j, jobq.Job) for j in queue.get_jobs("waiting"))
+
+    late = queue.add("late", delay=90)
+    soon = queue.add("soon", delay=30)
+    mid = queue.add("mid", delay=60)
+    assert [j.id for j in queue.get_jobs("delayed", asc=True)] == [soon.id, mid.id, late.id]
+    assert [j.id for j in queue.get_jobs("delayed")] == [late.id, mid.id, soon.id]
+    assert [j.id for j in queue.get_jobs("delayed", 0, 0, asc=True)] == [soon.id]
+
+    both = {j.id for j in queue.get_jobs(["waiting", "delayed"])}
+    assert both == {a.id, b.id, c.id, late.id, soon.id, mid.id}
+    assert queue.get_jobs("completed") == []
+    assert queue.get_jobs([]) == []
+    with pytest.raises(ValueError):
+        queue.get_jobs("bogus")
+
+
+def test_get_jobs_waiting_includes_prioritized(queue: Queue) -> None:
+    plain = queue.add("plain")
+    urgent = queue.add("urgent", priority=1)
+    assert {j.id for j in queue.get_jobs("waiting")} == {plain.id, urgent.id}
+
+
+def test_get_jobs_waiting_asc_is_the_order_they_will_run(queue: Queue) -> None:
+    first = queue.add("first")
+    later = queue.add("later", priority=2)
+    second = queue.add("second")
+    urgent = queue.add("urgent", priority=1)
+    run_order = [first.id, second.id, urgent.id, later.id]
+    assert [j.id for j in queue.get_jobs("waiting", asc=True)] == run_order
+    assert [j.id for j in queue.get_jobs("waiting")] == run_order[::-1]
+    assert [j.id for j in queue.get_jobs("waiting", 1, 2, asc=True)] == run_order[1:3]
+
+
+def test_get_jobs_returns_full_records(queue: Queue) -> None:
+    queue.add("n", {"k": "v"}, attempts=3)
+    [job] = queue.get_jobs("waiting")
+    assert job.name == "n"
+    assert job.data == {"k": "v"}
+    assert job.opts["attempts"] == 3
+
+
+# -- ordering ------------------------------------------------------------------
+
+
+def test_fifo_order(queue: Queue, redis_url: str) -> None:
+    for i in range(8):
+        queue.add(f"j{i}")
+    assert run_order(queue.name, redis_url, 8) == [f"j{i}" for i in range(8)]
+
+
+def test_priority_order(queue: Queue, redis_url: str) -> None:
+    queue.add("p3", priority=3)
+    queue.add("none-a")
+    queue.add("p1-a", priority=1)
+    queue.add("p2", priority=2)
+    queue.add("none-b")
+    queue.add("p1-b", priority=1)
+    queue.add("p1-c", priority=1)
+    assert run_order(queue.name, redis_url, 7) == [
+        "none-a", "none-b", "p1-a", "p1-b", "p1-c", "p2", "p3",
+    ]
+
+
+def test_large_priorities_keep_order(queue: Queue, redis_url: str) -> None:
+    queue.add("max", priority=2**21)
+    queue.add("big", priority=2**20)
+    queue.add("small", priority=5)
+    assert run_order(queue.name, redis_url, 3) == ["small", "big", "max"]
+
+
+def test_lifo_puts_job_first(queue: Queue, redis_url: str) -> None:
+    queue.add("a")
+    queue.add("b")
+    queue.add("c", lifo=True)
+    queue.add("d")
+    queue.add("e", lifo=True)
+    assert run_order(queue.name, redis_url, 5) == ["e", "c", "a", "b", "d"]
+
+
+def test_lifo_within_a_priority(queue: Queue, redis_url: str) -> None:
+    queue.add("p1-a", priority=1)
+    queue.add("p2-a", priority=2)
+    queue.add("p2-b", priority=2, lifo=True)
+    queue.add("p1-b", priority=1, lifo=True)
+    assert run_order(queue.name, redis_url, 4) == ["p1-b", "p1-a", "p2-b", "p2-a"]
+
+
+# -- delayed jobs ----------------------------------------------------------------
+
+
+def test_delayed_job_waits_its_delay(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    job = queue.add("later", 1, delay=0.3)
+    assert job.delay == pytest.approx(0.3)
+    assert queue.get_job_state(job.id) == "delayed"
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 0, "delayed": 1}
+    with worker(queue.name, redis_url, lambda j: "done"):
+        assert job.wait_until_finished(timeout=WAIT) == "done"
+    job.refresh()
+    assert job.processed_on is not None and job.timestamp is not None
+    assert job.processed_on - job.timestamp >= 0.3
+    assert job.delay == pytest.approx(0.3)
+    events = stream(redis_client, queue.name, job.id)
+    assert names(events)[:2] == ["added", "delayed"]
+    assert float(events[1][2]["delay"]) == pytest.approx(300)
+    assert "waiting" in names(events)
+
+
+def test_delayed_job_runs_after_undelayed_ones(queue: Queue, redis_url: str) -> None:
+    queue.add("delayed", delay=0.2)
+    queue.add("now")
+    assert run_order(queue.name, redis_url, 2) == ["now", "delayed"]
+
+
+def test_delayed_jobs_run_in_due_order(queue: Queue, redis_url: str) -> None:
+    queue.add("third", delay=0.3)
+    queue.add("first", delay=0.1)
+    queue.add("second", delay=0.2)
+    assert run_order(queue.name, redis_url, 3) == ["first", "second", "third"]
+
+
+def test_promote_runs_delayed_job_now(queue: Queue, redis_url: str) -> None:
+    job = queue.add("later", delay=60)
+    job.promote()
+    assert queue.get_job_state(job.id) == "waiting"
+    with worker(queue.name, redis_url, lambda j: "ran"):
+        assert job.wait_until_finished(timeout=WAIT) == "ran"
+
+
+def test_change_delay_reschedules(queue: Queue, redis_url: str) -> None:
+    job = queue.add("later", delay=60)
+    with worker(queue.name, redis_url, lambda j: "ran"):
+        job.change_delay(0.05)
+        assert queue.get_job_state(job.id) in ("delayed", "waiting", "active", "completed")
+        assert job.wait_until_finished(timeout=WAIT) == "ran"
+
+
+def test_change_delay_to_later(queue: Queue) -> None:
+    job = queue.add("later", delay=0.5)
+    job.change_delay(60)
+    assert queue.get_job_state(job.id) == "delayed"
+    [delayed] = queue.get_jobs("delayed")
+    assert delayed.id == job.id
+
+
+def test_change_priority_reorders_waiting_jobs(queue: Queue, redis_url: str) -> None:
+    queue.add("a", priority=5)
+    b = queue.add("b", priority=5)
+    queue.add("c", priority=3)
+    b.change_priority(1)
+    assert run_order(queue.name, redis_url, 3) == ["b", "c", "a"]
+
+
+# -- add_bulk --------------------------------------------------------------------
+
+
+def test_add_bulk_ten_thousand_jobs(queue: Queue) -> None:
+    jobs = queue.add_bulk({"name": "bulk", "data": i} for i in range(10_000))
+    assert len(jobs) == 10_000
+    ids = [j.id for j in jobs]
+    assert len(set(ids)) == 10_000
+    assert [j.data for j in jobs] == list(range(10_000))
+    assert queue.get_job_counts("waiting") == {"waiting": 10_000}
+    assert queue.count() == 10_000
+    numbers = [int(i) for i in ids]
+    assert numbers == sorted(numbers)
+    last = queue.get_job(ids[-1])
+    assert last is not None and last.data == 9_999
+
+
+def test_add_bulk_mixed_options(queue: Queue, redis_url: str) -> None:
+    jobs = queue.add_bulk(
+        [
+            {"name": "plain", "data": 1},
+            {"name": "delayed", "data": 2, "delay": 60},
+            {"name": "urgent", "data": 3, "priority": 1},
+            {"name": "custom", "data": 4, "job_id": "bulk-custom", "attempts": 3},
+            {"name": "nodata"},
+        ]
+    )
+    assert [j.name for j in jobs] == ["plain", "delayed", "urgent", "custom", "nodata"]
+    assert jobs[3].id == "bulk-custom"
+    assert jobs[3].opts["attempts"] == 3
+    assert jobs[4].data is None
+    assert [queue.get_job_state(j.id) for j in jobs] == [
+        "waiting", "delayed", "waiting", "waiting", "waiting",
+    ]
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 4, "delayed": 1}
+    assert run_order(queue.name, redis_url, 4) == ["plain", "custom", "nodata", "urgent"]
+
+
+def test_add_bulk_empty(queue: Queue, redis_client: redis.Redis) -> None:
+    assert queue.add_bulk([]) == []
+    assert queue_keys(redis_client, queue.name) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ({"name": "x", "data": object()}, SerializationError),
+        ({"name": "x", "data": 1, "delay": -1}, ValueError),
+        ({"name": "x", "data": 1, "colour": "red"}, TypeError),
+        ({"name": "x", "data": 1, "job_id": ""}, ValueError),
+        ({"data": 1}, ValueError),
+        ("not a dict", TypeError),
+    ],
+    ids=["data", "delay", "unknown-option", "job-id", "no-name", "not-a-dict"],
+)
+def test_add_bulk_with_one_bad_job_writes_nothing(
+    queue: Queue, redis_client: redis.Redis, bad: Any, error: type[Exception]
+) -> None:
+    specs: list[Any] = [{"name": "ok", "data": i} for i in range(1500)]
+    specs.append(bad)
+    with pytest.raises(error):
+        queue.add_bulk(specs)
+    assert queue_keys(redis_client, queue.name) == []
+
+
+def test_add_bulk_duplicate_custom_ids(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.add("pre", "old", job_id="dup-0")
+    jobs = queue.add_bulk(
+        [
+            {"name": "a", "data": 1, "job_id": "dup-1"},
+            {"name": "b", "data": 2, "job_id": "dup-1"},
+            {"name": "c", "data": 3, "job_id": "dup-0"},
+            {"name": "d", "data": 4},
+        ]
+    )
+    assert [j.id for j in jobs[:3]] == ["dup-1", "dup-1", "dup-0"]
+    assert [j.data for j in jobs] == [1, 1, "old", 4]
+    assert [j.name for j in jobs] == ["a", "a", "pre", "d"]
+    assert queue.get_job_counts("waiting") == {"waiting": 3}
+    assert names(stream(redis_client, queue.name, "dup-1")).count("duplicated") == 1
+    assert names(stream(redis_client, queue.name, "dup-0")).count("duplicated") == 1
+
+
+# -- pause / resume ------------------------------------------------------------------
+
+
+def test_pause_is_durable_and_emits_events(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    assert queue.is_paused() is False
+    queue.pause()
+    assert queue.is_paused() is True
+    with Queue(queue.name, connection=redis_url) as other:
+        assert other.is_paused() is True
+        other.resume()
+    assert queue.is_paused() is False
+    assert names(stream(redis_client, queue.name)) == ["paused", "resumed"]
+
+
+def test_paused_queue_counts_waiting_jobs_as_waiting(queue: Queue) -> None:
+    queue.add("a")
+    queue.add("b", priority=2)
+    queue.pause()
+    assert queue.get_job_counts("waiting") == {"waiting": 2}
+    assert queue.count() == 2
+    assert queue.get_job_state(queue.get_jobs("waiting")[0].id) == "waiting"
+
+
+def test_worker_on_paused_queue_runs_nothing_until_resume(
+    queue: Queue, redis_url: str
+) -> None:
+    ran = threading.Event()
+    queue.pause()
+    job = queue.add("n")
+    with worker(queue.name, redis_url, lambda j: ran.set()):
+        assert not ran.wait(QUIET)
+        assert queue.get_job_state(job.id) == "waiting"
+        queue.resume()
+        assert ran.wait(WAIT)
+        job.wait_until_finished(timeout=WAIT)
+
+
+def test_pause_lets_in_flight_job_finish(queue: Queue, redis_url: str) -> None:
+    started, release, second = threading.Event(), threading.Event(), threading.Event()
+
+    def processor(job: jobq.Job) -> str:
+        if job.name == "first":
+            started.set()
+            assert release.wait(WAIT)
+        else:
+            second.set()
+        return job.name
+
+    first = queue.add("first")
+    queue.add("second")
+    with worker(queue.name, redis_url, processor):
+        try:
+            assert started.wait(WAIT)
+            queue.pause()
+        finally:
+            release.set()
+        assert first.wait_until_finished(timeout=WAIT) == "first"
+        assert not second.wait(QUIET)
+        queue.resume()
+        assert second.wait(WAIT)
+
+
+# -- remove, drain, clean, obliterate, retry, trim ---------------------------------------
+
+
+def test_remove(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:
+    done = queue.add("c")
+    with worker(queue.name, redis_url, lambda j: j.name):
+        assert done.wait_until_finished(timeout=WAIT) == "c"
+    waiting = queue.add("w")
+    urgent = queue.add("u", priority=1)
+    delayed = queue.add("d", delay=60)
+    for job in (waiting, urgent, delayed, done):
+        assert queue.remove(job.id) is True
+        assert queue.get_job(job.id) is None
+        assert queue.get_job_state(job.id) == "unknown"
+        assert queue.remove(job.id) is False
+    assert queue.remove("no-such-job") is False
+    assert queue.get_job_counts() == dict.fromkeys(STATES, 0)
+    removed = {e[1]: e[2]["prev"].decode() for e in stream(redis_client, queue.name)
+               if e[0] == "removed"}
+    assert removed == {
+        waiting.id: "waiting", urgent.id: "waiting", delayed.id: "delayed", done.id: "completed",
+    }
+
+
+def test_remove_waiting_and_prioritized_jobs(queue: Queue, redis_client: redis.Redis) -> None:
+    waiting = queue.add("w")
+    urgent = queue.add("u", priority=1)
+    other = queue.add("o")
+    assert queue.remove(waiting.id) is True
+    assert urgent.remove() is True
+    assert [j.id for j in queue.get_jobs("waiting")] == [other.id]
+    assert queue.get_job_counts("waiting") == {"waiting": 1}
+    keys = queue_keys(redis_client, queue.name)
+    assert f"jobq:{{{queue.name}}}:job:{waiting.id}".encode() not in keys
+
+
+def test_remove_failed_job_and_its_logs(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    def processor(job: jobq.Job) -> None:
+        job.log("about to fail")
+        raise RuntimeError("no")
+
+    job = queue.add("f")
+    run_all(queue, redis_url, processor, [job])
+    assert queue.get_job_state(job.id) == "failed"
+    assert redis_client.exists(f"jobq:{{{queue.name}}}:logs:{job.id}") == 1
+    assert queue.remove(job.id) is True
+    assert redis_client.exists(f"jobq:{{{queue.name}}}:logs:{job.id}") == 0
+    assert queue.get_job_counts("failed") == {"failed": 0}
+
+
+def test_remove_active_job_with_lock_held_returns_false(queue: Queue, redis_url: str) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def processor(job: jobq.Job) -> str:
+        started.set()
+        assert release.wait(WAIT)
+        return "finished"
+
+    job = queue.add("busy")
+    with worker(queue.name, redis_url, processor):
+        try:
+            assert started.wait(WAIT)
+            assert queue.get_job_state(job.id) == "active"
+            assert queue.remove(job.id) is False
+            assert job.remove() is False
+            assert queue.get_job_state(job.id) == "active"
+        finally:
+            release.set()
+        assert job.wait_until_finished(timeout=WAIT) == "finished"
+
+
+def test_drain_keeps_delayed_by_default(queue: Queue, redis_client: redis.Redis) -> None:
+    a = queue.add("a")
+    queue.add("b", priority=2)
+    delayed = queue.add("d", delay=60)
+    assert queue.drain() == 2
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 0, "delayed": 1}
+    assert queue.get_job(a.id) is None
+    assert queue.get_job_state(delayed.id) == "delayed"
+    assert names(stream(redis_client, queue.name, a.id))[-1] == "removed"
+
+
+def test_drain_with_delayed(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.add_bulk([{"name": "w", "data": i} for i in range(1200)])
+    queue.add_bulk([{"name": "d", "data": i, "delay": 60} for i in range(30)])
+    queue.add("p", priority=4)
+    assert queue.drain(delayed=True) == 1231
+    assert queue.get_job_counts() == dict.fromkeys(STATES, 0)
+    leftover = [k for k in queue_keys(redis_client, queue.name) if b":job:" in k]
+    assert leftover == []
+
+
+def test_clean_completed_respects_grace(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    old = queue.add("old")
+    new = queue.add("new", delay=0.6)
+    with worker(queue.name, redis_url, lambda j: j.name):
+        assert old.wait_until_finished(timeout=WAIT) == "old"
+        assert new.wait_until_finished(timeout=WAIT) == "new"
+    assert queue.clean(60) == []
+    assert queue.clean(0.3) == [old.id]
+    assert queue.get_job(old.id) is None
+    assert queue.get_job_state(new.id) == "completed"
+    assert queue.get_job_counts("completed") == {"completed": 1}
+    cleaned = [e for e in stream(redis_client, queue.name) if e[0] == "cleaned"]
+    assert len(cleaned) == 1
+    assert int(cleaned[0][2]["count"]) == 1
+
+
+def test_clean_limit(queue: Queue, redis_url: str) -> None:
+    jobs = queue.add_bulk([{"name": "n", "data": i} for i in range(5)])
+    run_all(queue, redis_url, lambda j: j.data, jobs)
+    assert queue.get_job_counts("completed") == {"completed": 5}
+    first = queue.clean(0, limit=2)
+    assert len(first) == 2
+    assert queue.get_job_counts("completed") == {"completed": 3}
+    rest = queue.clean(0)
+    assert len(rest) == 3
+    assert set(first) | set(rest) == {j.id for j in jobs}
+    assert queue.clean(0) == []
+
+
+def test_clean_failed_delayed_and_waiting(queue: Queue, redis_url: str) -> None:
+    failing = queue.add("f")
+    run_all(queue, redis_url, fail, [failing])
+    assert queue.clean(0, state="completed") == []
+    assert queue.clean(0, state="failed") == [failing.id]
+    assert queue.get_job(failing.id) is None
+
+    delayed = queue.add("d", delay=60)
+    assert queue.clean(60, state="delayed") == []
+    assert queue.clean(0, state="delayed") == [delayed.id]
+    assert queue.get_job_counts("delayed") == {"delayed": 0}
+
+    w1 = queue.add("w1")
+    w2 = queue.add("w2", priority=3)
+    assert queue.clean(60, state="waiting") == []
+    assert sorted(queue.clean(0, state="waiting")) == sorted([w1.id, w2.id])
+    assert queue.get_job_counts() == dict.fromkeys(STATES, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"state": "active"}, {"state": "bogus"}, {"limit": -1}, {"limit": 1.5}],
+)
+def test_clean_bad_arguments(queue: Queue, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        queue.clean(0, **kwargs)
+
+
+def test_clean_negative_grace(queue: Queue) -> None:
+    with pytest.raises(ValueError):
+        queue.clean(-1)
+
+
+def test_obliterate_removes_everything(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    done = queue.add("ok")
+    failed = queue.add("bad")
+
+    def processor(job: jobq.Job) -> str:
+        job.log("line")
+        job.update_progress(50)
+        if job.name == "bad":
+            raise RuntimeError("no")
+        return "ok"
+
+    run_all(queue, redis_url, processor, [done, failed])
+    queue.add("w")
+    queue.add("p", priority=1)
+    queue.add("d", delay=60)
+    queue.add("c", job_id="custom-id")
+    queue.pause()
+    assert queue_keys(redis_client, queue.name) != []
+    queue.obliterate()
+    assert queue_keys(redis_client, queue.name) == []
+    assert queue.get_job_counts() == dict.fromkeys(STATES, 0)
+    assert queue.is_paused() is False
+
+
+def test_obliterate_many_jobs(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.add_bulk([{"name": "n", "data": i} for i in range(2500)])
+    queue.add_bulk([{"name": "n", "data": i, "delay": 60} for i in range(1100)])
+    queue.obliterate()
+    assert queue_keys(redis_client, queue.name) == []
+
+
+def test_obliterate_refuses_with_active_jobs_unless_forced(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def processor(job: jobq.Job) -> str:
+        started.set()
+        assert release.wait(WAIT)
+        return "late"
+
+    job = queue.add("busy")
+    queue.add("other", delay=60)
+    with worker(queue.name, redis_url, processor):
+        try:
+            assert started.wait(WAIT)
+            with pytest.raises(JobqError):
+                queue.obliterate()
+            assert queue.get_job_state(job.id) == "active"
+            assert queue.get_job_counts("delayed") == {"delayed": 1}
+            queue.obliterate(force=True)
+            assert job_keys(redis_client, queue.name) == []
+        finally:
+            release.set()
+    # the worker's late result was discarded: nothing came back
+    assert queue.get_job(job.id) is None
+    assert job_keys(redis_client, queue.name) == []
+
+
+def job_keys(client: redis.Redis, queue_name: str) -> list[bytes]:
+    """The queue's keys but the guard key of a worker's stalled check, which a
+    worker still running on an obliterated queue may write again."""
+    return [k for k in queue_keys(client, queue_name) if not k.endswith(b":stalled-check")]
+
+
+def test_retry_jobs(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:
+    jobs = queue.add_bulk([{"name": "n", "data": i} for i in range(3)])
+    first_pass = threading.Event()
+
+    def processor(job: jobq.Job) -> str:
+        if not first_pass.is_set():
+            raise RuntimeError("first pass")
+        return f"ok {job.data}"
+
+    run_all(queue, redis_url, processor, jobs)
+    assert queue.get_job_counts("failed") == {"failed": 3}
+    first_pass.set()
+    assert queue.retry_jobs() == 3
+    assert queue.get_job_counts("failed", "waiting") == {"failed": 0, "waiting": 3}
+    with worker(queue.name, redis_url, processor):
+        results = [job.wait_until_finished(timeout=WAIT) for job in jobs]
+    assert results == ["ok 0", "ok 1", "ok 2"]
+    for job in jobs:
+        job.refresh()
+        assert job.attempts_made == 1
+        assert job.failed_reason is None
+    assert queue.retry_jobs() == 0
+    with pytest.raises(ValueError):
+        queue.retry_jobs("waiting")
+    waiting_events = [e for e in stream(redis_client, queue.name, jobs[0].id) if e[0] == "waiting"]
+    assert waiting_events[-1][2]["prev"] == b"failed"
+
+
+def test_retry_completed_jobs(queue: Queue, redis_url: str) -> None:
+    count = []
+    job = queue.add("n")
+    with worker(queue.name, redis_url, lambda j: count.append(1) or len(count)):
+        assert job.wait_until_finished(timeout=WAIT) == 1
+        assert queue.retry_jobs("completed") == 1
+        assert job.wait_until_finished(timeout=WAIT) == 2
+    assert queue.get_job_result(job.id) == 2
+
+
+def test_trim_events(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.add_bulk([{"name": "n", "data": i} for i in range(500)])
+    key = f"jobq:{{{queue.name}}}:events"
+    before = redis_client.xlen(key)
+    assert before == 1000  # added + waiting per job
+    trimmed = queue.trim_events(100)
+    after = redis_client.xlen(key)
+    assert trimmed == before - after
+    assert 100 <= after <= 300  # trimming is approximate
+    with pytest.raises(ValueError):
+        queue.trim_events(-1)
+
+
+def test_max_events_bounds_the_stream(queue_name: str, redis_url: str,
+                                      redis_client: redis.Redis) -> None:
+    with Queue(queue_name, connection=redis_url, max_events=200) as q:
+        q.add_bulk([{"name": "n", "data": i} for i in range(2000)])
+    assert redis_client.xlen(f"jobq:{{{queue_name}}}:events") <= 400
+
+
+# -- retention ----------------------------------------------------------------------
+
+
+def test_remove_on_complete_true(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:
+    job = queue.add("n", 1, remove_on_complete=True)
+    assert job.opts["remove_on_complete"] is True
+    assert queue.events.wait_until_ready(WAIT)  # so the waiter reads the completed event
+    with worker(queue.name, redis_url, lambda j: j.data + 1):
+        assert job.wait_until_finished(timeout=WAIT) == 2
+    assert queue.get_job(job.id) is None
+    assert queue.get_job_counts("completed") == {"completed": 0}
+    completed = [e for e in stream(redis_client, queue.name, job.id) if e[0] == "completed"]
+    assert len(completed) == 1
+
+
+def test_remove_on_fail_true(queue: Queue, redis_url: str) -> None:
+    job = queue.add("n", 1, remove_on_fail=True, attempts=2)
+    seen = []
+    done = threading.Event()
+
+    def processor(j: jobq.Job) -> None:
+        seen.append(j.attempts_made)
+        if len(seen) == 2:
+            done.set()
+        raise RuntimeError("no")
+
+    with worker(queue.name, redis_url, processor):
+        assert done.wait(WAIT)
+        with pytest.raises((jobq.JobFailedError, jobq.JobNotFoundError)):
+            job.wait_until_finished(timeout=WAIT)
+    assert seen == [0, 1]  # the record survived the first, retried failure
+    assert queue.get_job(job.id) is None
+    assert queue.get_job_counts("failed") == {"failed": 0}
+
+
+def test_remove_on_complete_keeps_newest_n(queue: Queue, redis_url: str) -> None:
+    jobs = [queue.add("n", i, remove_on_complete=2) for i in range(5)]
+    run_order(queue.name, redis_url, 5)
+    assert queue.get_job_counts("completed") == {"completed": 2}
+    kept = [j.id for j in jobs if queue.get_job(j.id) is not None]
+    assert kept == [jobs[3].id, jobs[4].id]
+
+
+def test_remove_on_fail_keeps_newest_n(queue: Queue, redis_url: str) -> None:
+    jobs = [queue.add("f", i, remove_on_fail=1) for i in range(3)]
+    run_all(queue, redis_url, fail, jobs)
+    assert queue.get_job_counts("failed") == {"failed": 1}
+    assert [j.id for j in jobs if queue.get_job(j.id) is not None] == [jobs[2].id]
+
+
+def test_remove_on_complete_count_dict(queue: Queue, redis_url: str) -> None:
+    jobs = [queue.add("n", i, remove_on_complete={"count": 1}) for i in range(3)]
+    run_all(queue, redis_url, lambda j: j.data, jobs)
+    assert [j.id for j in jobs if queue.get_job(j.id) is not None] == [jobs[2].id]
+
+
+def test_remove_on_complete_age(queue: Queue, redis_url: str) -> None:
+    old = queue.add("old", remove_on_complete={"age": 0.1})
+    new = queue.add("new", delay=0.6, remove_on_complete={"age": 0.1})
+    with worker(queue.name, redis_url, lambda j: j.name):
+        assert old.wait_until_finished(timeout=WAIT) == "old"
+        assert queue.get_job_state(old.id) == "completed"
+        assert new.wait_until_finished(timeout=WAIT) == "new"
+    # finishing `new` (0.6 s later) removed `old`, finished more than 0.1 s before
+    assert queue.get_job(old.id) is None
+    assert queue.get_job_state(new.id) == "completed"
+
+
+# -- event mode, defaults, close --------------------------------------------------------------
+
+
+def test_event_mode_is_stored(queue_name: str, redis_url: str) -> None:
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as q:
+        assert q.event_mode == "pubsub"
+    with Queue(queue_name, connection=redis_url) as q:
+        assert q.event_mode == "pubsub"
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as q:
+        assert q.event_mode == "pubsub"
+        job = q.add("n")
+        assert q.get_job_state(job.id) == "waiting"
+    with pytest.raises(JobqError):
+        Queue(queue_name, connection=redis_url, event_mode="stream")
+
+
+def test_pubsub_queue_writes_no_event_stream(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as q:
+        q.add("n")
+        q.pause()
+    assert redis_client.exists(f"jobq:{{{queue_name}}}:events") == 0
+
+
+def test_default_event_mode_is_stream(queue: Queue, queue_name: str, redis_url: str) -> None:
+    assert queue.event_mode == "stream"
+    with Queue(queue_name, connection=redis_url, event_mode="stream") as q:
+        assert q.event_mode == "stream"
+    with pytest.raises(JobqError):
+        Queue(queue_name, connection=redis_url, event_mode="pubsub")
+
+
+def test_bad_event_mode(queue_name: str, redis_url: str) -> None:
+    with pytest.raises(ValueError):
+        Queue(queue_name, connection=redis_url, event_mode="kafka")
+
+
+def test_default_job_options(queue_name: str, redis_url: str) -> None:
+    defaults = {"attempts": 3, "priority": 2, "remove_on_complete": 5}
+    with Queue(queue_name, connection=redis_url, default_job_options=defaults) as q:
+        job = q.add("n")
+        assert job.opts["attempts"] == 3
+        assert job.opts["priority"] == 2
+        assert job.priority == 2
+        stored = q.get_job(job.id)
+        assert stored is not None
+        assert stored.opts["attempts"] == 3
+        assert stored.opts["remove_on_complete"] == {"count": 5, "age": None}
+        override = q.add("m", attempts=1)
+        assert override.opts["attempts"] == 1
+        assert override.opts["priority"] == 2
+        [bulk] = q.add_bulk([{"name": "b"}])
+        assert bulk.opts["attempts"] == 3
+    assert defaults == {"attempts": 3, "priority": 2, "remove_on_complete": 5}
+
+
+@pytest.mark.parametrize(
+    ("defaults", "error"), [({"bogus": 1}, TypeError), ({"attempts": 0}, ValueError)]
+)
+def test_bad_default_job_options(
+    queue_name: str, redis_url: str, defaults: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        Queue(queue_name, connection=redis_url, default_job_options=defaults)
+
+
+def test_close_and_context_manager(queue_name: str, redis_url: str) -> None:
+    with Queue(queue_name, connection=redis_url) as q:
+        assert "open" in repr(q)
+        q.add("n")
+    assert "closed" in repr(q)
+    with pytest.raises(ClosedError):
+        q.add("n")
+    with pytest.raises(ClosedError):
+        q.add_bulk([{"name": "n"}])
+    q.close()  # idempotent
+
+
+def test_every_method_of_a_closed_queue_raises_closed_error(
+    queue_name: str, redis_url: str
+) -> None:
+    with Queue(queue_name, connection=redis_url) as q:
+        job = q.add("n")
+    calls: list[Callable[[], object]] = [
+        q.count, q.get_job_counts, q.pause, q.resume, q.is_paused, q.drain,
+        q.obliterate, q.retry_jobs, lambda: q.get_job(job.id),
+        lambda: q.get_job_state(job.id), lambda: q.get_jobs("waiting"),
+        lambda: q.remove(job.id), lambda: q.clean(0), lambda: q.emit("custom"),
+        lambda: q.events, job.get_state, job.refresh, job.promote, job.remove,
+    ]
+    for call in calls:
+        with pytest.raises(ClosedError):
+            call()
+
+
+def test_close_does_not_close_a_callers_client(queue_name: str, redis_client: redis.Redis) -> None:
+    with Queue(queue_name, connection=redis_client) as q:
+        q.add("n")
+    assert redis_client.ping() is True
+    with Queue(queue_name, connection=redis_client) as q:
+        assert q.count() == 1
+
+
+def test_decode_responses_client_rejected(queue_name: str, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(ValueError):
+            Queue(queue_name, connection=client)
+    finally:
+        client.close()
+
+
+def test_queues_with_different_prefixes_are_separate(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with Queue(queue_name, connection=redis_url) as a, Queue(
+        queue_name, connection=redis_url, prefix="other"
+    ) as b:
+        a.add("n")
+        assert b.count() == 0
+        b.add("m")
+        b.add("m")
+        assert a.count() == 1
+        assert b.count() == 2
+        assert redis_client.keys(f"other:{{{queue_name}}}:*") != []
+        b.obliterate()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None, True, 0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 1.5, -0.25, "", "héllo ✓",
+        b"\x00\xffbytes", [], [1, [2, [3]]], {}, {"a": {"b": [None, b"x", 1.0]}},
+        "x" * 100_000,
+    ],
+    ids=repr,
+)
+def test_data_round_trips(queue: Queue, redis_url: str, data: Any) -> None:
+    job = queue.add("n", data)
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.data == data
+    assert type(stored.data) is type(data)
+    seen: list[Any] = []
+    with worker(queue.name, redis_url, lambda j: seen.append(j.data) or j.data):
+        assert job.wait_until_finished(timeout=WAIT) == data
+    assert seen == [data]
+    assert queue.get_job_result(job.id) == data
+
+
+def test_get_jobs_of_finished_states(queue: Queue, redis_url: str) -> None:
+    jobs = [queue.add(f"j{i}", i) for i in range(3)]
+    bad = queue.add("bad")
+
+    def processor(job: jobq.Job) -> int:
+        if job.name == "bad":
+            raise RuntimeError("no")
+        return int(job.data)
+
+    run_all(queue, redis_url, processor, [*jobs, bad])
+    completed = queue.get_jobs("completed")
+    assert [j.id for j in completed] == [j.id for j in reversed(jobs)]
+    assert [j.return_value for j in completed] == [2, 1, 0]
+    assert [j.id for j in queue.get_jobs("completed", asc=True)] == [j.id for j in jobs]
+    [failed] = queue.get_jobs("failed")
+    assert failed.id == bad.id and failed.failed_reason == "no"
+    assert len(queue.get_jobs(["completed", "failed"])) == 4
+    assert queue.get_jobs("active") == []

@@ -1,0 +1,1300 @@
+"""Tests of Worker: running jobs, retries, timeouts, locks, stalls, closing, listeners.
+
+Every test runs against the real server of tests/conftest.py. Waits are bounded
+(threading.Event / Condition with a timeout, ``wait_until_finished(timeout=)``)
+and their results asserted; timings are short (lock 1 s, stalled check 0.5 s).
+Tests that need a worker to die run it in a child process (tests/worker_proc.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import (
+    ClosedError,
+    Job,
+    JobFailedError,
+    JobTimeoutError,
+    LockLostError,
+    Queue,
+    UnrecoverableError,
+    Worker,
+)
+from tests import worker_proc
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Bound for waits that should end much sooner; a hang fails, it does not stall the suite.
+WAIT = 10.0
+LOCK = 1.0
+INTERVAL = 0.5
+#: Server timestamps are whole milliseconds in stream ids: allow for rounding.
+MS = 0.0015
+
+
+# -- helpers ----------------------------------------------------------------
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
+    """A Queue on the test's unique queue name, closed after the test."""
+    with Queue(queue_name, connection=redis_url) as q:
+        yield q
+
+
+def make_worker(queue_name: str, redis_url: str, processor: Any, **options: Any) -> Worker:
+    """A Worker with the short test timings unless overridden."""
+    options.setdefault("lock_duration", LOCK)
+    options.setdefault("stalled_interval", INTERVAL)
+    return Worker(queue_name, processor, connection=redis_url, **options)
+
+
+class Recorder:
+    """Records listener calls; lets a test wait (bounded) for them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self._cond = threading.Condition()
+
+    def listener(self, name: str) -> Callable[..., None]:
+        def callback(*args: Any) -> None:
+            with self._cond:
+                self.calls.append((name, args))
+                self._cond.notify_all()
+
+        return callback
+
+    def attach(self, worker: Worker, *names: str) -> Recorder:
+        for name in names:
+            worker.on(name, self.listener(name))
+        return self
+
+    def of(self, name: str) -> list[tuple[Any, ...]]:
+        with self._cond:
+            return [args for n, args in self.calls if n == name]
+
+    def wait(self, name: str, count: int = 1, timeout: float = WAIT) -> bool:
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: sum(1 for n, _ in self.calls if n == name) >= count, timeout
+            )
+
+    def names(self) -> list[str]:
+        with self._cond:
+            return [n for n, _ in self.calls]
+
+
+def events_key(queue_name: str) -> str:
+    return f"jobq:{{{queue_name}}}:events"
+
+
+def lock_key(queue_name: str, job_id: str) -> str:
+    return f"jobq:{{{queue_name}}}:lock:{job_id}"
+
+
+def job_key(queue_name: str, job_id: str) -> str:
+    return f"jobq:{{{queue_name}}}:job:{job_id}"
+
+
+def stream(
+    client: redis.Redis, queue_name: str, name: str | None = None, job_id: str | None = None
+) -> list[dict[str, Any]]:
+    """The queue's stream events, oldest first: name, job_id, ts (s) and raw fields."""
+    out = []
+    for entry_id, raw in client.xrange(events_key(queue_name)):
+        fields = {k.decode(): v for k, v in raw.items()}
+        event = {
+            "name": fields["ev"].decode(),
+            "job_id": fields["jid"].decode() or None,
+            "ts": int(entry_id.split(b"-")[0]) / 1000.0,
+            "fields": fields,
+        }
+        if (name is None or event["name"] == name) and (
+            job_id is None or event["job_id"] == job_id
+        ):
+            out.append(event)
+    return out
+
+
+def stream_names(client: redis.Redis, queue_name: str, job_id: str) -> list[str]:
+    return [e["name"] for e in stream(client, queue_name, job_id=job_id)]
+
+
+def jobq_threads(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def wait_ready(worker: Worker) -> None:
+    """Start ``worker`` and wait until its first fetch happened."""
+    ready = threading.Event()
+    worker.once("ready", ready.set)
+    worker.start()
+    assert ready.wait(WAIT), "worker never became ready"
+
+
+@contextlib.contextmanager
+def started(worker: Worker) -> Iterator[Worker]:
+    """Run ``worker`` (closing it at the end) once its first fetch happened."""
+    ready = threading.Event()
+    worker.once("ready", ready.set)
+    with worker:
+        assert ready.wait(WAIT), "worker never became ready"
+        yield worker
+
+
+# -- processor, results -----------------------------------------------------
+
+
+def test_processor_gets_job_and_result_is_stored(queue: Queue, redis_url: str) -> None:
+    seen: dict[str, Any] = {}
+
+    def handler(job: Job) -> Any:
+        seen.update(
+            job=job, id=job.id, name=job.name, data=job.data, attempts_made=job.attempts_made
+        )
+        return {"sum": job.data["a"] + job.data["b"], "list": [1, "two"]}
+
+    with make_worker(queue.name, redis_url, handler, name="w-custom") as worker:
+        job = queue.add("add", {"a": 1, "b": 2})
+        assert job.wait_until_finished(timeout=WAIT) == {"sum": 3, "list": [1, "two"]}
+    assert isinstance(seen["job"], Job)
+    assert seen["id"] == job.id
+    assert seen["name"] == "add"
+    assert seen["data"] == {"a": 1, "b": 2}
+    assert seen["attempts_made"] == 0
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.get_state() == "completed"
+    assert stored.return_value == {"sum": 3, "list": [1, "two"]}
+    assert queue.get_job_result(job.id) == {"sum": 3, "list": [1, "two"]}
+    assert stored.attempts_made == 1
+    assert stored.processed_by == worker.name == "w-custom"
+    assert stored.processed_on is not None and stored.finished_on is not None
+    assert stored.finished_on >= stored.processed_on >= (stored.timestamp or 0)
+
+
+def test_default_worker_name_is_recorded_as_processed_by(queue: Queue, redis_url: str) -> None:
+    with make_worker(queue.name, redis_url, lambda job: job.id) as worker:
+        job = queue.add("x")
+        assert job.wait_until_finished(timeout=WAIT) == job.id
+    assert worker.name
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.processed_by == worker.name
+
+
+def test_none_result(queue: Queue, redis_url: str) -> None:
+    rec = Recorder()
+    with make_worker(queue.name, redis_url, lambda job: None) as worker:
+        rec.attach(worker, "completed")
+        job = queue.add("nothing")
+        assert job.wait_until_finished(timeout=WAIT) is None
+        assert rec.wait("completed")
+    assert queue.get_job_state(job.id) == "completed"
+    assert queue.get_job_result(job.id, default="missing") is None
+    ((done_job, result),) = rec.of("completed")
+    assert done_job.id == job.id and result is None
+
+
+def test_dict_processor_routes_by_name_and_unknown_name_fails(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    routes = {"upper": lambda job: job.data.upper(), "double": lambda job: job.data * 2}
+    with make_worker(queue.name, redis_url, routes) as worker:
+        rec = Recorder().attach(worker, "failed")
+        up = queue.add("upper", "abc")
+        nope = queue.add("nope", "x", attempts=3)
+        dbl = queue.add("double", 21)
+        assert up.wait_until_finished(timeout=WAIT) == "ABC"
+        with pytest.raises(JobFailedError) as info:
+            nope.wait_until_finished(timeout=WAIT)
+        assert dbl.wait_until_finished(timeout=WAIT) == 42
+        assert worker.is_running()
+    assert "nope" in (info.value.failed_reason or "")
+    stored = queue.get_job(nope.id)
+    assert stored is not None and stored.get_state() == "failed"
+    assert "nope" in (stored.failed_reason or "")
+    assert stream(redis_client, queue.name, "failed", nope.id)
+    ((failed_job, exc),) = rec.of("failed")
+    assert failed_job.id == nope.id and "nope" in str(exc)
+
+
+def test_corrupt_job_data_fails_the_job_and_the_worker_goes_on(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    bad = queue.add("bad", {"ok": True})
+    redis_client.hset(job_key(queue.name, bad.id), "data", b"\xc1")  # never valid msgpack
+    good = queue.add("good", 1)
+    with make_worker(queue.name, redis_url, lambda job: job.data + 1):
+        with pytest.raises(JobFailedError) as info:
+            bad.wait_until_finished(timeout=WAIT)
+        assert good.wait_until_finished(timeout=WAIT) == 2
+    assert info.value.failed_reason
+
+
+# -- concurrency -------------------------------------------------------------
+
+
+def test_concurrency_four_runs_four_handlers_at_once(queue: Queue, redis_url: str) -> None:
+    barrier = threading.Barrier(4, timeout=5)
+
+    def handler(job: Job) -> int:
+        barrier.wait()
+        return int(job.data)
+
+    with make_worker(queue.name, redis_url, handler, concurrency=4):
+        jobs = [queue.add("meet", i) for i in range(4)]
+        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == [0, 1, 2, 3]
+
+
+def test_concurrency_one_runs_one_job_at_a_time(queue: Queue, redis_url: str) -> None:
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+    started: dict[int, threading.Event] = {i: threading.Event() for i in range(3)}
+    release = threading.Event()
+
+    def handler(job: Job) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            started[job.data].set()
+            if job.data == 0:
+                assert release.wait(5)
+            return int(job.data)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    with make_worker(queue.name, redis_url, handler, concurrency=1):
+        jobs = [queue.add("one", i) for i in range(3)]
+        assert started[0].wait(WAIT)
+        assert not started[1].wait(0.3), "a second job started while the first ran"
+        release.set()
+        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == [0, 1, 2]
+    assert most[0] == 1
+
+
+# -- retries and backoff -------------------------------------------------------
+
+
+def _flaky(failures: int) -> tuple[Callable[[Job], str], list[int]]:
+    """A handler that fails its first ``failures`` calls, then returns "ok"."""
+    calls: list[int] = []
+
+    def handler(job: Job) -> str:
+        calls.append(job.attempts_made)
+        if len(calls) <= failures:
+            raise ValueError(f"boom {len(calls)}")
+        return "ok"
+
+    return handler, calls
+
+
+def test_retries_then_success(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:
+    handler, calls = _flaky(2)
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "failed", "completed")
+        job = queue.add("flaky", attempts=3)
+        assert job.wait_until_finished(timeout=WAIT) == "ok"
+        assert rec.wait("completed")
+    assert calls == [0, 1, 2]
+    failed = rec.of("failed")
+    assert len(failed) == 2
+    for n, (failed_job, exc) in enumerate(failed, start=1):
+        assert failed_job.id == job.id
+        assert isinstance(exc, ValueError) and str(exc) == f"boom {n}"
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.attempts_made == 3
+    assert stored.return_value == "ok"
+    assert len(stored.stacktrace) == 2
+    assert "boom 1" in stored.stacktrace[0] and "boom 2" in stored.stacktrace[1]
+    names = stream_names(redis_client, queue.name, job.id)
+    assert names.count("retrying") == 2
+    assert "failed" not in names
+    assert names.count("completed") == 1
+    attempts = [int(e["fields"]["attempt"]) for e in stream(redis_client, queue.name, "active")]
+    assert attempts == [1, 2, 3]
+
+
+def test_retries_exhausted_fail_with_last_reason(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    handler, calls = _flaky(99)
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "failed")
+        job = queue.add("doomed", attempts=3)
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+        assert rec.wait("failed", 3)
+    assert info.value.failed_reason == "boom 3"
+    assert info.value.job_id == job.id
+    assert len(calls) == 3
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.get_state() == "failed"
+    assert stored.failed_reason == "boom 3"
+    assert stored.attempts_made == 3
+    assert len(stored.stacktrace) == 3
+    names = stream_names(redis_client, queue.name, job.id)
+    assert names.count("failed") == 1
+    assert names.count("retrying") == 2
+    assert len(rec.of("failed")) == 3
+
+
+def _retry_gaps(client: redis.Redis, queue_name: str, job_id: str) -> list[tuple[float, float]]:
+    """(announced delay, time from the retrying event to the next active) per retry."""
+    gaps = []
+    pending: dict[str, Any] | None = None
+    for event in stream(client, queue_name, job_id=job_id):
+        if event["name"] == "retrying":
+            pending = event
+        elif event["name"] == "active" and pending is not None:
+            delay = float(pending["fields"]["delay"]) / 1000.0
+            gaps.append((delay, event["ts"] - pending["ts"]))
+            pending = None
+    return gaps
+
+
+def test_fixed_backoff_spaces_attempts(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    handler, _ = _flaky(2)
+    with make_worker(queue.name, redis_url, handler):
+        job = queue.add("flaky", attempts=3, backoff=0.2)
+        assert job.wait_until_finished(timeout=WAIT) == "ok"
+    gaps = _retry_gaps(redis_client, queue.name, job.id)
+    assert [d for d, _ in gaps] == [0.2, 0.2]
+    for delay, gap in gaps:
+        assert gap >= delay - MS, gaps
+
+
+def test_exponential_backoff_doubles(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    handler, _ = _flaky(2)
+    with make_worker(queue.name, redis_url, handler):
+        job = queue.add("flaky", attempts=3, backoff={"type": "exponential", "delay": 0.1})
+        assert job.wait_until_finished(timeout=WAIT) == "ok"
+    gaps = _retry_gaps(redis_client, queue.name, job.id)
+    assert [d for d, _ in gaps] == [0.1, 0.2]
+    for delay, gap in gaps:
+        assert gap >= delay - MS, gaps
+
+
+def test_backoff_jitter_stays_within_bounds(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    handler, _ = _flaky(3)
+    with make_worker(queue.name, redis_url, handler):
+        job = queue.add("flaky", attempts=4, backoff={"type": "fixed", "delay": 0.2, "jitter": 0.5})
+        assert job.wait_until_finished(timeout=WAIT) == "ok"
+    gaps = _retry_gaps(redis_client, queue.name, job.id)
+    assert len(gaps) == 3
+    for delay, gap in gaps:
+        assert 0.1 - MS <= delay <= 0.2 + MS, gaps
+        assert gap >= delay - MS, gaps
+
+
+def test_unrecoverable_error_fails_at_once(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    calls = []
+
+    def handler(job: Job) -> None:
+        calls.append(job.id)
+        raise UnrecoverableError("give up")
+
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "failed")
+        job = queue.add("hopeless", attempts=5, backoff=0.05)
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+        assert rec.wait("failed")
+    assert info.value.failed_reason == "give up"
+    assert calls == [job.id]
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.attempts_made == 1
+    names = stream_names(redis_client, queue.name, job.id)
+    assert "retrying" not in names and names.count("failed") == 1
+    ((_, exc),) = rec.of("failed")
+    assert isinstance(exc, UnrecoverableError)
+
+
+class CustomBaseError(BaseException):
+    """Not an Exception: handlers may still raise it."""
+
+
+def test_base_exceptions_fail_the_attempt_and_the_worker_goes_on(
+    queue: Queue, redis_url: str
+) -> None:
+    raised: list[BaseException] = [
+        KeyboardInterrupt(),
+        SystemExit(3),
+        GeneratorExit(),
+        CustomBaseError("custom"),
+    ]
+    expected = ["KeyboardInterrupt", "3", "GeneratorExit", "custom"]
+
+    def handler(job: Job) -> str:
+        if job.data < len(raised):
+            raise raised[job.data]
+        return "fine"
+
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "failed")
+        jobs = [queue.add("b", i) for i in range(len(raised))]
+        after = queue.add("b", len(raised))
+        for job, reason in zip(jobs, expected, strict=True):
+            with pytest.raises(JobFailedError) as info:
+                job.wait_until_finished(timeout=WAIT)
+            assert info.value.failed_reason == reason
+        assert after.wait_until_finished(timeout=WAIT) == "fine"
+        assert worker.is_running()
+        assert rec.wait("failed", len(raised))
+    assert [type(exc) for _, exc in rec.of("failed")] == [type(e) for e in raised]
+
+
+# -- per-attempt timeout ------------------------------------------------------
+
+
+def test_timeout_fails_attempt_cancels_and_discards_late_result(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    handed: list[Job] = []
+    returned = threading.Event()
+    saw_cancel: list[bool] = []
+
+    def handler(job: Job) -> str:
+        if job.name == "next":
+            return "next"
+        handed.append(job)
+        saw_cancel.append(job.cancelled.wait(5))
+        returned.set()
+        return "late"
+
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "failed", "completed")
+        job = queue.add("slow", timeout=0.3)
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+        assert returned.wait(WAIT)
+        # concurrency=1: "next" runs only once the late return was handled
+        after = queue.add("next")
+        assert after.wait_until_finished(timeout=WAIT) == "next"
+    reason = info.value.failed_reason or ""
+    assert "timed out" in reason and "0.3" in reason
+    assert saw_cancel == [True]
+    assert handed[0].is_cancelled() and handed[0].cancelled.is_set()
+    ((failed_job, exc),) = rec.of("failed")
+    assert failed_job.id == job.id
+    assert isinstance(exc, JobTimeoutError) and str(exc) == reason
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.get_state() == "failed"
+    assert stored.return_value is None
+    assert stored.failed_reason == reason
+    names = stream_names(redis_client, queue.name, job.id)
+    assert "completed" not in names and names.count("failed") == 1
+    assert [args[0].id for args in rec.of("completed")] == [after.id]
+
+
+def test_timed_out_handler_raising_later_does_not_fail_the_job_again(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    raised = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.name == "next":
+            return "next"
+        assert job.cancelled.wait(5)
+        raised.set()
+        raise RuntimeError("too late")
+
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "failed")
+        job = queue.add("slow", timeout=0.2, attempts=1)
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+        assert raised.wait(WAIT)
+        assert queue.add("next").wait_until_finished(timeout=WAIT) == "next"
+    assert "timed out" in (info.value.failed_reason or "")
+    assert len(rec.of("failed")) == 1
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.failed_reason == info.value.failed_reason
+    assert stored.attempts_made == 1
+    assert stream_names(redis_client, queue.name, job.id).count("failed") == 1
+
+
+def test_timed_out_attempt_keeps_its_pool_slot(queue: Queue, redis_url: str) -> None:
+    release = threading.Event()
+    order: list[str] = []
+
+    def handler(job: Job) -> str:
+        if job.name == "stuck":
+            assert job.cancelled.wait(5)
+            assert release.wait(5)
+            order.append("stuck returned")
+            return "late"
+        order.append("second started")
+        return "second"
+
+    with make_worker(queue.name, redis_url, handler, concurrency=1) as worker:
+        started = Recorder().attach(worker, "active")
+        stuck = queue.add("stuck", timeout=0.3)
+        second = queue.add("second")
+        with pytest.raises(JobFailedError):
+            stuck.wait_until_finished(timeout=WAIT)
+        assert not started.wait("active", 2, timeout=0.4), "next job took the stuck slot"
+        assert queue.get_job_state(second.id) == "waiting"
+        release.set()
+        assert second.wait_until_finished(timeout=WAIT) == "second"
+    assert order == ["stuck returned", "second started"]
+
+
+# -- limiter -------------------------------------------------------------------
+
+
+def test_limiter_is_shared_by_workers_of_a_queue(queue: Queue, redis_url: str) -> None:
+    limiter = {"max": 2, "duration": 0.5}
+    jobs = [queue.add("limited", i) for i in range(6)]
+    with (
+        make_worker(queue.name, redis_url, lambda job: job.data, concurrency=2, limiter=limiter),
+        make_worker(queue.name, redis_url, lambda job: job.data, concurrency=2, limiter=limiter),
+    ):
+        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(6))
+    starts = []
+    for job in jobs:
+        stored = queue.get_job(job.id)
+        assert stored is not None and stored.processed_on is not None
+        starts.append(stored.processed_on)
+    starts.sort()
+    t0 = starts[0]
+    assert sum(1 for t in starts if t < t0 + 0.5 - MS) <= 2, starts
+    # windows of 0.5 s each allow 2 starts: any 5 starts span more than a window
+    for i in range(len(starts) - 4):
+        assert starts[i + 4] - starts[i] >= 0.5 - MS, starts
+    assert starts[-1] - t0 >= 1.0 - MS, starts
+
+
+# -- locks, stalls ---------------------------------------------------------------
+
+
+def test_lock_is_renewed_for_a_job_longer_than_its_lock(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    def handler(job: Job) -> bool:
+        return job.cancelled.wait(1.5)  # runs 3 lock durations, unless cancelled
+
+    with (
+        make_worker(queue.name, redis_url, handler, lock_duration=0.5) as worker,
+        # a second worker checking for stalls often: a lapsed lock would be seen
+        make_worker(queue.name, redis_url, handler, stalled_interval=0.2) as other,
+    ):
+        rec = Recorder().attach(worker, "error")
+        rec.attach(other, "error")
+        job = queue.add("long")
+        assert job.wait_until_finished(timeout=WAIT) is False
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.stalled_counter == 0
+    assert stored.attempts_made == 1
+    names = stream_names(redis_client, queue.name, job.id)
+    assert "stalled" not in names
+    assert names.count("active") == 1
+    assert rec.of("error") == []
+
+
+class Proc:
+    """A tests/worker_proc.py child process, killed and reaped on exit."""
+
+    def __init__(self, redis_url: str, queue_name: str, mode: str, log: Path) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "tests.worker_proc", redis_url, queue_name, mode],
+            cwd=ROOT,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        try:
+            if self.popen.poll() is None:
+                self.popen.kill()
+            self.popen.wait(10)
+        finally:
+            self._out.close()
+
+
+def ledger_wait(client: redis.Redis, queue_name: str, prefix: str, proc: Proc) -> str:
+    """Pop the child's ledger until an entry starting with ``prefix`` (bounded)."""
+    deadline = time.monotonic() + 20
+    while True:
+        left = deadline - time.monotonic()
+        item = None
+        if left > 0:
+            item = client.blpop([worker_proc.ledger_key(queue_name)], timeout=min(left, 1))
+        if item is not None:
+            entry = item[1].decode()
+            if entry.startswith(prefix):
+                return entry
+            continue
+        if left <= 0 or proc.popen.poll() is not None:
+            raise AssertionError(
+                f"no {prefix!r} in the ledger (exit {proc.popen.poll()}): {proc.output()}"
+            )
+
+
+def test_stalled_job_of_a_killed_worker_runs_again_once(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    job = queue.add("work", "payload")
+    proc = Proc(redis_url, queue.name, "block", tmp_path / "child.log")
+    try:
+        entry = ledger_wait(redis_client, queue.name, "start|", proc)
+        assert entry == f"start|{job.id}|{proc.popen.pid}"
+        worker = make_worker(queue.name, redis_url, lambda job: f"recovered {job.data}")
+        rec = Recorder().attach(worker, "stalled", "active")
+        with started(worker):
+            proc.popen.kill()
+            assert proc.popen.wait(10) == -signal.SIGKILL
+            killed = time.monotonic()
+            assert job.wait_until_finished(timeout=WAIT) == "recovered payload"
+            recovery = time.monotonic() - killed
+            assert rec.wait("stalled")
+    finally:
+        proc.stop()
+        redis_client.delete(worker_proc.ledger_key(queue.name))
+    assert recovery <= LOCK + 2 * INTERVAL + 1.0
+    assert rec.of("stalled") == [(job.id,)]
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.stalled_counter == 1
+    assert stored.attempts_made == 1
+    assert stored.processed_by == worker.name
+    names = stream_names(redis_client, queue.name, job.id)
+    assert names.count("stalled") == 1
+    assert names.count("completed") == 1
+    assert names.count("active") == 2
+    assert "failed" not in names
+
+
+def test_stalled_job_fails_past_max_stalled_count(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    job = queue.add("work")
+    ran: list[str] = []
+    proc = Proc(redis_url, queue.name, "block", tmp_path / "child.log")
+    try:
+        ledger_wait(redis_client, queue.name, "start|", proc)
+        proc.popen.kill()
+        proc.popen.wait(10)
+        with make_worker(queue.name, redis_url, ran.append, max_stalled_count=0):
+            with pytest.raises(JobFailedError) as info:
+                job.wait_until_finished(timeout=WAIT)
+    finally:
+        proc.stop()
+        redis_client.delete(worker_proc.ledger_key(queue.name))
+    assert info.value.failed_reason == "job stalled more than allowable limit"
+    assert ran == []
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.get_state() == "failed"
+    assert stored.stalled_counter == 1
+    names = stream_names(redis_client, queue.name, job.id)
+    assert names.count("stalled") == 1 and names.count("failed") == 1
+
+
+def test_worker_that_lost_its_lock_cannot_finalise(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    started = threading.Event()
+    saw_cancel: list[bool] = []
+
+    def handler(job: Job) -> str:
+        if job.name == "next":
+            return "next"
+        started.set()
+        saw_cancel.append(job.cancelled.wait(5))  # set once renewal finds the lock gone
+        return "old worker's result"
+
+    with make_worker(queue.name, redis_url, handler) as worker:
+        rec = Recorder().attach(worker, "error", "completed")
+        job = queue.add("taken")
+        assert started.wait(WAIT)
+        # another worker took the job over: its lock now holds another token
+        redis_client.set(lock_key(queue.name, job.id), "someone-else", px=60_000)
+        assert rec.wait("error")
+        # concurrency=1: "next" runs only after the old attempt tried to complete
+        after = queue.add("next")
+        assert after.wait_until_finished(timeout=WAIT) == "next"
+    assert saw_cancel == [True]
+    errors = [args[0] for args in rec.of("error")]
+    assert errors and all(isinstance(e, LockLostError) for e in errors), errors
+    assert [args[0].id for args in rec.of("completed")] == [after.id]
+    assert queue.get_job_state(job.id) == "active"
+    assert queue.get_job_result(job.id) is None
+    assert "completed" not in stream_names(redis_client, queue.name, job.id)
+    assert redis_client.get(lock_key(queue.name, job.id)) == b"someone-else"
+
+
+def test_a_lost_lock_is_reported_once(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        assert release.wait(WAIT)
+        return "late"
+
+    with make_worker(queue.name, redis_url, handler, lock_duration=0.4) as worker:
+        rec = Recorder().attach(worker, "error")
+        job = queue.add("taken")
+        assert started.wait(WAIT)
+        redis_client.hset(job_key(queue.name, job.id), "tok", "token-of-x")
+        redis_client.set(lock_key(queue.name, job.id), "token-of-x", px=60_000)
+        assert rec.wait("error")
+        # several renewal periods (0.2 s each) pass while the handler still runs
+        assert not rec.wait("error", count=2, timeout=1.0)
+        release.set()
+        assert rec.wait("error", count=2)  # the refused completion, reported once too
+    errors = [args[0] for args in rec.of("error")]
+    assert len(errors) == 2 and all(isinstance(e, LockLostError) for e in errors), errors
+
+
+def test_close_from_a_handler_finishes_that_job_and_stops(
+    queue: Queue, redis_url: str
+) -> None:
+    worker_box: list[Worker] = []
+
+    def handler(job: Job) -> str:
+        worker_box[0].close()  # returns at once; the close goes on in the background
+        return "done"
+
+    worker = make_worker(queue.name, redis_url, handler)
+    worker_box.append(worker)
+    closed = threading.Event()
+    worker.on("closed", lambda: closed.set())
+    with worker:
+        job = queue.add("stopper")
+        assert job.wait_until_finished(timeout=WAIT) == "done"
+        assert closed.wait(WAIT)
+        late = queue.add("late")
+        assert queue.get_job_state(late.id) == "waiting"
+    assert not worker.is_running()
+
+
+def test_lost_attempt_does_not_cancel_a_new_attempt_of_the_same_job(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """In-flight state is keyed by job id *and* lock token.
+
+    Attempt 1 loses the job (a worker X takes it over, then dies); the job is
+    recovered as stalled and this same worker runs it again (attempt 2) while
+    attempt 1's handler is still running. Renewing the locks must flag only
+    attempt 1, and attempt 2's result is the one stored.
+    """
+    first_started = threading.Event()
+    release_first = threading.Event()
+    calls: list[int] = []
+    second_cancelled: list[bool] = []
+
+    def handler(job: Job) -> str:
+        calls.append(len(calls) + 1)
+        if len(calls) == 1:
+            first_started.set()
+            assert release_first.wait(WAIT)
+            return "first"
+        # two lock renewals happen while this runs
+        second_cancelled.append(job.cancelled.wait(1.2))
+        return "second"
+
+    with make_worker(queue.name, redis_url, handler, concurrency=2) as worker:
+        rec = Recorder().attach(worker, "completed")
+        job = queue.add("twice")
+        try:
+            assert first_started.wait(WAIT)
+            # worker X takes the job over (lock and token), then dies: its lock lapses
+            redis_client.hset(job_key(queue.name, job.id), "tok", "token-of-x")
+            redis_client.set(lock_key(queue.name, job.id), "token-of-x", px=200)
+            assert job.wait_until_finished(timeout=WAIT) == "second"
+        finally:
+            release_first.set()
+        # attempt 1 returns now; close() waits for it to try to finalise
+    assert calls == [1, 2]
+    assert second_cancelled == [False], "the live attempt was cancelled by the lost one"
+    assert [args[1] for args in rec.of("completed")] == ["second"]
+    assert queue.get_job_result(job.id) == "second"
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.stalled_counter == 1
+    assert stream_names(redis_client, queue.name, job.id).count("completed") == 1
+
+
+def test_result_that_cannot_be_encoded_fails_the_job(queue: Queue, redis_url: str) -> None:
+    with make_worker(
+        queue.name, redis_url, {"bad": lambda job: object(), "good": lambda job: "ok"}
+    ) as worker:
+        rec = Recorder().attach(worker, "failed", "completed")
+        bad = queue.add("bad")
+        good = queue.add("good")
+        with pytest.raises(JobFailedError) as info:
+            bad.wait_until_finished(timeout=WAIT)
+        assert good.wait_until_finished(timeout=WAIT) == "ok"
+    assert info.value.failed_reason
+    assert queue.get_job_state(bad.id) == "failed"
+    assert [args[0].id for args in rec.of("failed")] == [bad.id]
+    assert [args[0].id for args in rec.of("completed")] == [good.id]
+
+
+# -- closing ---------------------------------------------------------------------
+
+
+def test_close_waits_for_jobs_in_flight_and_takes_no_more(queue: Queue, redis_url: str) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        assert release.wait(5)
+        return f"done {job.data}"
+
+    worker = make_worker(queue.name, redis_url, handler)
+    rec = Recorder().attach(worker, "closing", "closed", "completed", "active")
+    first = queue.add("first", 1)
+    second = queue.add("second", 2)
+    worker.start()
+    try:
+        assert started.wait(WAIT)
+        closer = threading.Thread(target=worker.close, name="test-closer")
+        closer.start()
+        assert rec.wait("closing")
+        assert not rec.wait("closed", timeout=0.3), "close() did not wait for the job"
+        assert not worker.is_running()
+        release.set()
+        closer.join(WAIT)
+        assert not closer.is_alive()
+    finally:
+        release.set()
+        worker.close()
+    assert rec.of("closed") == [()]
+    assert queue.get_job_result(first.id) == "done 1"
+    assert [args[0].id for args in rec.of("active")] == [first.id]
+    assert queue.get_job_state(second.id) == "waiting"
+
+
+def _handler_thread_joined(threads: list[threading.Thread]) -> None:
+    assert len(threads) == 1
+    threads[0].join(WAIT)
+    assert not threads[0].is_alive()
+
+
+def test_close_with_timeout_abandons_job_which_is_then_recovered_as_stalled(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    started = threading.Event()
+    release = threading.Event()
+    threads: list[threading.Thread] = []
+    handed: list[Job] = []
+
+    def handler(job: Job) -> str:
+        threads.append(threading.current_thread())
+        handed.append(job)
+        started.set()
+        assert release.wait(WAIT)
+        return "A"
+
+    a = make_worker(queue.name, redis_url, handler)
+    rec = Recorder().attach(a, "failed", "completed", "closed")
+    job = queue.add("abandoned")
+    a.start()
+    try:
+        assert started.wait(WAIT)
+        began = time.monotonic()
+        a.close(timeout=0.2)
+        assert time.monotonic() - began < 3.0
+        assert rec.of("closed") == [()]
+        assert handed[0].is_cancelled()
+        assert queue.get_job_state(job.id) == "active"
+        with make_worker(queue.name, redis_url, lambda job: "B") as b:
+            assert job.wait_until_finished(timeout=WAIT) == "B"
+        release.set()
+        _handler_thread_joined(threads)
+    finally:
+        release.set()
+    assert rec.of("failed") == [] and rec.of("completed") == []
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.return_value == "B"
+    assert stored.processed_by == b.name
+    assert stored.stalled_counter == 1
+    names = stream_names(redis_client, queue.name, job.id)
+    assert "failed" not in names
+    assert names.count("completed") == 1 and names.count("stalled") == 1
+
+
+def test_forced_close_abandons_job_and_discards_its_late_result(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    started = threading.Event()
+    threads: list[threading.Thread] = []
+    saw_cancel: list[bool] = []
+
+    def handler(job: Job) -> str:
+        threads.append(threading.current_thread())
+        started.set()
+        saw_cancel.append(job.cancelled.wait(5))
+        return "A"
+
+    a = make_worker(queue.name, redis_url, handler)
+    rec = Recorder().attach(a, "failed", "completed")
+    job = queue.add("abandoned")
+    a.start()
+    assert started.wait(WAIT)
+    began = time.monotonic()
+    a.close(force=True)
+    assert time.monotonic() - began < 3.0
+    _handler_thread_joined(threads)  # it returned "A", after the close
+    assert saw_cancel == [True]
+    assert rec.of("failed") == [] and rec.of("completed") == []
+    assert queue.get_job_state(job.id) == "active"
+    assert queue.get_job_result(job.id) is None
+    assert stream_names(redis_client, queue.name, job.id).count("completed") == 0
+    with make_worker(queue.name, redis_url, lambda job: "B"):
+        assert job.wait_until_finished(timeout=WAIT) == "B"
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.stalled_counter == 1
+    names = stream_names(redis_client, queue.name, job.id)
+    assert "failed" not in names and names.count("completed") == 1
+
+
+def test_close_is_idempotent_and_safe_from_other_threads(queue: Queue, redis_url: str) -> None:
+    worker = make_worker(queue.name, redis_url, lambda job: None)
+    rec = Recorder().attach(worker, "closing", "closed")
+    wait_ready(worker)
+    closers = [threading.Thread(target=worker.close, name=f"test-closer-{i}") for i in range(3)]
+    for closer in closers:
+        closer.start()
+    worker.close()
+    for closer in closers:
+        closer.join(WAIT)
+        assert not closer.is_alive()
+    worker.close()
+    assert rec.of("closing") == [()]
+    assert rec.of("closed") == [()]
+    assert not worker.is_running()
+    with pytest.raises(ClosedError):
+        worker.start()
+
+
+def test_close_from_a_completed_listener(queue: Queue, redis_url: str) -> None:
+    worker = make_worker(queue.name, redis_url, lambda job: "only one")
+    closed = threading.Event()
+    worker.on("closed", closed.set)
+    worker.once("completed", lambda job, result: worker.close())
+    first = queue.add("x")
+    second = queue.add("x")
+    worker.start()
+    try:
+        assert first.wait_until_finished(timeout=WAIT) == "only one"
+        assert closed.wait(WAIT)
+    finally:
+        worker.close()
+    assert not worker.is_running()
+    assert queue.get_job_state(second.id) == "waiting"
+
+
+def test_close_of_a_worker_never_started(queue: Queue, redis_url: str) -> None:
+    worker = make_worker(queue.name, redis_url, lambda job: None)
+    worker.close()
+    worker.close()
+    assert not worker.is_running()
+
+
+# -- lifecycle: start, run, pause ----------------------------------------------------
+
+
+def test_start_returns_self_is_running_and_context_manager(queue: Queue, redis_url: str) -> None:
+    worker = make_worker(queue.name, redis_url, lambda job: "x")
+    try:
+        assert not worker.is_running()
+        assert worker.start() is worker
+        assert worker.start() is worker  # a second start does nothing
+        assert worker.is_running()
+    finally:
+        worker.close()
+    assert not worker.is_running()
+    with make_worker(queue.name, redis_url, lambda job: "y") as managed:
+        assert isinstance(managed, Worker)
+        assert managed.is_running()
+        assert queue.add("y").wait_until_finished(timeout=WAIT) == "y"
+    assert not managed.is_running()
+
+
+def test_autorun_and_a_callers_client_left_open(queue: Queue, redis_client: redis.Redis) -> None:
+    worker = Worker(
+        queue.name,
+        lambda job: "auto",
+        connection=redis_client,
+        autorun=True,
+        lock_duration=LOCK,
+        stalled_interval=INTERVAL,
+    )
+    try:
+        assert worker.is_running()
+        assert queue.add("x").wait_until_finished(timeout=WAIT) == "auto"
+    finally:
+        worker.close()
+    assert redis_client.ping()  # the caller's client is the caller's to close
+
+
+def test_run_blocks_until_close_from_another_thread(queue: Queue, redis_url: str) -> None:
+    worker = make_worker(queue.name, redis_url, lambda job: job.data * 2)
+    ready = threading.Event()
+    worker.on("ready", ready.set)
+    runner = threading.Thread(target=worker.run, name="test-runner")
+    runner.start()
+    try:
+        assert ready.wait(WAIT)
+        assert queue.add("x", 4).wait_until_finished(timeout=WAIT) == 8
+        assert runner.is_alive()
+        assert worker.is_running()
+    finally:
+        worker.close()
+        runner.join(WAIT)
+    assert not runner.is_alive()
+
+
+def test_run_in_a_process_closes_gracefully_on_sigterm(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    job = queue.add("work")
+    proc = Proc(redis_url, queue.name, "run", tmp_path / "child.log")
+    try:
+        ledger_wait(redis_client, queue.name, "start|", proc)
+        proc.popen.send_signal(signal.SIGTERM)
+        ledger_wait(redis_client, queue.name, "closing", proc)
+        redis_client.rpush(worker_proc.go_key(queue.name), "go")
+        assert proc.popen.wait(WAIT) == 0, proc.output()
+        ledger_wait(redis_client, queue.name, "closed", proc)
+    finally:
+        proc.stop()
+        redis_client.delete(worker_proc.ledger_key(queue.name), worker_proc.go_key(queue.name))
+    assert job.wait_until_finished(timeout=WAIT) == "done"
+    assert queue.get_job_state(job.id) == "completed"
+
+
+def test_pause_and_resume_a_worker(queue: Queue, redis_url: str) -> None:
+    # paused at once after start: a first fetch may be under way, pause() waits for it
+    with make_worker(queue.name, redis_url, lambda job: "ran") as worker:
+        rec = Recorder().attach(worker, "paused", "resumed", "active")
+        assert not worker.is_paused()
+        worker.pause()
+        assert worker.is_paused()
+        assert rec.of("paused") == [()]
+        job = queue.add("later")
+        assert not rec.wait("active", timeout=0.5), "a paused worker took a job"
+        assert queue.get_job_state(job.id) == "waiting"
+        worker.resume()
+        assert not worker.is_paused()
+        assert rec.of("resumed") == [()]
+        assert job.wait_until_finished(timeout=WAIT) == "ran"
+    assert not queue.is_paused()  # a worker's pause is local
+
+
+def test_pause_during_a_job_takes_no_next_job(queue: Queue, redis_url: str) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.name == "first":
+            started.set()
+            assert release.wait(5)
+        return job.name
+
+    with make_worker(queue.name, redis_url, handler, concurrency=1) as worker:
+        rec = Recorder().attach(worker, "active")
+        first = queue.add("first")
+        second = queue.add("second")
+        assert started.wait(WAIT)
+        worker.pause()
+        release.set()
+        assert first.wait_until_finished(timeout=WAIT) == "first"
+        assert not rec.wait("active", 2, timeout=0.5), "a paused worker took a job"
+        assert queue.get_job_state(second.id) == "waiting"
+        worker.resume()
+        assert second.wait_until_finished(timeout=WAIT) == "second"
+
+
+# -- listeners -------------------------------------------------------------------
+
+
+def test_local_listeners_get_their_arguments(queue: Queue, redis_url: str) -> None:
+    def handler(job: Job) -> str:
+        if job.name == "bad":
+            raise ValueError("bad input")
+        job.update_progress({"pct": 50})
+        return "result"
+
+    worker = make_worker(queue.name, redis_url, handler)
+    names = ("ready", "active", "progress", "completed", "failed", "closing", "closed")
+    rec = Recorder().attach(worker, *names)
+    try:
+        worker.start()
+        assert rec.wait("ready")
+        good = queue.add("good")
+        assert good.wait_until_finished(timeout=WAIT) == "result"
+        bad = queue.add("bad")
+        with pytest.raises(JobFailedError):
+            bad.wait_until_finished(timeout=WAIT)
+        assert rec.wait("failed")
+    finally:
+        worker.close()
+    assert rec.of("ready") == [()]
+    assert [(a[0].id,) for a in rec.of("active")] == [(good.id,), (bad.id,)]
+    assert all(isinstance(a[0], Job) and len(a) == 1 for a in rec.of("active"))
+    ((progress_job, value),) = rec.of("progress")
+    assert progress_job.id == good.id and value == {"pct": 50}
+    ((done_job, result),) = rec.of("completed")
+    assert done_job.id == good.id and result == "result"
+    assert done_job.return_value == "result"
+    ((failed_job, exc),) = rec.of("failed")
+    assert failed_job.id == bad.id
+    assert isinstance(exc, ValueError) and str(exc) == "bad input"
+    assert failed_job.failed_reason == "bad input"
+    assert rec.of("closing") == [()] and rec.of("closed") == [()]
+    order = rec.names()
+    assert order.index("closing") < order.index("closed") == len(order) - 1
+
+
+def test_once_off_and_listener_count(queue: Queue, redis_url: str) -> None:
+    once_calls: list[Any] = []
+    off_calls: list[Any] = []
+    on_calls: list[Any] = []
+
+    def once_cb(job: Job, result: Any) -> None:
+        once_calls.append(result)
+
+    def off_cb(job: Job, result: Any) -> None:
+        off_calls.append(result)
+
+    def on_cb(job: Job, result: Any) -> None:
+        on_calls.append(result)
+
+    worker = make_worker(queue.name, redis_url, lambda job: job.data)
+    assert worker.listener_count() == 0
+    assert worker.on("completed", on_cb) is on_cb
+    worker.once("completed", once_cb)
+    worker.on("completed", off_cb)
+    worker.on("failed", off_cb)
+    assert worker.listener_count("completed") == 3
+    assert worker.listener_count() == 4
+    assert worker.off("completed", off_cb) is True
+    assert worker.off("completed", off_cb) is False
+    assert worker.listener_count("completed") == 2
+    assert worker.listener_count("nothing") == 0
+    with worker:
+        for i in range(2):
+            assert queue.add("x", i).wait_until_finished(timeout=WAIT) == i
+        done = threading.Event()
+        worker.on("completed", lambda job, result: done.set())
+        queue.add("x", 2)
+        assert done.wait(WAIT)
+    assert once_calls == [0]
+    assert off_calls == []
+    assert on_calls == [0, 1, 2]
+    assert worker.listener_count("completed") == 2
+
+
+def _events_threads(queue_name: str) -> list[threading.Thread]:
+    return jobq_threads(f"jobq-events-{queue_name}")
+
+
+def test_worker_without_channel_listeners_opens_no_queue_events(
+    queue: Queue, redis_url: str
+) -> None:
+    with make_worker(queue.name, redis_url, lambda job: "x") as worker:
+        rec = Recorder().attach(worker, "completed", "failed", "active", "error")
+        queue.add("x")
+        assert rec.wait("completed")
+        assert _events_threads(queue.name) == []
+
+
+def test_drained_listener_opens_queue_events_and_is_called(queue: Queue, redis_url: str) -> None:
+    drained = threading.Event()
+    worker = make_worker(queue.name, redis_url, lambda job: "x")
+    worker.on("drained", drained.set)
+    done = Recorder().attach(worker, "completed")
+    with worker:
+        assert len(_events_threads(queue.name)) == 1
+        # the worker's reader becomes ready asynchronously: a drain it missed
+        # is followed by another one, a bounded number of times
+        for n in range(1, 6):
+            queue.add("x")
+            assert done.wait("completed", n)
+            if drained.wait(1.0):
+                break
+        assert drained.is_set()
+
+
+def test_stalled_listener_added_after_start_opens_queue_events(
+    queue: Queue, redis_url: str
+) -> None:
+    with started(make_worker(queue.name, redis_url, lambda job: "x")) as worker:
+        assert _events_threads(queue.name) == []
+        worker.on("stalled", lambda job_id: None)
+        assert len(_events_threads(queue.name)) == 1
+
+
+# -- idle worker, delayed jobs --------------------------------------------------------
+
+
+def test_idle_worker_picks_up_new_jobs_promptly(queue: Queue, redis_url: str) -> None:
+    with started(make_worker(queue.name, redis_url, lambda job: job.data)):
+        for i in range(3):
+            job = queue.add("x", i)
+            assert job.wait_until_finished(timeout=2) == i
+            stored = queue.get_job(job.id)
+            assert stored is not None and stored.processed_on is not None
+            # woken by the add, not by the end of a 1 s block
+            assert stored.processed_on - (stored.timestamp or 0) < 0.5
+
+
+def test_delayed_job_runs_after_its_delay_without_another_add(queue: Queue, redis_url: str) -> None:
+    with started(make_worker(queue.name, redis_url, lambda job: "late")):
+        job = queue.add("x", delay=0.3)
+        assert job.wait_until_finished(timeout=3) == "late"
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.processed_on is not None
+    waited = stored.processed_on - (stored.timestamp or 0)
+    assert 0.3 - MS <= waited < 0.8, waited
+
+
+def test_worker_validates_its_arguments(queue_name: str, redis_url: str) -> None:
+    with pytest.raises(TypeError):
+        Worker(queue_name, "not callable", connection=redis_url)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Worker(queue_name, {}, connection=redis_url)
+    with pytest.raises(ValueError):
+        Worker(queue_name, lambda job: None, connection=redis_url, concurrency=0)
+    with pytest.raises(ValueError):
+        Worker(queue_name, lambda job: None, connection=redis_url, lock_duration=0)
+    with pytest.raises(ValueError):
+        Worker(queue_name, lambda job: None, connection=redis_url, limiter={"max": 0})
