@@ -102,20 +102,32 @@ def close_client(client: Client) -> None:
         pass
 
 
-def client_id(client: Client) -> int | None:
-    """The server-side id of a blocking client's connection (None on a cluster,
-    where the client has a connection per node)."""
+Blocked = tuple[str, int, int]  # host, port and id of a blocked connection
+
+
+def client_id(client: Client, key: str) -> Blocked | None:
+    """Where a blocking client's reads of ``key`` run: its node and the
+    server-side id of its connection, for ``unblock``."""
     if isinstance(client, RedisCluster):
-        return None
-    return int(client.client_id())
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return node.host, node.port, int(node.redis_connection.client_id())
+    kwargs = client.connection_pool.connection_kwargs
+    return kwargs.get("host", ""), kwargs.get("port", 0), int(client.client_id())
 
 
-def unblock(client: Client, blocked_id: int | None) -> None:
+def unblock(client: Client, blocked: Blocked | None) -> None:
     """Wake a connection blocked in BZPOPMIN / XREAD (it returns as if timed
     out), so that a close need not wait for the block to end. Best effort."""
-    if blocked_id is None:
+    if blocked is None:
         return
+    host, port, blocked_id = blocked
     try:
-        client.client_unblock(blocked_id)
+        if isinstance(client, RedisCluster):
+            node = client.get_node(host=host, port=port)  # type: ignore[no-untyped-call]
+            if node is None or node.redis_connection is None:
+                return
+            node.redis_connection.client_unblock(blocked_id)
+        else:
+            client.client_unblock(blocked_id)
     except Exception:  # e.g. no permission: the block ends by itself
         pass

@@ -138,7 +138,7 @@ class QueueEvents:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._recheck_interval = RECHECK_INTERVAL
-        self._blocked_id: int | None = None
+        self._blocked_id: _connection.Blocked | None = None
         if autorun:
             self.run()
 
@@ -402,7 +402,7 @@ class QueueEvents:
             try:
                 if client is None:
                     client = blocking_client(self._context.client, f"jobq-events-{self.name}")
-                    self._blocked_id = _connection.client_id(client)
+                    self._blocked_id = _connection.client_id(client, self._context.keys.events)
                     pubsub = self._connect(client)
                 if pubsub is not None:
                     self._read_pubsub(pubsub)

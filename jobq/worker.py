@@ -20,7 +20,15 @@ import redis
 from . import serializer
 from ._context import QueueContext
 from ._threads import RetryBackoff, join_all, start_thread
-from .connection import BLOCK_CAP, Client, blocking_client, client_id, close_client, unblock
+from .connection import (
+    BLOCK_CAP,
+    Blocked,
+    Client,
+    blocking_client,
+    client_id,
+    close_client,
+    unblock,
+)
 from .errors import (
     JOB_MISSING,
     LOCK_LOST,
@@ -162,7 +170,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._pool: list[threading.Thread] = []
         self._events: QueueEvents | None = None
-        self._blocked_id: int | None = None  # the fetch connection's id
+        self._blocked_id: Blocked | None = None  # the fetch connection
         if autorun:
             self.start()
 
@@ -423,7 +431,7 @@ class Worker:
                     continue
                 if blocker is None:
                     blocker = blocking_client(self._context.client, f"jobq-fetch-{self.name}")
-                    self._blocked_id = client_id(blocker)
+                    self._blocked_id = client_id(blocker, self._context.keys.marker)
                 popped = blocker.bzpopmin(self._context.keys.marker, wait)
                 need_fetch = popped is not None or (
                     due_at is not None and time.monotonic() >= due_at

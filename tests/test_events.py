@@ -293,6 +293,8 @@ def test_stalled_event(queue: Queue, qe: QueueEvents, redis_url: str,
         assert rec.wait_name("stalled", job.id)
         release.set()
         assert job.wait_until_finished(qe, timeout=WAIT) == "second"
+        # waiters resolve on the reader thread, listeners run on the dispatcher
+        assert rec.wait_name("completed", job.id)
     stalled = rec.first("stalled", job.id)
     assert stalled.attempt == 1
     names = rec.names(job.id)

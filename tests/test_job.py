@@ -543,8 +543,12 @@ def test_events_of_a_completed_job_through_queue_events(
             if event.name == "completed":
                 done.set()
 
-    with jobq.QueueEvents(queue.name, connection=redis_url, last_event_id="0") as events:
+    # listeners first, then run(): a replay may start dispatching at once
+    with jobq.QueueEvents(
+        queue.name, connection=redis_url, last_event_id="0", autorun=False
+    ) as events:
         events.on_all_events(listener)
+        events.run()
         assert done.wait(WAIT)
     assert [e.name for e in got] == ["added", "waiting", "active", "completed"]
     completed = got[-1]

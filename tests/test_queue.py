@@ -1101,8 +1101,8 @@ def test_close_does_not_close_a_callers_client(queue_name: str, redis_client: re
         assert q.count() == 1
 
 
-def test_decode_responses_client_rejected(queue_name: str, redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+def test_decode_responses_client_rejected(queue_name: str, redis_server: Any) -> None:
+    client = redis_server.client(decode_responses=True)
     try:
         with pytest.raises(ValueError):
             Queue(queue_name, connection=client)

@@ -238,7 +238,7 @@ def test_embedded_url_prefers_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_session_fixtures(redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
     assert redis_client.ping() is True
-    assert redis_url.startswith(("redis://", "rediss://", "unix://"))
+    assert redis_url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://"))
     assert re.fullmatch(r"t-[A-Za-z0-9._-]+-[0-9a-f]{8}", queue_name)
     assert "test_session_fixtures" in queue_name
 

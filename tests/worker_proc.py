@@ -29,19 +29,24 @@ STALLED_INTERVAL = 0.5
 
 
 def ledger_key(queue: str) -> str:
-    """The key where the child reports what it does."""
-    return f"ledger:{queue}"
+    """The key where the child reports what it does (in the go key's slot)."""
+    return f"ledger:{{{queue}}}"
+
+
+def plain_url(url: str) -> str:
+    """A plain client's URL for the ledger (a one-node cluster serves it too)."""
+    return url.replace("redis+cluster://", "redis://", 1)
 
 
 def go_key(queue: str) -> str:
     """The key the ``run`` mode's handler waits on before returning."""
-    return f"ledger:{queue}:go"
+    return f"ledger:{{{queue}}}:go"
 
 
 def main(argv: list[str]) -> int:
     """Run one worker as asked; return the exit code."""
     url, queue, mode = argv
-    ledger = redis.Redis.from_url(url)
+    ledger = redis.Redis.from_url(plain_url(url))
     pid = os.getpid()
 
     def started(job: Job) -> None:
@@ -71,7 +76,7 @@ def main(argv: list[str]) -> int:
         def handler(job: Job) -> str:
             started(job)
             # a separate connection: this blocks, the ledger client is shared
-            with redis.Redis.from_url(url) as waiter:
+            with redis.Redis.from_url(plain_url(url)) as waiter:
                 if waiter.blpop([go_key(queue)], timeout=10) is None:
                     return "no go"
             return "done"
