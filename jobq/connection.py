@@ -19,6 +19,20 @@ DEFAULT_URL = "redis://localhost:6379/0"
 #: URL schemes that name a Redis Cluster (or Valkey Cluster) by one of its nodes.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
+#: Errors that say "try again later", never "this job failed": a lost or
+#: refused connection, a server loading its data, a cluster slot moving or a
+#: failover in progress.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,  # BusyLoadingError included
+    redis.exceptions.TimeoutError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.ReadOnlyError,
+    OSError,
+)
+
 #: Longest single blocking read (s): a blocked read cannot be interrupted from
 #: another thread, so this bounds how long ``close()`` may take.
 BLOCK_CAP = 1.0

@@ -199,7 +199,7 @@ class QueueEvents:
         if self._mode == "pubsub":
             try:  # a checkpoint marker nobody waits for: every reader ignores it
                 message = _events.to_netstrings(["ev", _CHECKPOINT, "jid", "wake"])
-                self._context.client.publish(self._context.keys.events, message)
+                self._context.client.spublish(self._context.keys.events, message)
             except Exception:  # the block ends by itself within a second
                 pass
         else:
@@ -390,7 +390,7 @@ class QueueEvents:
         elif isinstance(waiter.checkpoint, str):
             # in pub/sub mode the checkpoint is a marker we publish ourselves
             message = _events.to_netstrings(["ev", _CHECKPOINT, "jid", waiter.checkpoint])
-            self._context.client.publish(self._context.keys.events, message)
+            self._context.client.spublish(self._context.keys.events, message)
 
     # -- reading ----------------------------------------------------------
 
@@ -432,11 +432,11 @@ class QueueEvents:
         pubsub = None
         if self._mode == "pubsub":
             pubsub = client.pubsub()
-            pubsub.subscribe(keys.events)
+            pubsub.ssubscribe(keys.events)  # sharded: served by the queue's own node
             deadline = time.monotonic() + 10.0
             while True:  # wait for the subscription's confirmation
-                message = pubsub.get_message(timeout=self._block)
-                if message is not None and message["type"] == "subscribe":
+                message = pubsub.get_sharded_message(timeout=self._block)
+                if message is not None and message["type"] == "ssubscribe":
                     break
                 if self._stop.is_set() or time.monotonic() > deadline:
                     raise ConnectionError("no subscribe confirmation")
@@ -494,13 +494,15 @@ class QueueEvents:
             self._detect_gap(client)
 
     def _read_pubsub(self, pubsub: Any) -> None:
-        message = pubsub.get_message(timeout=self._block)
+        message = pubsub.get_sharded_message(timeout=self._block)
         if message is None:
             return
-        if message["type"] == "subscribe":  # a silent reconnect resubscribed
+        if message["type"] == "ssubscribe":  # a silent reconnect resubscribed
             self._poke_all()
             return
-        if message["type"] != "message":
+        if message["type"] == "sunsubscribe":  # the slot moved: subscribe again
+            raise ConnectionError("the server ended the sharded subscription")
+        if message["type"] != "smessage":
             return
         try:
             event = _events.from_pubsub(message["data"])

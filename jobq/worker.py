@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from . import serializer
 from ._context import QueueContext
 from ._threads import RetryBackoff, join_all, start_thread
 from .connection import (
     BLOCK_CAP,
+    TRANSIENT_ERRORS,
     Blocked,
     Client,
     blocking_client,
@@ -53,7 +52,6 @@ __all__ = ["Worker"]
 logger = logging.getLogger(__name__)
 
 Processor = Callable[[Job], Any]
-_TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _CHANNEL_EVENTS = frozenset({"drained", "stalled"})
 #: Stalled jobs recovered per script call.
 STALLED_BATCH = 1000
@@ -592,7 +590,7 @@ class Worker:
             try:
                 code = int(self._context.run(script, *args))
                 break
-            except _TRANSIENT as exc:
+            except TRANSIENT_ERRORS as exc:
                 ambiguous = True
                 if time.monotonic() >= deadline or self._stop_all.is_set():
                     logger.error("could not finalise job %r: %s", job_id, exc)

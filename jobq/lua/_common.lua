@@ -52,7 +52,7 @@ local function emit(name, jid, fields)
   if m[1] == 'pubsub' then
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
-    redis.call('PUBLISH', K_EVENTS, netstrings(parts))
+    redis.call('SPUBLISH', K_EVENTS, netstrings(parts))
   else
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
       unpack(fields))
