@@ -24,8 +24,12 @@ demo: $(VENV)/.installed
 	$(BIN)/python examples/quickstart.py
 
 # Default selection: everything but the load, sentinel and slow tiers (setup.cfg).
+# Default selection (setup.cfg), then the same tests again on a one-node
+# cluster, which checks that every script and pipeline stays in one slot.
+CLUSTER_RUN = -m "not cluster and not fault and not slow and not load and not sentinel and not tls"
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	JOBQ_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CLUSTER_RUN) $(PYTEST_ARGS)
 
 # Every tier, slow, load and fault included.
 test-all: $(VENV)/.installed

@@ -42,7 +42,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["RedisServer", "embedded_url", "find_server_binary"]
+__all__ = ["LocalCluster", "RedisServer", "embedded_url", "find_server_binary"]  # noqa: F822
 
 logger = logging.getLogger(__name__)
 
@@ -542,3 +542,12 @@ def embedded_url() -> Iterator[str]:
         return
     with RedisServer() as server:
         yield server.url
+
+
+def __getattr__(name: str) -> Any:
+    # LocalCluster lives in its own module, which builds on RedisServer above
+    if name == "LocalCluster":
+        from ._localcluster import LocalCluster
+
+        return LocalCluster
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

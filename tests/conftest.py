@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import pytest
 import redis
 
+from jobq._localcluster import cluster_port
 from jobq.testing import RedisServer, find_server_binary
 
 pytest_plugins = ("pytester",)
@@ -109,7 +110,8 @@ def redis_server() -> Iterator[ServerHandle]:
         return
     cluster = os.environ.get("JOBQ_TEST_CLUSTER") == "1"
     extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf") if cluster else ()
-    server = RedisServer(find_server_binary(), extra_args=extra)
+    port = cluster_port() if cluster else None
+    server = RedisServer(find_server_binary(), port=port, extra_args=extra)
     server.start()
     try:
         if cluster:

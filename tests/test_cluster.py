@@ -1,0 +1,205 @@
+"""jobq on a real three-master cluster: shards, slot migration, failover.
+
+The cluster is started here from real server binaries on loopback
+(``jobq.testing.LocalCluster``). The whole rest of the suite also runs on a
+one-node cluster with ``JOBQ_TEST_CLUSTER=1`` (``make test`` does both).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from jobq import Queue, QueueEvents, Worker
+from jobq.connection import TRANSIENT_ERRORS
+from jobq.testing import LocalCluster, RedisServer
+
+pytestmark = pytest.mark.cluster
+
+WAIT = 30.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(masters=3) as c:
+        yield c
+
+
+def names_on_distinct_shards(cluster: LocalCluster, tag: str, count: int) -> list[str]:
+    """Queue names whose slots are served by ``count`` different masters."""
+    found: dict[int, str] = {}
+    with cluster.client() as client:
+        for i in range(1000):
+            name = f"{tag}-{i}"
+            port = cluster.server_of_slot(client.keyslot(f"jobq:{{{name}}}:x")).port
+            found.setdefault(port, name)
+            if len(found) == count:
+                return list(found.values())
+    raise AssertionError("could not spread queue names over the shards")
+
+
+def slot_of(client: redis.RedisCluster, queue: str) -> int:
+    return int(client.keyslot(f"jobq:{{{queue}}}:x"))
+
+
+def add_retrying(queue: Queue, job_id: str, data: int, deadline: float) -> None:
+    """Add with a custom id, retrying transient errors: an add retried after an
+    ambiguous failure makes one job."""
+    while True:
+        try:
+            queue.add("double", data, job_id=job_id)
+            return
+        except TRANSIENT_ERRORS:
+            if time.monotonic() > deadline:
+                raise
+            threading.Event().wait(0.05)
+
+
+def completions(node: RedisServer, queue: str) -> Counter[str]:
+    """How many ``completed`` events each job has in the queue's stream."""
+    with node.client() as client:
+        entries = client.xrange(f"jobq:{{{queue}}}:events")
+    return Counter(
+        fields[b"jid"].decode() for _, fields in entries if fields[b"ev"] == b"completed"
+    )
+
+
+def test_queues_on_different_shards(cluster: LocalCluster) -> None:
+    names = names_on_distinct_shards(cluster, "spread", 3)
+    with cluster.client() as client:
+        queues = [Queue(n, connection=client) for n in names]
+        workers = [
+            Worker(n, lambda job: job.data * 2, connection=client, concurrency=4).start()
+            for n in names
+        ]
+        try:
+            jobs = [(q, q.add("double", i)) for q in queues for i in range(20)]
+            assert [j.wait_until_finished(timeout=WAIT) for _, j in jobs] == [
+                i * 2 for _ in queues for i in range(20)
+            ]
+            for q in queues:
+                node = cluster.server_of_slot(slot_of(client, q.name))
+                with node.client() as direct:
+                    assert direct.zcard(f"jobq:{{{q.name}}}:completed") == 20
+        finally:
+            for w in workers:
+                w.close()
+            for q in queues:
+                q.close()
+    ports = {cluster.server_of_slot(slot_of(cluster.client(), n)).port for n in names}
+    assert len(ports) == 3
+
+
+def test_one_worker_process_serves_several_queues(cluster: LocalCluster, tmp_path: Path) -> None:
+    names = names_on_distinct_shards(cluster, "multi", 3)
+    log = (tmp_path / "worker.log").open("wb")
+    args = [sys.executable, "-m", "jobq", "--url", cluster.url, "worker", "tests.tasks:double"]
+    for name in names:
+        args += ["--queue", name]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        queues = [Queue(n, connection=cluster.url) for n in names]
+        jobs = [q.add("double", i) for i, q in enumerate(queues)]
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [0, 2, 4]
+        for q in queues:
+            q.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        log.close()
+
+
+def test_slot_migration_in_the_middle_of_a_load(cluster: LocalCluster) -> None:
+    total = 300
+    with cluster.client() as client:
+        name = names_on_distinct_shards(cluster, "migrate", 1)[0]
+        slot = slot_of(client, name)
+        source = cluster.server_of_slot(slot)
+        target = next(m for m in cluster.masters() if m is not source)
+        deadline = time.monotonic() + WAIT
+        half = threading.Event()
+        errors: list[BaseException] = []
+
+        with Queue(name, connection=client) as queue, Worker(
+            name, lambda job: job.data * 2, connection=client, concurrency=4
+        ), Worker(name, lambda job: job.data * 2, connection=cluster.url, concurrency=4):
+
+            def produce() -> None:
+                try:
+                    for i in range(total):
+                        add_retrying(queue, f"m-{i}", i, deadline)
+                        if i == total // 3:
+                            half.set()
+                except BaseException as exc:  # reported by the test
+                    errors.append(exc)
+                    half.set()
+
+            producer = threading.Thread(target=produce, name="producer")
+            producer.start()
+            assert half.wait(WAIT)
+            moved = cluster.migrate_slot(slot, target)
+            producer.join(WAIT)
+            assert not producer.is_alive() and not errors, errors
+            assert moved > 0
+            assert cluster.server_of_slot(slot) is target
+            for i in range(total):
+                job = queue.get_job(f"m-{i}")
+                assert job is not None
+                assert job.wait_until_finished(timeout=WAIT) == i * 2
+            assert queue.get_job_counts("completed")["completed"] == total
+    done = completions(target, name)
+    assert set(done) == {f"m-{i}" for i in range(total)}
+    assert max(done.values()) == 1, "a job was finished twice"
+
+
+def test_failover_of_the_queues_master(tmp_path: Path) -> None:
+    with LocalCluster(masters=3, replicas=1, node_timeout=1000) as cluster:
+        with cluster.client() as client:
+            name = names_on_distinct_shards(cluster, "failover", 1)[0]
+            slot = slot_of(client, name)
+            master = cluster.server_of_slot(slot)
+        with Queue(name, connection=cluster.url) as queue, Worker(
+            name, lambda job: job.data * 2, connection=cluster.url, concurrency=4,
+            lock_duration=5, stalled_interval=1,
+        ), QueueEvents(name, connection=cluster.url) as events:
+            assert events.wait_until_ready(WAIT)
+            before = [queue.add("double", i) for i in range(20)]
+            assert [j.wait_until_finished(events, timeout=WAIT) for j in before] == [
+                i * 2 for i in range(20)
+            ]
+            master.kill(signal.SIGKILL)
+            deadline = time.monotonic() + WAIT
+            for i in range(20):  # adds during the failover retry until it is over
+                add_retrying(queue, f"f-{i}", i, deadline)
+            cluster.wait_ok(WAIT)
+            promoted = cluster.server_of_slot(slot)
+            assert promoted is not master
+            for i in range(20):
+                job = queue.get_job(f"f-{i}")
+                assert job is not None
+                assert job.wait_until_finished(events, timeout=WAIT) == i * 2
+        done = completions(promoted, name)
+        assert all(count == 1 for count in done.values()), done
+        assert {f"f-{i}" for i in range(20)} <= set(done)
+
+
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1", reason="cluster run")
+def test_cluster_url_form(cluster: LocalCluster) -> None:
+    with Queue("url-form", connection=cluster.url) as queue:
+        assert isinstance(queue.client, redis.RedisCluster)
+        assert queue.add("n").get_state() == "waiting"
+        queue.obliterate()
