@@ -23,7 +23,6 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/python examples/quickstart.py
 
-# Default selection: everything but the load, sentinel and slow tiers (setup.cfg).
 # Default selection (setup.cfg), then the same tests again on a one-node
 # cluster, which checks that every script and pipeline stays in one slot.
 CLUSTER_RUN = -m "not cluster and not fault and not slow and not load and not sentinel and not tls"
