@@ -7,7 +7,7 @@ no-op jobs into each with ``add_bulk``, then starts one worker process per
 queue and times how long the cluster takes to drain every queue.
 
 Usage: ``.venv/bin/python bench/cluster_scaling.py [--queues 6] [--jobs 3000]``
-(``make bench-cluster``). Prints one table; every wait is bounded.
+Prints one table; every wait is bounded.
 """
 
 from __future__ import annotations
