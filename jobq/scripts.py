@@ -23,7 +23,10 @@ _SCRIPT_NAMES = (
     "extendLocks",
     "fail",
     "getCounts",
+    "getMetrics",
     "getOutcome",
+    "getWorkers",
+    "heartbeat",
     "moveToActive",
     "obliterate",
     "pause",
@@ -55,5 +58,14 @@ class Scripts:
         self._client = client
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
-        """Run script ``name`` with KEYS = [base] and ARGV = args."""
-        return self._scripts[name](keys=[base], args=args, client=client or self._client)
+        """Run script ``name`` with KEYS = [base, guard] and ARGV = args.
+
+        Neither key is ever written: ``base`` routes the call to the queue's
+        slot (the scripts derive every key from it), and a second declared
+        key makes the call a multi-key one, which a cluster refuses with
+        TRYAGAIN while the slot migrates. Without it a script could run on
+        the importing node against half-moved keys, and the migration of
+        the rest would overwrite what it wrote.
+        """
+        keys = [base, base + "slot-guard"]
+        return self._scripts[name](keys=keys, args=args, client=client or self._client)

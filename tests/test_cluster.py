@@ -151,7 +151,7 @@ def test_slot_migration_in_the_middle_of_a_load(cluster: LocalCluster) -> None:
             producer = threading.Thread(target=produce, name="producer")
             producer.start()
             assert half.wait(WAIT)
-            moved = cluster.migrate_slot(slot, target)
+            moved = cluster.migrate_slot(slot, target, batch=5)  # a long split window
             producer.join(WAIT)
             assert not producer.is_alive() and not errors, errors
             assert moved > 0
