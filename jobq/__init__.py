@@ -18,9 +18,11 @@ from .errors import (
 )
 from .events import Event, JobMetrics
 from .job import Job
+from .metrics import Metrics
 from .options import Backoff, JobOptions, KeepJobs
 from .queue import Queue
 from .queue_events import QueueEvents
+from .registry import WorkerInfo
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -38,11 +40,13 @@ __all__ = [
     "JobqError",
     "KeepJobs",
     "LockLostError",
+    "Metrics",
     "Queue",
     "QueueEvents",
     "SerializationError",
     "UnrecoverableError",
     "WaitUntilFinishedTimeoutError",
+    "WorkerInfo",
     "Worker",
     "__version__",
 ]

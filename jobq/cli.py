@@ -1,110 +1,167 @@
-"""The ``jobq`` command: run workers, inspect queues, follow events, run a server."""
+"""The ``jobq`` command: run workers, inspect and administer queues, serve metrics.
+
+Exit codes: 0 success; 1 the operation failed (a waited job failed or does
+not exist, ``job`` found nothing, ``obliterate`` refused); 2 usage error (bad
+arguments, an unloadable ``MODULE:CALLABLE``, ``obliterate`` without
+``--yes``); 3 Redis unreachable or erroring; 4 ``wait --timeout`` elapsed;
+130 ``wait`` interrupted. Long-running commands (``worker``, ``info --watch``,
+``events``, ``server``, ``metrics``) exit 0 when stopped by SIGINT or SIGTERM.
+"""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
+import itertools
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from datetime import datetime
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
+import redis
+
+from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from .queue import Queue
+
+__all__ = ["main", "build_parser"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_REDIS = 3
+EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130
+
+#: Minutes over which ``info`` reports jobs per minute.
+RATE_MINUTES = 5
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: a frame redrawn in place
+
+
+class _UsageError(Exception):
+    """A bad argument found after parsing: message to stderr, exit 2."""
+
+
+class _Stop:
+    """SIGINT / SIGTERM handling: the first signal sets ``stopped``, a second sets
+    ``forced``. Restores the previous handlers on exit.
+
+    The handler only sets attributes: taking a lock in a signal handler (as
+    ``Event.set()`` does) can deadlock with the main thread holding it, and
+    ``next()`` on a counter tells a second signal from the first even when it
+    interrupts the first one's handler.
+    """
+
+    def __init__(self, on_first: str = "", on_second: str = "") -> None:
+        self.stopped = False
+        self.forced = False
+        self._signals = itertools.count(1)
+        self._pause = threading.Event()  # never set: a sleep that is not time.sleep
+        self._on_first, self._on_second = on_first, on_second
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if next(self._signals) == 1:
+            self.stopped = True
+            if self._on_first:
+                logger.info(self._on_first, signal.Signals(signum).name)
+        else:
+            self.forced = True
+            if self._on_second:
+                logger.warning(self._on_second, signal.Signals(signum).name)
+
+    def set(self) -> None:
+        """Stop, as a first signal would (from any thread)."""
+        self.stopped = True
+
+    def __enter__(self) -> _Stop:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[int(signum)] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking within 50 ms of a stop; True once stopped."""
+        deadline = time.monotonic() + seconds
+        while not self.stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._pause.wait(min(left, 0.05))
+        return True
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _queue(args: argparse.Namespace, name: str) -> Queue:
+    """Open a Queue (the caller closes it)."""
+    from .queue import Queue
+
+    return Queue(name, connection=args.url, prefix=args.prefix)
+
+
+@contextmanager
+def _queues(args: argparse.Namespace, names: Sequence[str]) -> Iterator[list[Queue]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(_queue(args, name)) for name in names]
+
+
+def _ping(url: str | None) -> None:
+    """Fail fast (exit 3) when Redis cannot be reached."""
+    from .connection import close_client, resolve
+
+    client, _ = resolve(url)
+    try:
+        client.ping()
+    finally:
+        close_client(client)
 
 
 def _load(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"jobq: expected MODULE:CALLABLE, not {spec!r}")
-    sys.path.insert(0, os.getcwd())
+        raise _UsageError(f"expected MODULE:CALLABLE, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"jobq: cannot load {spec!r}: {exc}") from exc
+    except Exception as exc:  # whatever the import raised: a clear message, no traceback
+        logger.debug("loading %r failed", spec, exc_info=True)
+        where = ""
+        if not isinstance(exc, (ImportError, AttributeError)):
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            where = f" ({frame.filename}:{frame.lineno})"
+        raise _UsageError(
+            f"cannot load {spec!r}: {type(exc).__name__}: {exc}{where}"
+        ) from exc
+    if isinstance(target, Mapping):
+        if not target or not all(isinstance(k, str) and callable(v) for k, v in target.items()):
+            raise _UsageError(f"{spec!r} is a dict, but not of job names to callables")
+    elif not callable(target):
+        raise _UsageError(f"{spec!r} is a {type(target).__name__}, not a callable or a dict")
     return target
-
-
-def _stop_on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import Worker
-
-    processor = _load(args.processor)
-    if len(args.queue) == 1:
-        Worker(
-            args.queue[0], processor, connection=args.url, prefix=args.prefix,
-            concurrency=args.concurrency, name=args.name,
-        ).run()
-        return 0
-    workers = [
-        Worker(q, processor, connection=args.url, prefix=args.prefix,
-               concurrency=args.concurrency, name=args.name).start()
-        for q in args.queue
-    ]
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    while not stop.wait(0.5):
-        pass
-    for worker in workers:
-        worker.close()
-    return 0
-
-
-def _cmd_info(args: argparse.Namespace) -> int:
-    from .queue import Queue
-
-    for i, name in enumerate(args.queues):
-        with Queue(name, connection=args.url, prefix=args.prefix) as queue:
-            counts = queue.get_job_counts()
-            if len(args.queues) > 1:
-                print(("\n" if i else "") + f"{name}{' (paused)' if queue.is_paused() else ''}")
-            for state in STATES:
-                print(f"{state} {counts[state]}")
-    return 0
-
-
-def _cmd_events(args: argparse.Namespace) -> int:
-    from .queue_events import QueueEvents
-
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    lock = threading.Lock()
-
-    def show(event: Any) -> None:
-        if args.json:
-            line = json.dumps(
-                {"id": event.id, "name": event.name, "job_id": event.job_id,
-                 "timestamp": event.timestamp, "prev": event.prev, **event.fields},
-                default=_jsonable,
-            )
-        else:
-            fields = " ".join(f"{k}={v!r}" for k, v in event.fields.items())
-            line = f"{event.id or '-'} {event.name} {event.job_id or '-'} {fields}".rstrip()
-        with lock:
-            print(line, flush=True)
-
-    with QueueEvents(
-        args.queue, connection=args.url, prefix=args.prefix, last_event_id=args.from_id
-    ) as events:
-        events.on_all_events(show)
-        while not stop.wait(0.5):
-            pass
-    return 0
 
 
 def _jsonable(value: Any) -> Any:
@@ -112,66 +169,603 @@ def _jsonable(value: Any) -> Any:
         return {name: getattr(value, name) for name in value.__dataclass_fields__}
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
     return repr(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=_jsonable, ensure_ascii=False)
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds).isoformat(sep=" ", timespec="milliseconds")
+
+
+# -- worker ------------------------------------------------------------------------
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker
+
+    processor = _load(args.processor)
+    if args.concurrency < 1:
+        raise _UsageError("--concurrency must be at least 1")
+    _ping(args.url)
+    queues = list(dict.fromkeys(args.queue))
+    name = args.name or f"{socket.gethostname()}:{os.getpid()}"
+    options: dict[str, Any] = {
+        "connection": args.url, "prefix": args.prefix, "concurrency": args.concurrency,
+        "name": name, "heartbeat_ttl": args.heartbeat_ttl,
+    }
+    if args.lock_duration is not None:
+        options["lock_duration"] = args.lock_duration
+    workers = [Worker(q, processor, **options) for q in queues]
+    for worker in workers:
+        worker._announced_queues = tuple(queues)
+    with _Stop("%s: finishing jobs in flight (send it again to stop at once)",
+               "%s again: abandoning jobs in flight") as stop:
+        for worker in workers:
+            worker.start()
+        logger.info(
+            "worker %s (pid %d) serving %s with concurrency %d", name, os.getpid(),
+            ", ".join(queues), args.concurrency,
+        )
+        while not stop.wait(0.5):
+            pass
+        closers = [
+            threading.Thread(target=w.close, name=f"close-{w.queue_name}", daemon=True)
+            for w in workers
+        ]
+        for closer in closers:
+            closer.start()
+        forced = False
+        while any(c.is_alive() for c in closers):
+            if stop.forced and not forced:
+                forced = True
+                for worker in workers:
+                    worker.close(force=True, timeout=0)
+            for closer in closers:
+                closer.join(0.1)
+    logger.info("worker %s stopped%s", name, " (forced)" if forced else "")
+    return EXIT_OK
+
+
+# -- info ----------------------------------------------------------------------------
+
+
+def _snapshot(queue: Queue) -> dict[str, Any]:
+    completed = queue.get_metrics("completed", 0, RATE_MINUTES - 1)
+    failed = queue.get_metrics("failed", 0, RATE_MINUTES - 1)
+    return {
+        "queue": queue.name,
+        "counts": queue.get_job_counts(),
+        "paused": queue.is_paused(),
+        "workers": queue.get_workers(),
+        "completed_per_min": completed.per_minute(RATE_MINUTES),
+        "failed_per_min": failed.per_minute(RATE_MINUTES),
+        "timestamp": completed.timestamp,
+    }
+
+
+def _print_info(snapshots: list[dict[str, Any]], out: TextIO) -> None:
+    for i, snap in enumerate(snapshots):
+        if len(snapshots) > 1:
+            paused = " (paused)" if snap["paused"] else ""
+            print(("\n" if i else "") + f"{snap['queue']}{paused}", file=out)
+        for state in STATES:
+            print(f"{state} {snap['counts'][state]}", file=out)
+        print(f"paused {'yes' if snap['paused'] else 'no'}", file=out)
+        print(f"workers {len(snap['workers'])}", file=out)
+        print(f"completed/min {snap['completed_per_min']:.1f}", file=out)
+        print(f"failed/min {snap['failed_per_min']:.1f}", file=out)
+        for w in snap["workers"]:
+            print(
+                f"worker {w.name} host={w.host} pid={w.pid} concurrency={w.concurrency} "
+                f"active={w.jobs_active} done={w.jobs_done} failed={w.jobs_failed} "
+                f"heartbeat={max(0.0, snap['timestamp'] - w.last_heartbeat):.1f}s",
+                file=out,
+            )
+
+
+_COLUMNS = (
+    ("QUEUE", "<"), ("WAITING", ">"), ("DELAYED", ">"), ("ACTIVE", ">"), ("COMPLETED", ">"),
+    ("FAILED", ">"), ("PAUSED", "<"), ("WORKERS", ">"), ("DONE/MIN", ">"), ("FAIL/MIN", ">"),
+)
+
+
+def _table(snapshots: list[dict[str, Any]]) -> str:
+    rows = [[title for title, _ in _COLUMNS]]
+    for snap in snapshots:
+        counts = snap["counts"]
+        rows.append([
+            snap["queue"], *(str(counts[s]) for s in STATES),
+            "yes" if snap["paused"] else "no", str(len(snap["workers"])),
+            f"{snap['completed_per_min']:.1f}", f"{snap['failed_per_min']:.1f}",
+        ])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    return "\n".join(
+        "  ".join(f"{cell:{align}{width}}" for cell, (_, align), width
+                  in zip(row, _COLUMNS, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .registry import known_queues
+
+    def names() -> list[str]:
+        if args.queues:
+            return list(args.queues)
+        from .connection import close_client, resolve
+
+        client, _ = resolve(args.url)
+        try:
+            return known_queues(client, args.prefix)
+        finally:
+            close_client(client)
+
+    if not args.watch:
+        with _queues(args, names()) as queues:
+            if not queues:
+                print(f"no queues known under prefix {args.prefix!r}", file=sys.stderr)
+                return EXIT_OK
+            _print_info([_snapshot(q) for q in queues], sys.stdout)
+        return EXIT_OK
+    plain = args.plain or not sys.stdout.isatty()
+    opened: dict[str, Queue] = {}
+    frames = 0
+    try:
+        with _Stop() as stop:
+            while True:
+                current = names()
+                for name in current:
+                    if name not in opened:
+                        opened[name] = _queue(args, name)
+                snapshots = [_snapshot(opened[n]) for n in current]
+                header = (f"jobq info, every {args.interval:g} s, "
+                          f"{_when(time.time())[:19]} (Ctrl-C to quit)")
+                body = _table(snapshots) if snapshots else "(no queues)"
+                frame = f"{header}\n\n{body}\n"
+                if plain:
+                    sys.stdout.write(("\n" if frames else "") + frame)
+                else:
+                    sys.stdout.write(_CLEAR + frame)
+                sys.stdout.flush()
+                frames += 1
+                if args.count and frames >= args.count:
+                    break
+                if stop.wait(args.interval):
+                    break
+    finally:
+        for queue in opened.values():
+            queue.close()
+    return EXIT_OK
+
+
+# -- events ----------------------------------------------------------------------
+
+
+def _cmd_events(args: argparse.Namespace) -> int:
+    from .queue_events import QueueEvents
+
+    _ping(args.url)
+    lock = threading.Lock()
+    stop = _Stop()
+
+    def show(event: Any) -> None:
+        if args.json:
+            line = _json({"id": event.id, "name": event.name, "job_id": event.job_id,
+                          "timestamp": event.timestamp, "prev": event.prev, **event.fields})
+        else:
+            fields = " ".join(f"{k}={v!r}" for k, v in event.fields.items())
+            line = f"{event.id or '-'} {event.name} {event.job_id or '-'} {fields}".rstrip()
+        with lock:
+            if stop.stopped:
+                return
+            try:
+                print(line, flush=True)
+            except BrokenPipeError:  # e.g. `jobq events Q | head`: stop quietly
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                stop.set()
+
+    with stop, QueueEvents(
+        args.queue, connection=args.url, prefix=args.prefix, last_event_id=args.from_id
+    ) as events:
+        events.on_all_events(show)
+        while not stop.wait(0.5):
+            pass
+    return EXIT_OK
+
+
+# -- one job, administration ---------------------------------------------------------
+
+
+def _cmd_job(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        job = queue.get_job(args.id)
+        if job is None:
+            print(f"jobq: no job {args.id!r} in queue {args.queue!r}", file=sys.stderr)
+            return EXIT_FAILED
+        record: dict[str, Any] = {
+            "id": job.id, "name": job.name, "state": job.get_state(), "data": job.data,
+            "opts": job.opts, "timestamp": job.timestamp, "delay": job.delay,
+            "priority": job.priority, "attempts_made": job.attempts_made,
+            "stalled_counter": job.stalled_counter, "progress": job.progress,
+            "return_value": job.return_value, "failed_reason": job.failed_reason,
+            "processed_on": job.processed_on, "finished_on": job.finished_on,
+            "processed_by": job.processed_by, "logs": job.get_logs(),
+            "stacktrace": job.stacktrace,
+        }
+    if args.json:
+        print(_json(record))
+        return EXIT_OK
+    for key, value in record.items():
+        if key in ("stacktrace", "logs"):
+            continue
+        if key in ("timestamp", "processed_on", "finished_on"):
+            shown = _when(value)
+        elif isinstance(value, str):
+            shown = value
+        else:
+            shown = "-" if value is None else _json(value)
+        print(f"{key:<16}{shown}")
+    for line in record["logs"]:
+        print(f"{'log':<16}{line}")
+    if record["stacktrace"]:
+        print("last stack trace:")
+        print(record["stacktrace"][-1].rstrip())
+    return EXIT_OK
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        moved = queue.retry_jobs(args.state)
+    print(f"retried {moved} {args.state} job(s) of {args.queue}")
+    return EXIT_OK
+
+
+def _cmd_clean(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        removed = queue.clean(args.grace, args.limit, args.state)
+    print(f"removed {len(removed)} {args.state} job(s) of {args.queue}")
+    return EXIT_OK
+
+
+def _cmd_pause(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        if args.command == "pause":
+            queue.pause()
+        else:
+            queue.resume()
+    print(f"{args.command}d {args.queue}")  # paused / resumed
+    return EXIT_OK
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        removed = queue.drain(delayed=args.delayed)
+    what = "waiting and delayed" if args.delayed else "waiting"
+    print(f"removed {removed} {what} job(s) of {args.queue}")
+    return EXIT_OK
+
+
+def _cmd_obliterate(args: argparse.Namespace) -> int:
+    if not args.yes:
+        raise _UsageError(
+            f"obliterate deletes queue {args.queue!r} and all its jobs: add --yes to confirm"
+        )
+    with _queue(args, args.queue) as queue:
+        try:
+            queue.obliterate(force=args.force)
+        except JobqError as exc:
+            print(f"jobq: {exc} (add --force to delete it anyway)", file=sys.stderr)
+            return EXIT_FAILED
+    print(f"obliterated {args.queue}")
+    return EXIT_OK
+
+
+# -- wait ----------------------------------------------------------------------------
+
+
+def _bar(done: int, total: int, failed: int, width: int) -> str:
+    filled = round(width * done / total) if total else width
+    return (f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} finished"
+            f"{f', {failed} failed' if failed else ''}")
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    ids = list(dict.fromkeys(args.ids))
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    show_bar = sys.stderr.isatty() and not args.quiet
+    width = max(10, min(40, shutil.get_terminal_size().columns - 40))
+    failed = 0
+    with _queue(args, args.queue) as queue, _Stop() as stop:
+        events = queue.events
+        if not events.wait_until_ready(timeout=10):
+            raise redis.exceptions.ConnectionError("the event reader did not start")
+        pending: dict[concurrent.futures.Future[Any], str] = {
+            events.future_for(job_id): job_id for job_id in ids
+        }
+        finished = 0
+        while pending:
+            if show_bar:
+                sys.stderr.write(_bar(finished, len(ids), failed, width))
+                sys.stderr.flush()
+            left = None if deadline is None else deadline - time.monotonic()
+            if stop.stopped:
+                break
+            if left is not None and left <= 0:
+                break
+            done, _ = concurrent.futures.wait(
+                pending, timeout=0.2 if left is None else min(0.2, left),
+                return_when=concurrent.futures.FIRST_COMPLETED,
+            )
+            for future in done:
+                job_id = pending.pop(future)
+                finished += 1
+                try:
+                    result = future.result()
+                except JobFailedError as exc:
+                    failed += 1
+                    line = f"{job_id} failed {exc.failed_reason}"
+                except JobNotFoundError:
+                    failed += 1
+                    line = f"{job_id} not-found"
+                else:
+                    line = f"{job_id} completed {_json(result)}"
+                if show_bar:
+                    sys.stderr.write("\r\x1b[K")
+                print(line, flush=True)
+        if show_bar:
+            sys.stderr.write(_bar(finished, len(ids), failed, width) + "\n")
+            sys.stderr.flush()
+        for job_id in pending.values():
+            print(f"{job_id} {queue.get_job_state(job_id)}", flush=True)
+    if pending:
+        if stop.stopped:
+            return EXIT_INTERRUPTED
+        print(f"jobq: {len(pending)} job(s) not finished after {args.timeout:g} s",
+              file=sys.stderr)
+        return EXIT_TIMEOUT
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+# -- server, metrics ---------------------------------------------------------------
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
     from .testing import RedisServer
 
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    server = RedisServer(port=args.port)
-    server.start()
+    extra: list[str] = []
+    if args.dir:
+        directory = os.path.abspath(args.dir)
+        os.makedirs(directory, exist_ok=True)
+        # later arguments win: keep the data in that directory, in an append-only file
+        extra = ["--dir", directory, "--appendonly", "yes", "--appendfsync", "everysec"]
+    server = RedisServer(port=args.port, extra_args=extra)
+    with _Stop() as stop:
+        try:
+            server.start()
+        except RuntimeError as exc:
+            print(f"jobq: cannot start the server: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        try:
+            print(f"jobq server listening at {server.url}", flush=True)
+            print(f"  {server.server_name} {server.version}, data in "
+                  f"{args.dir or 'a temporary directory (not kept)'}; Ctrl-C to stop",
+                  flush=True)
+            while not stop.wait(0.5) and server.is_running():
+                pass
+        finally:
+            server.stop()
+    return EXIT_OK
+
+
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    from .metrics import serve
+    from .registry import known_queues
+
+    _ping(args.url)
+    opened: dict[str, Queue] = {}
+    lock = threading.Lock()
+
+    def queues() -> list[Queue]:
+        with lock:
+            if args.queues:
+                names = list(args.queues)
+            else:
+                any_queue = next(iter(opened.values()), None)
+                if any_queue is None:
+                    from .connection import close_client, resolve
+
+                    client, _ = resolve(args.url)
+                    try:
+                        names = known_queues(client, args.prefix)
+                    finally:
+                        close_client(client)
+                else:
+                    names = known_queues(any_queue.client, args.prefix)
+            for name in names:
+                if name not in opened:
+                    opened[name] = _queue(args, name)
+            return [opened[n] for n in names]
+
+    server = serve(queues, port=args.port, host=args.host)
+    thread = threading.Thread(target=server.serve_forever, name="jobq-metrics-http",
+                              daemon=True)
     try:
-        print(f"jobq server listening at {server.url} (Ctrl-C to stop)", flush=True)
-        while not stop.wait(0.5) and server.is_running():
-            pass
+        with _Stop() as stop:
+            thread.start()
+            print(f"serving Prometheus metrics at http://{args.host}:{server.server_port}/metrics",
+                  flush=True)
+            while not stop.wait(0.5):
+                pass
     finally:
-        server.stop()
-    return 0
+        server.shutdown()
+        thread.join(5)
+        server.server_close()
+        for queue in opened.values():
+            queue.close()
+    return EXIT_OK
+
+
+# -- parser ------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    """--url, --prefix and --log-level, accepted before or after the command."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", default=argparse.SUPPRESS,
+        help="Redis URL (default: $JOBQ_REDIS_URL, else redis://localhost:6379/0)",
+    )
+    common.add_argument("--prefix", default=argparse.SUPPRESS, help="key prefix (default: jobq)")
+    common.add_argument("--log-level", default=argparse.SUPPRESS,
+                        help="logging level: DEBUG, INFO (default), WARNING, ERROR")
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``jobq`` command."""
-    parser = argparse.ArgumentParser(prog="jobq", description=__doc__)
-    parser.add_argument(
-        "--url", default=os.environ.get("JOBQ_REDIS_URL") or None,
-        help="Redis URL (default: $JOBQ_REDIS_URL, else redis://localhost:6379/0)",
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="jobq", parents=[common],
+        description="Run jobq workers, inspect and administer queues, serve metrics.",
+        epilog=(__doc__ or "").split("\n\n", 1)[1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--prefix", default="jobq", help="key prefix (default: jobq)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    worker = sub.add_parser("worker", help="run a worker")
-    worker.add_argument("processor", help="MODULE:CALLABLE, a callable or a dict of them")
-    worker.add_argument("--queue", "-q", action="append", required=True, help="queue name")
-    worker.add_argument("--concurrency", "-c", type=int, default=1)
-    worker.add_argument("--name", default=None, help="worker name")
-    worker.set_defaults(func=_cmd_worker)
+    def command(name: str, func: Callable[[argparse.Namespace], int], text: str
+                ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=text, description=text)
+        p.set_defaults(func=func)
+        return p
 
-    info = sub.add_parser("info", help="print job counts per state")
-    info.add_argument("queues", nargs="+", metavar="QUEUE")
-    info.set_defaults(func=_cmd_info)
+    worker = command("worker", _cmd_worker,
+                     "run a worker until SIGINT / SIGTERM (a second signal forces)")
+    worker.add_argument("processor", metavar="MODULE:CALLABLE",
+                        help="a callable taking a Job, or a dict of job names to callables")
+    worker.add_argument("--queue", "-q", action="append", required=True,
+                        help="queue to serve (repeat for several)")
+    worker.add_argument("--concurrency", "-c", type=int, default=1,
+                        help="jobs run at once, per queue (default: 1)")
+    worker.add_argument("--name", default=None, help="worker name (default: HOST:PID)")
+    worker.add_argument("--lock-duration", type=float, default=None,
+                        help="seconds a job's lock lasts before renewal (default: 30)")
+    worker.add_argument("--heartbeat-ttl", type=float, default=30.0,
+                        help="seconds a dead worker stays listed (default: 30)")
 
-    events = sub.add_parser("events", help="follow a queue's events until interrupted")
-    events.add_argument("queue")
+    info = command("info", _cmd_info,
+                   "job counts, paused flag, live workers and jobs/min per queue")
+    info.add_argument("queues", nargs="*", metavar="QUEUE",
+                      help="queues to show (default: every known queue)")
+    info.add_argument("--watch", "-w", action="store_true",
+                      help="redraw a live table every second until interrupted")
+    info.add_argument("--interval", type=float, default=1.0,
+                      help="seconds between redraws with --watch (default: 1)")
+    info.add_argument("--plain", action="store_true",
+                      help="with --watch, append frames instead of redrawing (the default "
+                           "when the output is not a terminal)")
+    info.add_argument("--count", type=int, default=0,
+                      help="with --watch, stop after this many frames (default: never)")
+
+    events = command("events", _cmd_events, "follow a queue's events until interrupted")
+    events.add_argument("queue", metavar="QUEUE")
     events.add_argument("--from", dest="from_id", default="$",
-                        help="'$' from now (default), '0' all retained, or an id")
+                        help="'$' from now (default), '0' every retained event, or an id")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
-    events.set_defaults(func=_cmd_events)
 
-    server = sub.add_parser("server", help="run a local Redis-compatible server")
-    server.add_argument("--port", type=int, default=None)
-    server.set_defaults(func=_cmd_server)
+    job = command("job", _cmd_job, "show one job (exit 1 when there is none)")
+    job.add_argument("queue", metavar="QUEUE")
+    job.add_argument("id", metavar="ID")
+    job.add_argument("--json", action="store_true", help="print one JSON object")
+
+    retry = command("retry", _cmd_retry, "move failed (or completed) jobs back to waiting")
+    retry.add_argument("queue", metavar="QUEUE")
+    retry.add_argument("--state", choices=("failed", "completed"), default="failed")
+
+    clean = command("clean", _cmd_clean, "remove old finished (or waiting, delayed) jobs")
+    clean.add_argument("queue", metavar="QUEUE")
+    clean.add_argument("--state", choices=("completed", "failed", "delayed", "waiting"),
+                       default="completed")
+    clean.add_argument("--grace", type=float, default=0.0,
+                       help="keep jobs younger than this many seconds (default: 0)")
+    clean.add_argument("--limit", type=int, default=0, help="remove at most this many")
+
+    for name, text in (("pause", "pause a queue for every worker"),
+                       ("resume", "resume a paused queue")):
+        command(name, _cmd_pause, text).add_argument("queue", metavar="QUEUE")
+
+    drain = command("drain", _cmd_drain, "remove every waiting job")
+    drain.add_argument("queue", metavar="QUEUE")
+    drain.add_argument("--delayed", action="store_true", help="remove delayed jobs too")
+
+    obliterate = command("obliterate", _cmd_obliterate,
+                         "delete a queue with all its jobs, events and metrics")
+    obliterate.add_argument("queue", metavar="QUEUE")
+    obliterate.add_argument("--yes", action="store_true", help="confirm the deletion")
+    obliterate.add_argument("--force", action="store_true",
+                            help="delete even while jobs are active")
+
+    wait = command("wait", _cmd_wait,
+                   "wait for jobs to finish; exit 1 if any failed, 4 on timeout")
+    wait.add_argument("queue", metavar="QUEUE")
+    wait.add_argument("ids", nargs="+", metavar="ID")
+    wait.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
+    wait.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    server = command("server", _cmd_server,
+                     "run a local Redis-compatible server for development")
+    server.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    server.add_argument("--dir", default=None,
+                        help="keep the data in this directory (default: a temporary one)")
+
+    metrics = command("metrics", _cmd_metrics,
+                      "serve Prometheus metrics at http://HOST:PORT/metrics")
+    metrics.add_argument("queues", nargs="*", metavar="QUEUE",
+                         help="queues to report (default: every known queue)")
+    metrics.add_argument("--port", type=int, default=9090, help="port (default: 9090)")
+    metrics.add_argument("--host", default="127.0.0.1",
+                         help="address to listen on (default: 127.0.0.1)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``jobq`` command; return its exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    code: int = args.func(args)
+    # defaults filled here: set_defaults() would reach the subcommands' shared
+    # actions and override a --url given before the command
+    for key, default in (("url", os.environ.get("JOBQ_REDIS_URL") or None),
+                         ("prefix", "jobq"), ("log_level", "INFO")):
+        if getattr(args, key, None) is None:
+            setattr(args, key, default)
+    level = getattr(logging, str(args.log_level).upper(), None)
+    if not isinstance(level, int):
+        print(f"jobq: unknown log level {args.log_level!r}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.func(args)
+    except _UsageError as exc:
+        print(f"jobq {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        where = args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0"
+        print(f"jobq: cannot reach Redis at {where}: {exc}", file=sys.stderr)
+        return EXIT_REDIS
+    except redis.exceptions.RedisError as exc:
+        print(f"jobq: Redis error: {exc}", file=sys.stderr)
+        return EXIT_REDIS
+    except (ValueError, TypeError) as exc:  # e.g. an invalid queue name
+        print(f"jobq {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except JobqError as exc:
+        print(f"jobq {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     return code

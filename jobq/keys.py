@@ -42,7 +42,7 @@ class QueueKeys:
 
     __slots__ = (
         "prefix", "queue", "base", "wait", "prioritized", "delayed", "active",
-        "completed", "failed", "meta", "events", "marker",
+        "completed", "failed", "meta", "events", "marker", "workers",
     )
 
     def __init__(self, prefix: str, queue: str) -> None:
@@ -58,6 +58,7 @@ class QueueKeys:
         self.meta = self.base + "meta"
         self.events = self.base + "events"
         self.marker = self.base + "marker"
+        self.workers = self.base + "workers"
 
     def job(self, job_id: str) -> str:
         """The hash that holds one job's record."""
@@ -70,3 +71,16 @@ class QueueKeys:
     def lock(self, job_id: str) -> str:
         """The string holding the lock token of an active job."""
         return f"{self.base}lock:{job_id}"
+
+    def worker(self, name: str) -> str:
+        """The hash a live worker announces itself in (it expires with its heartbeat)."""
+        return f"{self.base}worker:{name}"
+
+
+def queues_key(prefix: str) -> str:
+    """The set of queue names known under ``prefix``, for listing queues.
+
+    Deliberately outside every queue's hash tag: it lists queues, it belongs
+    to none (written with single-key commands only, so clusters serve it).
+    """
+    return f"{prefix}:queues"

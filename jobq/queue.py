@@ -9,7 +9,10 @@ from . import serializer
 from ._context import QueueContext
 from .errors import ACTIVE_JOBS, JobqError, SerializationError, script_error
 from .job import STATES, Job
+from .keys import queues_key
+from .metrics import Metrics, read_metrics
 from .options import JobOptions
+from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -74,6 +77,7 @@ class Queue:
     def _setup_meta(self, event_mode: str | None) -> None:
         meta = self._context.keys.meta
         client = self._context.client
+        client.sadd(queues_key(self.prefix), self.name)  # for `jobq info` with no queue
         if event_mode is not None:
             client.hsetnx(meta, "em", event_mode)
         stored_mode, stored_max = client.hmget(meta, ["em", "maxev"])
@@ -303,6 +307,7 @@ class Queue:
             if deleted == ACTIVE_JOBS:
                 raise script_error(deleted, action="obliterate")
             if deleted < BATCH:
+                self._context.redis.srem(queues_key(self.prefix), self.name)
                 return
 
     def retry_jobs(self, state: str = "failed") -> int:
@@ -319,6 +324,26 @@ class Queue:
             total += moved
             remaining -= moved
         return total
+
+    # -- operating --------------------------------------------------------
+
+    def get_workers(self) -> list[WorkerInfo]:
+        """The live workers of this queue (heartbeat not expired), by name."""
+        return live_workers(self._context)
+
+    def get_metrics(self, kind: str, start: int = 0, end: int = -1) -> Metrics:
+        """Counts of finished jobs per minute, newest first (BullMQ's getMetrics).
+
+        Args:
+            kind: ``"completed"``, or ``"failed"`` (terminal failures).
+            start, end: which minutes, inclusive, like LRANGE: 0 is the minute
+                in progress, 1 the one before; -1 the oldest kept (a day).
+
+        Returns:
+            A Metrics: ``count`` (all time), ``data`` (per minute),
+            ``waited_for`` and ``ran_for`` (seconds, summed over ``count``).
+        """
+        return read_metrics(self._context, kind, start, end)
 
     def trim_events(self, max_len: int) -> int:
         """Trim the event stream to about ``max_len`` entries; return how many went."""

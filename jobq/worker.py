@@ -41,6 +41,7 @@ from .events import Event
 from .job import MAX_STACKTRACES, Job
 from .listeners import Listener, ListenerRegistry
 from .options import Backoff
+from .registry import DEFAULT_HEARTBEAT_TTL, announce, withdraw
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -66,7 +67,7 @@ def _positive(name: str, value: Any) -> float:
 class _Attempt:
     """One run of one job by this worker, keyed by its lock token."""
 
-    __slots__ = ("job", "token", "deadline", "claimed", "error")
+    __slots__ = ("job", "token", "deadline", "claimed", "error", "started")
 
     def __init__(self, job: Job, token: str, deadline: float | None) -> None:
         self.job = job
@@ -74,6 +75,7 @@ class _Attempt:
         self.deadline = deadline
         self.claimed = False  # finalised (or being finalised): exactly once
         self.error: BaseException | None = None  # raised instead of running
+        self.started = time.monotonic()
 
 
 class Worker:
@@ -93,6 +95,9 @@ class Worker:
         drain_delay: longest idle time between two looks at the queue.
         limiter: ``{"max": n, "duration": s}``, shared by all workers.
         autorun: start at once (as ``start()``).
+        heartbeat_ttl: seconds the worker's announcement in the registry
+            (``Queue.get_workers()``) outlives its last heartbeat; it beats
+            every third of that.
     """
 
     def __init__(
@@ -110,6 +115,7 @@ class Worker:
         drain_delay: float = 5,
         limiter: Mapping[str, float] | None = None,
         autorun: bool = False,
+        heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
     ) -> None:
         if isinstance(processor, Mapping):
             bad = [k for k, v in processor.items() if not isinstance(k, str) or not callable(v)]
@@ -169,6 +175,12 @@ class Worker:
         self._pool: list[threading.Thread] = []
         self._events: QueueEvents | None = None
         self._blocked_id: Blocked | None = None  # the fetch connection
+        self._heartbeat_ttl = _positive("heartbeat_ttl", heartbeat_ttl)
+        self._announced_queues: tuple[str, ...] = (queue_name,)  # the CLI names all it serves
+        self._jobs_done = 0
+        self._jobs_failed = 0
+        # one line per job, per queue: logging.getLogger("jobq.jobs.<queue>")
+        self._job_log = logging.getLogger(f"jobq.jobs.{queue_name}")
         if autorun:
             self.start()
 
@@ -297,6 +309,10 @@ class Worker:
                 already = False
                 self._closing = True
         if already:
+            if force:  # escalate a graceful close under way
+                self._force.set()
+                with self._idle:
+                    self._idle.notify_all()
             self._closed.wait(timeout)
             return
         self._listeners.emit("closing")
@@ -331,6 +347,10 @@ class Worker:
         events, self._events = self._events, None
         if events is not None:
             events.close()
+        try:
+            withdraw(self._context, self.name)
+        except Exception as exc:  # best effort: the announcement expires anyway
+            logger.debug("worker %r could not leave the registry: %s", self.name, exc)
         self._context.close()
         self._closed.set()
         self._listeners.emit("closed")
@@ -550,6 +570,13 @@ class Worker:
             return
         job.return_value = result
         job.attempts_made += 1
+        with self._lock:
+            self._jobs_done += 1
+        if self._job_log.isEnabledFor(logging.INFO):
+            self._job_log.info(
+                "job %s (%s) completed in %.3f s", job.id, job.name,
+                time.monotonic() - attempt.started,
+            )
         self._listeners.emit("completed", job, result)
 
     def _fail(self, attempt: _Attempt, exc: BaseException, trace: str) -> None:
@@ -577,6 +604,15 @@ class Worker:
         job.attempts_made = attempt_no
         job.failed_reason = reason
         job.stacktrace = stacktrace
+        with self._lock:
+            self._jobs_failed += 1
+        if self._job_log.isEnabledFor(logging.INFO):
+            self._job_log.log(
+                logging.INFO if code == 2 else logging.WARNING,
+                "job %s (%s) failed in %.3f s, attempt %d of %d%s: %s", job.id, job.name,
+                time.monotonic() - attempt.started, attempt_no, attempts,
+                ", will retry" if code == 2 else "", reason,
+            )
         self._listeners.emit("failed", job, exc)
 
     def _finish(self, script: str, attempt: _Attempt, *args: Any) -> int | None:
@@ -616,6 +652,8 @@ class Worker:
     def _locks_loop(self) -> None:
         interval = self._lock_duration / 2
         next_renewal = time.monotonic() + interval
+        next_beat = time.monotonic()  # the heartbeat rides on this loop's wake-ups
+        first_beat = True
         backoff = RetryBackoff(cap=interval / 2)
         while not self._stop_all.is_set():
             self._wake_locks.clear()  # before looking, so no wake-up is lost
@@ -640,7 +678,27 @@ class Worker:
                     logger.warning("renewing locks of worker %r failed: %s", self.name, exc)
                     next_renewal = now + backoff.next()
                 wake = min(wake, next_renewal)
+            if now >= next_beat:
+                if self._heartbeat(first_beat):
+                    first_beat = False
+                next_beat = now + self._heartbeat_ttl / 3
+            wake = min(wake, next_beat)
             self._wake_locks.wait(max(0.0, min(wake - time.monotonic(), BLOCK_CAP)))
+
+    def _heartbeat(self, first: bool) -> bool:
+        """Announce this worker in the queue's registry; False if that failed."""
+        with self._lock:
+            active, done, failed = len(self._attempts), self._jobs_done, self._jobs_failed
+        try:
+            announce(
+                self._context, self.name, self._heartbeat_ttl, queues=self._announced_queues,
+                concurrency=self.concurrency, done=done, failed=failed, active=active,
+                paused=self.is_paused(), first=first,
+            )
+        except Exception as exc:
+            logger.warning("heartbeat of worker %r failed: %s", self.name, exc)
+            return False
+        return True
 
     def _renew(self) -> None:
         with self._lock:

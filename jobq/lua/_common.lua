@@ -120,6 +120,35 @@ local function metrics(f_pon, f_rdy, f_delay, attempt, now)
            'ran_for', math.max(0, now - pon), 'expected_delay', tonumber(f_delay) or 0 }
 end
 
+-- Per-minute metrics of finished jobs, one hash per kind ('completed',
+-- 'failed') with totals (count; wait and run, ms), the minute being counted
+-- (min) and the count at its start (mbase); finished minutes go to the list
+-- <hash>:data, newest first, at most METRICS_MINUTES long. One HMGET and one
+-- HSET per job; one more LPUSH + LTRIM when the minute changes.
+local METRICS_MINUTES = 1440
+local function record_metric(kind, now, f_pon, f_rdy)
+  local key = base .. 'metrics:' .. kind
+  local pon = tonumber(f_pon) or now
+  local rdy = tonumber(f_rdy) or pon
+  local minute = math.floor(now / 60000)
+  local m = redis.call('HMGET', key, 'min', 'mbase', 'count', 'wait', 'run')
+  local last = tonumber(m[1])
+  local count = tonumber(m[3]) or 0
+  local mbase = tonumber(m[2]) or 0
+  if not last or minute > last then
+    if last then
+      local counts = { count - mbase }
+      for i = 2, math.min(minute - last, METRICS_MINUTES) do counts[i] = 0 end
+      redis.call('LPUSH', key .. ':data', unpack(counts))
+      redis.call('LTRIM', key .. ':data', 0, METRICS_MINUTES - 1)
+    end
+    last, mbase = minute, count
+  end
+  redis.call('HSET', key, 'min', last, 'mbase', mbase, 'count', count + 1,
+    'wait', (tonumber(m[4]) or 0) + math.floor(math.max(0, pon - rdy) + 0.5),
+    'run', (tonumber(m[5]) or 0) + math.floor(math.max(0, now - pon) + 0.5))
+end
+
 local function append(list, more)
   for i = 1, #more do list[#list + 1] = more[i] end
   return list
@@ -132,6 +161,7 @@ local function fail_for_good(id, reason, attempt, now)
   local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa')
   local fields = append({ 'prev', 'active', 'failed_reason', reason },
     metrics(f[1], f[2], f[3], attempt, now))
+  record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
     delete_job(id)

@@ -10,6 +10,7 @@
            -1 job missing; -2 lock not held
   Events   completed, with the result when it is at most 16 KiB or the job
            has a retention rule (else the result stays in the record only)
+  Metrics  counts the job in metrics:completed (see record_metric)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
@@ -21,6 +22,7 @@ local atm = (tonumber(f[1]) or 0) + 1
 redis.call('DEL', lock_key(id))
 redis.call('ZREM', K_ACTIVE, id)
 local fields = append({ 'prev', 'active' }, metrics(f[2], f[3], f[4], atm, now))
+record_metric('completed', now, f[2], f[3])
 local keep = tonumber(f[5]) or -1
 if keep == 0 then
   delete_job(id)

@@ -11,6 +11,7 @@
   Returns  1 failed for good; 2 retry scheduled; 0 already done by this
            token; -1 job missing; -2 lock not held
   Events   retrying, then waiting or delayed; or failed (terminal only)
+  Metrics  a terminal failure counts in metrics:failed (see record_metric)
 ]]
 local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)

@@ -28,7 +28,12 @@ for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED }) do
   if #ids > 0 then redis.call('ZREM', key, unpack(ids)) end
 end
 if n < batch then
+  for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', 0, -1)) do
+    redis.call('DEL', base .. 'worker:' .. name)
+  end
   redis.call('DEL', K_WAIT, K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED, K_META,
-    K_EVENTS, K_MARKER, base .. 'id', base .. 'pc', base .. 'limiter', base .. 'stalled-check')
+    K_EVENTS, K_MARKER, base .. 'id', base .. 'pc', base .. 'limiter', base .. 'stalled-check',
+    base .. 'workers', base .. 'metrics:completed', base .. 'metrics:completed:data',
+    base .. 'metrics:failed', base .. 'metrics:failed:data')
 end
 return n

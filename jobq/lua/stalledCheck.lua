@@ -8,6 +8,7 @@
   ARGV[3]  at most this many jobs recovered per call
   Returns  the ids recovered (requeued or failed)
   Events   stalled, then waiting (requeued first in line) or failed
+  Metrics  a failure counts in metrics:failed (see record_metric)
 ]]
 local guard = tonumber(ARGV[2])
 if guard > 0 and not redis.call('SET', base .. 'stalled-check', '1', 'PX', guard, 'NX') then

@@ -1,0 +1,542 @@
+"""The ``jobq`` command, end to end: each subcommand in a subprocess against the
+session's real server (exit codes, output, signals, the ``--watch`` redraw in
+a pseudo-terminal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import queue as _queue
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import Queue, Worker
+from jobq.cli import main
+from jobq.testing import find_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT = 20.0  # seconds any single step of a test may take at most
+CLEAR = b"\x1b[H\x1b[2J"
+
+
+def _env(url: str) -> dict[str, str]:
+    env = dict(os.environ, JOBQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _command(url: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "jobq", "--url", url, *args]
+
+
+def jobq(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run one ``jobq`` command to its end."""
+    return subprocess.run(
+        _command(url, args), env=_env(url), cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )
+
+
+class Running:
+    """A long-running ``jobq`` command whose output lines are read as they come."""
+
+    def __init__(self, url: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            _command(url, args), env=_env(url), cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        self.lines: _queue.SimpleQueue[tuple[str, str]] = _queue.SimpleQueue()
+        self.seen: list[tuple[str, str]] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(name, stream), name=f"test-{name}",
+                             daemon=True)
+            for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, name: str, stream: Any) -> None:
+        for line in stream:
+            self.lines.put((name, line.rstrip("\n")))
+
+    def expect(self, pattern: str, stream: str | None = None, timeout: float = WAIT) -> str:
+        """Return the first new line matching ``pattern``; fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line matching {pattern!r} in {self.seen!r}")
+            try:
+                name, line = self.lines.get(timeout=left)
+            except _queue.Empty:
+                continue
+            self.seen.append((name, line))
+            if (stream is None or stream == name) and re.search(pattern, line):
+                return line
+
+    def text(self, stream: str) -> str:
+        """Everything read so far from one stream (after the process ended)."""
+        for reader in self._readers:
+            reader.join(WAIT)
+        while True:
+            try:
+                self.seen.append(self.lines.get_nowait())
+            except _queue.Empty:
+                break
+        return "\n".join(line for name, line in self.seen if name == stream)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = WAIT) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(WAIT)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def running(redis_url: str) -> Iterator[Any]:
+    """Start ``jobq`` commands; each is killed at the end of the test."""
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        process = Running(redis_url, *args)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.kill()
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
+    with Queue(queue_name, connection=redis_url) as q:
+        yield q
+
+
+def _until(predicate: Any, timeout: float = WAIT) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        pause.wait(0.02)
+
+
+def _ledger(redis_client: redis.Redis, queue_name: str) -> str:
+    item = redis_client.blpop([f"ledger:{{{queue_name}}}"], timeout=WAIT)
+    assert item is not None, "the handler never started"
+    return str(item[1].decode())
+
+
+def _go(redis_client: redis.Redis, queue_name: str) -> None:
+    redis_client.rpush(f"ledger:{{{queue_name}}}:go", "go")
+
+
+# -- usage -----------------------------------------------------------------------
+
+
+def test_help_everywhere_and_usage_errors(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = jobq(redis_url, "--help")  # the real entry point, once
+    assert done.returncode == 0
+    commands = ("worker", "info", "events", "job", "retry", "clean", "pause", "resume",
+                "drain", "obliterate", "wait", "server", "metrics")
+    for command in commands:
+        assert command in done.stdout
+        with pytest.raises(SystemExit) as exited:  # in-process: 13 interpreters are slow
+            main([command, "--help"])
+        assert exited.value.code == 0
+        out = capsys.readouterr().out
+        assert "--url" in out and "--prefix" in out, command
+    for argv in ([], ["bogus"], ["wait", "q"], ["worker", "x:y"]):  # no command, no id, no -q
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2, argv
+    assert jobq(redis_url).returncode == 2
+    bad = jobq(redis_url, "info", "bad name")
+    assert bad.returncode == 2 and "invalid queue name" in bad.stderr
+
+
+def test_unreachable_redis_exits_3(queue_name: str) -> None:
+    done = jobq("redis://127.0.0.1:1/0", "info", queue_name, timeout=30)
+    assert done.returncode == 3
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in done.stderr
+
+
+# -- worker ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("tests.no_such_module:double", "No module named 'tests.no_such_module'"),
+        ("tests.cli_tasks:missing", "has no attribute 'missing'"),
+        ("tests.cli_tasks:NOT_CALLABLE", "is a int, not a callable"),
+        ("no-colon", "expected MODULE:CALLABLE"),
+    ],
+)
+def test_worker_import_error_exits_2_with_a_clear_message(
+    redis_url: str, queue_name: str, spec: str, message: str
+) -> None:
+    done = jobq(redis_url, "worker", spec, "--queue", queue_name)
+    assert done.returncode == 2
+    assert "jobq worker:" in done.stderr and message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_worker_logs_each_job_and_stops_gracefully_on_sigterm(
+    running: Any, queue: Queue, redis_client: redis.Redis
+) -> None:
+    worker = running("worker", "tests.cli_tasks:ROUTES", "-q", queue.name, "-c", "2",
+                     "--name", "cli-w", "--heartbeat-ttl", "3")
+    worker.expect("serving", "err")
+    jobs = [queue.add("double", n) for n in range(3)]
+    assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == [0, 2, 4]
+    logged = {
+        worker.expect(rf"jobq\.jobs\.{re.escape(queue.name)}: job \S+ \(double\) completed in",
+                      "err").split(": job ")[1].split()[0]
+        for _ in jobs
+    }  # one INFO line per job, in whatever order the 2 threads finish them
+    assert logged == {job.id for job in jobs}
+    failing = queue.add("double", "fail")
+    worker.expect(rf"WARNING .*job {failing.id} \(double\) failed .*asked to fail", "err")
+    (info,) = _until(queue.get_workers)
+    assert (info.name, info.pid, info.queues, info.concurrency) == (
+        "cli-w", worker.proc.pid, (queue.name,), 2)
+
+    gated = queue.add("gated")
+    assert _ledger(redis_client, queue.name) == f"start|{gated.id}"
+    worker.signal(signal.SIGTERM)
+    worker.expect("SIGTERM: finishing jobs in flight", "err")
+    assert worker.proc.poll() is None  # waits for the job in flight
+    _go(redis_client, queue.name)
+    assert worker.wait() == 0
+    assert gated.wait_until_finished(timeout=WAIT) == "done"
+    assert queue.get_workers() == []  # it left the registry on its way out
+
+
+def test_worker_second_signal_abandons_jobs_in_flight(
+    running: Any, queue: Queue, redis_client: redis.Redis
+) -> None:
+    worker = running("worker", "tests.cli_tasks:gated", "-q", queue.name, "--lock-duration", "2")
+    worker.expect("serving", "err")
+    job = queue.add("gated")
+    _ledger(redis_client, queue.name)
+    worker.signal(signal.SIGINT)
+    worker.expect("SIGINT: finishing jobs in flight", "err")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert "abandoning jobs in flight" in worker.text("err")
+    assert queue.get_job_state(job.id) == "active"  # recovered later as stalled
+
+
+def test_worker_serves_several_queues(
+    running: Any, queue: Queue, redis_url: str, queue_name: str
+) -> None:
+    other_name = f"{queue_name}-b"
+    worker = running("worker", "tests.cli_tasks:double", "-q", queue.name, "-q", other_name)
+    worker.expect("serving", "err")
+    with Queue(other_name, connection=redis_url) as other:
+        assert other.add("double", 5).wait_until_finished(timeout=WAIT) == 10
+        assert queue.add("double", 1).wait_until_finished(timeout=WAIT) == 2
+        (info,) = _until(other.get_workers)
+        assert info.queues == (queue.name, other_name)
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        assert other.get_workers() == []
+        other.obliterate()
+
+
+def test_registry_forgets_a_sigkilled_worker_after_its_heartbeat_ttl(
+    running: Any, queue: Queue
+) -> None:
+    worker = running("worker", "tests.cli_tasks:double", "-q", queue.name,
+                     "--heartbeat-ttl", "1")
+    worker.expect("serving", "err")
+    (info,) = _until(queue.get_workers)
+    assert info.pid == worker.proc.pid
+    beat = info.last_heartbeat
+    # it keeps beating (every third of the TTL)
+    _until(lambda: [w for w in queue.get_workers() if w.last_heartbeat > beat])
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    killed_at = time.monotonic()
+    _until(lambda: queue.get_workers() == [], timeout=5)
+    assert time.monotonic() - killed_at < 5
+
+
+# -- info --------------------------------------------------------------------------
+
+
+def _fill(queue: Queue, redis_url: str) -> None:
+    """2 completed, 1 failed, 1 delayed, 3 waiting, and a paused queue."""
+    with Worker(queue.name, lambda job: job.data, connection=redis_url):
+        for job in [queue.add("ok", 1), queue.add("ok", 2)]:
+            job.wait_until_finished(timeout=WAIT)
+    with Worker(queue.name, lambda job: 1 / 0, connection=redis_url):
+        job = queue.add("bad")
+        with pytest.raises(Exception, match="division"):
+            job.wait_until_finished(timeout=WAIT)
+    queue.add("later", delay=3600)
+    queue.pause()
+    for n in range(3):
+        queue.add("w", n)
+
+
+def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: str) -> None:
+    _fill(queue, redis_url)
+    done = jobq(redis_url, "info", queue.name)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:5] == ["waiting 3", "delayed 1", "active 0", "completed 2", "failed 1"]
+    assert lines[5:7] == ["paused yes", "workers 0"]
+    assert re.fullmatch(r"completed/min \d+\.\d", lines[7])
+    assert float(lines[7].split()[1]) > 0
+    assert re.fullmatch(r"failed/min \d+\.\d", lines[8])
+    # with no queue named: every known queue, this one included, with headers
+    every = jobq(redis_url, "info")
+    assert every.returncode == 0
+    assert f"{queue.name} (paused)" in every.stdout.splitlines()
+
+
+def test_info_watch_plain_when_piped(queue: Queue, redis_url: str) -> None:
+    queue.add("w")
+    done = jobq(redis_url, "info", queue.name, "--watch", "--interval", "0.1", "--count", "2")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert done.stdout.count("QUEUE") == 2
+    row = [line for line in done.stdout.splitlines() if line.startswith(queue.name)]
+    assert len(row) == 2 and row[0].split()[1:3] == ["1", "0"]
+
+
+def test_info_watch_redraws_in_place_on_a_terminal(queue: Queue, redis_url: str) -> None:
+    queue.add("w")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        _command(redis_url, ["info", queue.name, "--watch", "--interval", "0.2"]),
+        env=_env(redis_url), cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
+    )
+    os.close(slave)
+    output = b""
+    try:
+        deadline = time.monotonic() + WAIT
+        while output.count(CLEAR) < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                output += os.read(master, 65536)
+        queue.add("w")  # the next frames show 2 waiting
+        while not re.search(rb"\n" + re.escape(queue.name.encode()) + rb" +2 ",
+                            output.rsplit(CLEAR, 1)[-1]) and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                output += os.read(master, 65536)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        os.close(master)
+    frames = output.split(CLEAR)[1:]
+    assert len(frames) >= 3
+    assert all(b"QUEUE" in frame and queue.name.encode() in frame for frame in frames)
+    assert re.search(rb"\n" + re.escape(queue.name.encode()) + rb" +2 ", frames[-1])
+
+
+# -- events, job, administration -------------------------------------------------
+
+
+def test_events_replays_as_json_and_exits_0_on_sigterm(running: Any, queue: Queue) -> None:
+    job = queue.add("first", {"n": 1})
+    events = running("events", queue.name, "--from", "0", "--json")
+    added = json.loads(events.expect(r'"name": "added"', "out"))
+    assert added["job_id"] == job.id and added["job_name"] == "first"
+    assert re.fullmatch(r"\d+-\d+", added["id"])
+    later = queue.add("second")
+    assert json.loads(events.expect(rf'"job_id": "{later.id}"', "out"))["name"] == "added"
+    events.signal(signal.SIGTERM)
+    assert events.wait() == 0
+
+
+def test_job_shows_a_job_and_exits_1_when_missing(queue: Queue, redis_url: str) -> None:
+    job = queue.add("report", {"month": "2026-11"}, attempts=3)
+    done = jobq(redis_url, "job", queue.name, job.id)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^state +waiting$", done.stdout, re.M)
+    assert re.search(r'^data +\{"month": "2026-11"\}$', done.stdout, re.M)
+    as_json = json.loads(jobq(redis_url, "job", queue.name, job.id, "--json").stdout)
+    assert (as_json["name"], as_json["opts"]["attempts"]) == ("report", 3)
+    missing = jobq(redis_url, "job", queue.name, "nope")
+    assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
+
+
+def test_admin_commands(queue: Queue, redis_url: str) -> None:
+    _fill(queue, redis_url)
+    name = queue.name
+    assert jobq(redis_url, "resume", name).stdout.strip() == f"resumed {name}"
+    assert not queue.is_paused()
+    assert jobq(redis_url, "pause", name).stdout.strip() == f"paused {name}"
+    assert queue.is_paused()
+    retried = jobq(redis_url, "retry", name)
+    assert retried.returncode == 0 and retried.stdout.startswith("retried 1 failed job(s)")
+    assert queue.get_job_counts("failed", "waiting") == {"failed": 0, "waiting": 4}
+    cleaned = jobq(redis_url, "clean", name, "--state", "completed", "--grace", "0")
+    assert cleaned.stdout.startswith("removed 2 completed job(s)")
+    drained = jobq(redis_url, "drain", name)
+    assert drained.stdout.startswith("removed 4 waiting job(s)")
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 0, "delayed": 1}
+    refused = jobq(redis_url, "obliterate", name)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert queue.count() == 1
+    done = jobq(redis_url, "obliterate", name, "--yes")
+    assert done.returncode == 0 and done.stdout.strip() == f"obliterated {name}"
+    assert queue.count() == 0 and not queue.is_paused()
+
+
+def test_obliterate_refuses_active_jobs_without_force(
+    running: Any, queue: Queue, redis_client: redis.Redis, redis_url: str
+) -> None:
+    worker = running("worker", "tests.cli_tasks:gated", "-q", queue.name)
+    queue.add("gated")
+    _ledger(redis_client, queue.name)
+    refused = jobq(redis_url, "obliterate", queue.name, "--yes")
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert jobq(redis_url, "obliterate", queue.name, "--yes", "--force").returncode == 0
+    _go(redis_client, queue.name)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+# -- wait ------------------------------------------------------------------------
+
+
+def test_wait_exit_codes(queue: Queue, redis_url: str) -> None:
+    with Worker(queue.name, lambda job: job.data * 2, connection=redis_url):
+        ok = [queue.add("ok", n) for n in range(3)]
+        done = jobq(redis_url, "wait", queue.name, *(j.id for j in ok), "--timeout", "20")
+        assert done.returncode == 0, done.stderr
+        assert sorted(done.stdout.splitlines()) == sorted(
+            f"{j.id} completed {2 * n}" for n, j in enumerate(ok))
+        bad = queue.add("bad", None)  # None * 2 raises TypeError
+        done = jobq(redis_url, "wait", queue.name, ok[0].id, bad.id, "missing-id")
+        assert done.returncode == 1
+        lines = set(done.stdout.splitlines())
+        assert f"{ok[0].id} completed 0" in lines and "missing-id not-found" in lines
+        assert any(line.startswith(f"{bad.id} failed ") for line in lines)
+    never = queue.add("never")
+    done = jobq(redis_url, "wait", queue.name, never.id, "--timeout", "0.3")
+    assert done.returncode == 4
+    assert done.stdout.strip() == f"{never.id} waiting"
+    assert "not finished after 0.3 s" in done.stderr
+
+
+def test_wait_shows_a_progress_bar_on_a_terminal(queue: Queue, redis_url: str) -> None:
+    jobs = [queue.add("ok", n) for n in range(4)]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        _command(redis_url, ["wait", queue.name, *(j.id for j in jobs), "--timeout", "20"]),
+        env=_env(redis_url), cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, text=True,
+    )
+    os.close(slave)
+    bar = b""
+    try:
+        deadline = time.monotonic() + WAIT
+        while b"0/4 finished" not in bar and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                bar += os.read(master, 65536)
+        with Worker(queue.name, lambda job: job.data, connection=redis_url):
+            out, _ = proc.communicate(timeout=WAIT)
+        while True:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            bar += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        os.close(master)
+    assert proc.returncode == 0
+    assert len(out.splitlines()) == 4
+    assert re.search(rb"\[\.+\] 0/4 finished", bar)
+    assert re.search(rb"\[#+\] 4/4 finished", bar)
+
+
+# -- server, metrics ---------------------------------------------------------------
+
+
+def test_server_prints_its_url_and_stops_on_sigterm(running: Any, tmp_path: Path) -> None:
+    try:
+        find_server_binary()
+    except RuntimeError:
+        pytest.skip("no server binary")
+    server = running("server", "--dir", str(tmp_path / "data"))
+    url = server.expect(r"listening at redis://", "out").rsplit(" ", 1)[-1]
+    with redis.Redis.from_url(url, socket_timeout=5) as client:
+        assert client.ping() is True
+        client.set("kept", "1")
+        assert client.config_get("dir")["dir"] == str(tmp_path / "data")
+    server.signal(signal.SIGTERM)
+    assert server.wait() == 0
+    assert (tmp_path / "data").is_dir() and any((tmp_path / "data").iterdir())
+
+
+def test_metrics_command_serves_prometheus_text(running: Any, queue: Queue,
+                                                redis_url: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _fill(queue, redis_url)
+    server = running("metrics", queue.name, "--port", "0")
+    url = server.expect(r"serving Prometheus metrics at http://", "out").rsplit(" ", 1)[-1]
+    with urllib.request.urlopen(url, timeout=WAIT) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }
+    q = ("queue", queue.name)
+    assert samples[("jobq_jobs", (q, ("state", "waiting")))] == 3
+    assert samples[("jobq_jobs_completed_total", (q,))] == 2
+    assert samples[("jobq_jobs_failed_total", (q,))] == 1
+    assert samples[("jobq_queue_paused", (q,))] == 1
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=WAIT)
+    server.signal(signal.SIGTERM)
+    assert server.wait() == 0

@@ -1,0 +1,179 @@
+"""Worker registry, per-minute metrics and the Prometheus text, in-process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import Job, JobFailedError, Queue, Worker
+from jobq.metrics import Metrics, prometheus_text
+
+WAIT = 20.0
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
+    with Queue(queue_name, connection=redis_url) as q:
+        yield q
+
+
+def _until(predicate: Any, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+        pause.wait(0.02)
+    return value
+
+
+def _run_known_jobs(queue: Queue, redis_url: str) -> None:
+    """7 completed jobs; 3 jobs failing twice each (2 attempts): 3 terminal failures."""
+
+    def handler(job: Job) -> int:
+        if job.name == "bad":
+            raise ValueError("bad")
+        return int(job.data)
+
+    with Worker(queue.name, handler, connection=redis_url, concurrency=4):
+        jobs = [queue.add("ok", n) for n in range(7)] + [
+            queue.add("bad", attempts=2) for _ in range(3)
+        ]
+        for job in jobs:
+            try:
+                job.wait_until_finished(timeout=WAIT)
+            except JobFailedError:
+                pass
+
+
+def test_metrics_count_a_known_number_of_jobs(queue: Queue, redis_url: str) -> None:
+    empty = queue.get_metrics("completed")
+    assert (empty.count, empty.data, empty.waited_for, empty.ran_for) == (0, [], 0.0, 0.0)
+    _run_known_jobs(queue, redis_url)
+    completed = queue.get_metrics("completed")
+    failed = queue.get_metrics("failed")
+    assert completed.count == 7 and failed.count == 3  # retried attempts are not failures
+    # all within this minute (or straddling into the next one)
+    assert sum(completed.data) == 7 and sum(failed.data) == 3
+    assert 1 <= len(completed.data) <= 2
+    assert completed.waited_for >= 0 and completed.ran_for >= 0
+    assert abs(completed.timestamp - time.time()) < 60  # server clock, epoch seconds
+    assert completed.per_minute(5) > 0
+    with pytest.raises(ValueError):
+        queue.get_metrics("stalled")
+
+
+def test_metrics_roll_over_minutes_with_zeros_for_idle_ones(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    _run_known_jobs(queue, redis_url)
+    # pretend the jobs so far finished 3 minutes ago: the next job rolls over
+    key = f"jobq:{{{queue.name}}}:metrics:completed"
+    minute = int(redis_client.hget(key, "min") or 0)
+    redis_client.hset(key, "min", minute - 3)
+    before = queue.get_metrics("completed")
+    assert before.data[:4] == [0, 0, 0, 7]
+    with Worker(queue.name, lambda job: 1, connection=redis_url):
+        queue.add("ok").wait_until_finished(timeout=WAIT)
+    after = queue.get_metrics("completed")
+    assert after.count == 8
+    assert after.data[:4] in ([1, 0, 0, 7], [0, 1, 0, 0])  # the minute may turn meanwhile
+    assert queue.get_metrics("completed", 1, 2).data == after.data[1:3]
+    assert queue.get_metrics("completed", 0, -2).data == after.data[:-1]
+    assert redis_client.llen(key + ":data") == 3  # finished minutes only, bounded
+
+
+def test_metrics_are_bounded(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:
+    with Worker(queue.name, lambda job: 1, connection=redis_url):
+        queue.add("ok").wait_until_finished(timeout=WAIT)
+    key = f"jobq:{{{queue.name}}}:metrics:completed"
+    minute = int(redis_client.hget(key, "min") or 0)
+    redis_client.hset(key, "min", minute - 100_000)  # idle for ~70 days
+    with Worker(queue.name, lambda job: 1, connection=redis_url):
+        queue.add("ok").wait_until_finished(timeout=WAIT)
+    assert redis_client.llen(key + ":data") == 1440
+    metrics = queue.get_metrics("completed")
+    assert len(metrics.data) == 1440 and sum(metrics.data) in (1, 2)
+
+
+def test_registry_lists_live_workers_and_forgets_closed_ones(
+    queue: Queue, redis_url: str
+) -> None:
+    assert queue.get_workers() == []
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        assert release.wait(WAIT)
+        return "ok"
+
+    worker = Worker(queue.name, handler, connection=redis_url, concurrency=3, name="reg-w",
+                    heartbeat_ttl=0.6)
+    with worker:
+        (info,) = _until(queue.get_workers)
+        assert (info.name, info.concurrency, info.queues) == ("reg-w", 3, (queue.name,))
+        assert info.pid > 0 and info.host
+        assert info.started <= info.last_heartbeat
+        job = queue.add("x")
+        busy = _until(lambda: [w for w in queue.get_workers() if w.jobs_active == 1])
+        assert busy[0].jobs_done == 0
+        release.set()
+        job.wait_until_finished(timeout=WAIT)
+        done = _until(lambda: [w for w in queue.get_workers() if w.jobs_done == 1])
+        assert done[0].jobs_active == 0 and done[0].started == info.started
+    assert queue.get_workers() == []
+
+
+def test_obliterate_removes_metrics_and_registry(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    _run_known_jobs(queue, redis_url)
+    with Worker(queue.name, lambda job: 1, connection=redis_url, heartbeat_ttl=60):
+        _until(queue.get_workers)
+        queue.obliterate(force=True)
+        assert redis_client.keys(f"jobq:{{{queue.name}}}:worker*") == []
+        assert redis_client.keys(f"jobq:{{{queue.name}}}:metrics*") == []
+    assert redis_client.keys(f"jobq:{{{queue.name}}}:*") == []
+    assert queue.name.encode() not in redis_client.smembers("jobq:queues")
+
+
+def test_prometheus_text_parses_back(queue: Queue, redis_url: str, queue_name: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _run_known_jobs(queue, redis_url)
+    queue.add("waiting")
+    with Queue(f'{queue_name}-"odd"\\', connection=redis_url) as odd:
+        odd.pause()
+        text = prometheus_text([queue, odd])
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        odd.obliterate()
+    assert families["jobq_jobs"].type == "gauge"
+    assert families["jobq_jobs_completed"].type == "counter"  # the parser drops _total
+    assert families["jobq_job_run_seconds"].type == "summary"
+    samples = {
+        (s.name, s.labels.get("queue"), s.labels.get("state") or s.labels.get("status")): s.value
+        for family in families.values() for s in family.samples
+    }
+    name = queue.name
+    assert samples[("jobq_jobs", name, "waiting")] == 1
+    assert samples[("jobq_jobs", name, "completed")] == 7
+    assert samples[("jobq_jobs", name, "failed")] == 3
+    assert samples[("jobq_jobs_completed_total", name, None)] == 7
+    assert samples[("jobq_jobs_failed_total", name, None)] == 3
+    assert samples[("jobq_job_wait_seconds_count", name, "completed")] == 7
+    assert samples[("jobq_job_run_seconds_sum", name, "failed")] >= 0
+    assert samples[("jobq_queue_paused", name, None)] == 0
+    assert samples[("jobq_queue_paused", f'{queue_name}-"odd"\\', None)] == 1
+    assert samples[("jobq_workers", name, None)] == 0
+
+
+def test_metrics_per_minute() -> None:
+    assert Metrics(count=0).per_minute() == 0.0
+    # 30 s into the current minute: 6 jobs over 2.5 minutes
+    metrics = Metrics(count=9, data=[1, 2, 3], timestamp=1_800_000_030.0)
+    assert metrics.per_minute(3) == pytest.approx(6 / 2.5)
+    with pytest.raises(ValueError):
+        metrics.per_minute(0)
