@@ -372,9 +372,11 @@ def _cmd_events(args: argparse.Namespace) -> int:
                 stop.set()
 
     with stop, QueueEvents(
-        args.queue, connection=args.url, prefix=args.prefix, last_event_id=args.from_id
+        args.queue, connection=args.url, prefix=args.prefix, last_event_id=args.from_id,
+        autorun=False,
     ) as events:
-        events.on_all_events(show)
+        events.on_all_events(show)  # before the reader starts: a replay loses nothing
+        events.run()
         while not stop.wait(0.5):
             pass
     return EXIT_OK

@@ -222,12 +222,13 @@ class Worker:
     def run(self) -> None:
         """Run until ``close()``; SIGINT / SIGTERM in the main thread close gracefully
         (a second signal forces)."""
-        self.start()
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
+            # before start(): a signal once jobs may run must close gracefully
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[int(signum)] = signal.signal(signum, self._on_signal)
         try:
+            self.start()
             while not self._close_requested.wait(0.5) and not self._closed.is_set():
                 pass
             self.close(force=self._force.is_set())
