@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+
 __all__ = [
     "ClosedError",
     "JobFailedError",
@@ -11,6 +13,8 @@ __all__ = [
     "JobTimeoutError",
     "JobqError",
     "LockLostError",
+    "PayloadTooLarge",
+    "RedisOOMError",
     "SerializationError",
     "UnrecoverableError",
     "WaitUntilFinishedTimeoutError",
@@ -23,6 +27,25 @@ class JobqError(Exception):
 
 class SerializationError(JobqError, ValueError):
     """A value cannot be encoded or decoded with msgpack."""
+
+
+class PayloadTooLarge(JobqError, ValueError):
+    """Job data (or a return value) encodes to more bytes than the limit allows.
+
+    Raised by ``Queue.add`` before anything is written (the limit is the
+    queue's ``max_payload_bytes``); a worker whose processor returns a value
+    over its ``max_result_bytes`` fails the attempt with it.
+    """
+
+
+class RedisOOMError(JobqError, redis.exceptions.OutOfMemoryError):
+    """The server refused a write because it is out of memory.
+
+    Its ``used_memory`` is above ``maxmemory`` and ``maxmemory-policy`` is
+    ``noeviction`` (the only policy under which jobq keeps every job). Lock
+    renewal and completion of running jobs still work; free memory or raise
+    ``maxmemory``. Also a ``redis.exceptions.OutOfMemoryError``.
+    """
 
 
 class JobFailedError(JobqError):

@@ -5,9 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from . import serializer
+from ._checks import warn_if_evicting
 from ._context import QueueContext
-from .errors import ACTIVE_JOBS, JobqError, SerializationError, script_error
+from .errors import (
+    ACTIVE_JOBS,
+    JobqError,
+    PayloadTooLarge,
+    RedisOOMError,
+    SerializationError,
+    script_error,
+)
 from .job import STATES, Job
 from .keys import queues_key
 from .metrics import Metrics, read_metrics
@@ -23,6 +33,8 @@ __all__ = ["Queue"]
 
 EVENT_MODES = ("stream", "pubsub")
 DEFAULT_MAX_EVENTS = 10_000
+#: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Jobs per script call for bulk adds and batched admin operations.
 BATCH = 1000
 #: Longest job name, in characters.
@@ -47,6 +59,8 @@ class Queue:
             follows the stored mode (stream when none is stored).
         max_events: about how many events the event stream retains.
         default_job_options: options applied to every ``add`` unless given.
+        max_payload_bytes: largest msgpack-encoded ``data`` that ``add``
+            accepts (default 1 MiB); None for no limit but the server's.
     """
 
     def __init__(
@@ -58,11 +72,21 @@ class Queue:
         event_mode: str | None = None,
         max_events: int = DEFAULT_MAX_EVENTS,
         default_job_options: Mapping[str, Any] | None = None,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         if event_mode is not None and event_mode not in EVENT_MODES:
             raise ValueError(f"event_mode must be 'stream' or 'pubsub', not {event_mode!r}")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive int, not {max_events!r}")
+        if max_payload_bytes is not None and (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or max_payload_bytes < 1
+        ):
+            raise ValueError(
+                f"max_payload_bytes must be None or an int >= 1, not {max_payload_bytes!r}"
+            )
+        self.max_payload_bytes = max_payload_bytes
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
@@ -73,6 +97,7 @@ class Queue:
         except BaseException:
             self._context.close()
             raise
+        warn_if_evicting(self._context.client)
 
     def _setup_meta(self, event_mode: str | None) -> None:
         meta = self._context.keys.meta
@@ -114,6 +139,12 @@ class Queue:
     def _prepare(self, name: Any, data: Any, options: Mapping[str, Any]) -> tuple[Any, ...]:
         opts = JobOptions.parse({**self._defaults, **options})
         packed = serializer.encode(data, "job data")
+        if self.max_payload_bytes is not None and len(packed) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"job data encodes to {len(packed)} bytes, over the queue's "
+                f"max_payload_bytes={self.max_payload_bytes}; store large data elsewhere "
+                "and pass a reference, or raise max_payload_bytes"
+            )
         complete_count, complete_age = opts.remove_on_complete.to_script()
         fail_count, fail_age = opts.remove_on_fail.to_script()
         return (
@@ -140,6 +171,8 @@ class Queue:
 
         Raises:
             SerializationError: data is not msgpack-encodable.
+            PayloadTooLarge: data encodes to more than ``max_payload_bytes``.
+            RedisOOMError: the server is out of memory (nothing was added).
             TypeError: an unknown option.  ValueError: a bad option value.
         """
         return self.add_bulk([{"name": name, "data": data, **options}])[0]
@@ -165,7 +198,13 @@ class Queue:
             argv: list[Any] = [len(chunk)]
             for args, _, _ in chunk:
                 argv.extend(args)
-            reply = self._context.run("add", *argv)
+            try:
+                reply = self._context.run("add", *argv)
+            except redis.exceptions.OutOfMemoryError as exc:
+                raise RedisOOMError(
+                    f"Redis is out of memory and refused the add (used_memory > maxmemory, "
+                    f"maxmemory-policy noeviction): {exc}"
+                ) from exc
             timestamp = float(reply[0]) / 1000.0
             for i, (args, opts, data) in enumerate(chunk):
                 job_id = reply[1 + 2 * i].decode()

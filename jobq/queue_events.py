@@ -40,9 +40,13 @@ RECENT_OUTCOMES = 10_000
 #: Seconds between re-checks of a waited-on job's record, so that a lost
 #: event can never leave a waiter hanging.
 RECHECK_INTERVAL = 10.0
+#: Waiters' record checks that may run at once (each holds a pooled connection).
+CONCURRENT_CHECKS = 16
 _ALL = "*"
 _CHECKPOINT = "__jobq_checkpoint__"
 _TERMINAL = frozenset({"completed", "failed", "removed"})
+#: Errors of a re-check that the reader's reconnect-and-poke recovers from.
+_TRANSIENT = _connection.TRANSIENT_ERRORS
 
 # An outcome: ("completed", value) | ("failed", reason, stacktrace)
 #             | ("missing",) | ("closed",)
@@ -139,6 +143,7 @@ class QueueEvents:
         self._started = False
         self._recheck_interval = RECHECK_INTERVAL
         self._blocked_id: _connection.Blocked | None = None
+        self._check_slots = threading.BoundedSemaphore(CONCURRENT_CHECKS)
         if autorun:
             self.run()
 
@@ -281,7 +286,12 @@ class QueueEvents:
                 waiter.poked = False
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
-                    self._check(waiter)
+                    try:
+                        self._check(waiter)
+                    except _TRANSIENT as exc:
+                        # the server is away: the reader pokes every waiter
+                        # once it has reconnected, so keep waiting
+                        logger.debug("re-checking job %r failed: %s", job_id, exc)
             return self._result(job_id, waiter.outcome)
         finally:
             self._unregister(waiter)
@@ -358,7 +368,10 @@ class QueueEvents:
 
     def _check(self, waiter: _Waiter) -> None:
         """Resolve the waiter from the job's record, if it is final or gone."""
-        reply = self._context.run("getOutcome", waiter.job_id)
+        # thousands of threads starting to wait at once must not take a pooled
+        # connection each (redis-py's pools hold 100 by default)
+        with self._check_slots:
+            reply = self._context.run("getOutcome", waiter.job_id)
         state, value, reason, stacktrace, checkpoint = reply
         if state == b"completed":
             waiter.resolve(("completed", serializer.decode(value, "return value")))
@@ -455,17 +468,25 @@ class QueueEvents:
             self._poke_all()
         return pubsub
 
-    def _detect_gap(self, client: Client) -> None:
-        """Warn and re-check every waiter when unread events were trimmed."""
+    def _detect_gap(self, client: Client, since: tuple[int, int] | None = None) -> None:
+        """Warn and re-check every waiter when events after ``since`` (by
+        default the last id read) were trimmed before they were read."""
         try:
             info = client.xinfo_stream(self._context.keys.events)
         except Exception:  # no stream yet: nothing was lost
             return
-        deleted = info.get("max-deleted-entry-id")
-        if deleted is None or self._read_id is None:
+        since = since or self._read_id
+        if since is None:
             return
-        deleted_id = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
-        if _sid(deleted_id) > self._read_id:
+        # XTRIM / MAXLEN do not move max-deleted-entry-id (only XDEL does): a
+        # stream whose first entry is past the last id read lost that entry,
+        # and maybe more after it. Re-checking waiters is harmless if not.
+        first = info.get("first-entry")
+        # (0, 0) is "before everything" (a "$" resolved on an empty stream, or
+        # "0"), not an entry read: only an XDEL past it shows a loss then
+        marks = [info.get("max-deleted-entry-id"), first[0] if first and since != (0, 0) else None]
+        texts = [m.decode() if isinstance(m, bytes) else str(m) for m in marks if m]
+        if any(_sid(text) > since for text in texts if _valid_id(text)):
             logger.warning(
                 "events of %r were trimmed before they were read; re-checking waiters",
                 self.name,
@@ -474,7 +495,8 @@ class QueueEvents:
 
     def _read_stream(self, client: Client) -> None:
         assert self._read_id is not None
-        last = f"{self._read_id[0]}-{self._read_id[1]}"
+        since = self._read_id
+        last = f"{since[0]}-{since[1]}"
         reply = client.xread(
             {self._context.keys.events: last}, count=1000, block=int(self._block * 1000)
         )
@@ -490,8 +512,10 @@ class QueueEvents:
                 self._handle(event)
             self._read_id = _sid(sid)  # only after its outcome is recorded
         self._settle_pending()
-        if len(entries) >= 1000:
-            self._detect_gap(client)
+        if entries:
+            # XREAD cannot tell that entries after ``since`` were trimmed (a
+            # reader stopped, starved or far behind): the stream's first id can
+            self._detect_gap(client, since)
 
     def _read_pubsub(self, pubsub: Any) -> None:
         message = pubsub.get_sharded_message(timeout=self._block)
@@ -576,6 +600,10 @@ class QueueEvents:
             else:
                 try:
                     self._check(waiter)
+                except _TRANSIENT as exc:
+                    # the server went away again: the next reconnect pokes again
+                    logger.warning("re-checking waited-on jobs of %r failed: %s", self.name, exc)
+                    return
                 except Exception:
                     logger.exception("re-checking job %r failed", waiter.job_id)
 
@@ -612,6 +640,10 @@ class QueueEvents:
                 return
             try:
                 self._check(waiter)
+            except _TRANSIENT as exc:
+                # one line per round, not one per waiter: the server is away
+                logger.warning("re-checking waited-on jobs of %r failed: %s", self.name, exc)
+                return
             except Exception:
                 logger.exception("re-checking job %r failed", waiter.job_id)
 

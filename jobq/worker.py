@@ -16,6 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
+from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._threads import RetryBackoff, join_all, start_thread
 from .connection import (
@@ -34,6 +35,7 @@ from .errors import (
     ClosedError,
     JobTimeoutError,
     LockLostError,
+    PayloadTooLarge,
     SerializationError,
     UnrecoverableError,
 )
@@ -95,6 +97,9 @@ class Worker:
         drain_delay: longest idle time between two looks at the queue.
         limiter: ``{"max": n, "duration": s}``, shared by all workers.
         autorun: start at once (as ``start()``).
+        max_result_bytes: largest msgpack-encoded return value (default
+            1 MiB); a larger one fails the attempt with ``PayloadTooLarge``.
+            None for no limit but the server's.
         heartbeat_ttl: seconds the worker's announcement in the registry
             (``Queue.get_workers()``) outlives its last heartbeat; it beats
             every third of that.
@@ -115,6 +120,7 @@ class Worker:
         drain_delay: float = 5,
         limiter: Mapping[str, float] | None = None,
         autorun: bool = False,
+        max_result_bytes: int | None = 1024 * 1024,
         heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
     ) -> None:
         if isinstance(processor, Mapping):
@@ -146,6 +152,15 @@ class Worker:
                 raise ValueError("limiter must be {'max': int >= 1, 'duration': seconds}")
             self._limit = (count, max(1, round(_positive("limiter duration",
                                                           limiter.get("duration")) * 1000)))
+        if max_result_bytes is not None and (
+            isinstance(max_result_bytes, bool)
+            or not isinstance(max_result_bytes, int)
+            or max_result_bytes < 1
+        ):
+            raise ValueError(
+                f"max_result_bytes must be None or an int >= 1, not {max_result_bytes!r}"
+            )
+        self.max_result_bytes = max_result_bytes
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"name must be a non-empty str, not {name!r}")
         self.concurrency = concurrency
@@ -399,6 +414,7 @@ class Worker:
     # -- fetching ---------------------------------------------------------
 
     def _fetch_loop(self) -> None:
+        warn_if_evicting(self._context.client)
         backoff = RetryBackoff()
         blocker: Client | None = None
         lock_ms = round(self._lock_duration * 1000)
@@ -560,7 +576,16 @@ class Worker:
         job = attempt.job
         try:
             packed = serializer.encode(result, "return value")
+            limit = self.max_result_bytes
+            if limit is not None and len(packed) > limit:
+                raise PayloadTooLarge(
+                    f"return value encodes to {len(packed)} bytes, over the worker's "
+                    f"max_result_bytes={limit}"
+                )
         except SerializationError as exc:
+            self._fail(attempt, exc, traceback.format_exc())
+            return
+        except PayloadTooLarge as exc:
             self._fail(attempt, exc, traceback.format_exc())
             return
         try:
@@ -676,8 +701,14 @@ class Worker:
                     next_renewal = now + interval
                 except Exception as exc:
                     self._listeners.emit("error", exc)
-                    logger.warning("renewing locks of worker %r failed: %s", self.name, exc)
-                    next_renewal = now + backoff.next()
+                    delay = backoff.next()
+                    # bounded logging during an outage: the first few, then every 20th
+                    if backoff.failures <= 3 or backoff.failures % 20 == 0:
+                        logger.warning(
+                            "renewing locks of worker %r failed (%d in a row): %s",
+                            self.name, backoff.failures, exc,
+                        )
+                    next_renewal = now + delay
                 wake = min(wake, next_renewal)
             if now >= next_beat:
                 if self._heartbeat(first_beat):

@@ -1,0 +1,1 @@
+"""Fault-injection suite (FAULTS.md): real servers, real processes, real kills."""

