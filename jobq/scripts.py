@@ -1,14 +1,18 @@
 """The Lua scripts of jobq: loaded once, called by EVALSHA (NOSCRIPT reloads).
 
-This module is the only place that runs scripts. Each method takes the
-script's ARGV in order; see the header of ``lua/<name>.lua`` for the keys,
-arguments, return codes and events of each.
+This module is the only place that runs scripts: ``Scripts.run(name, base,
+*argv)``. The header of ``lua/<name>.lua`` documents each script's keys,
+arguments, return codes and events.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from importlib import resources
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from .connection import Client
 
@@ -50,11 +54,19 @@ def _source(name: str) -> str:
     return f"{shebang}\n{_read('_common.lua')}\n{rest}"
 
 
+@functools.cache
+def _compiled(name: str) -> tuple[str, str]:
+    """The full source of a script and its SHA1 (constant for a release)."""
+    source = _source(name)
+    return source, hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+
 class Scripts:
-    """Every script, registered on one client."""
+    """Run the scripts on one client: EVALSHA, and SCRIPT LOAD on NOSCRIPT."""
 
     def __init__(self, client: Client) -> None:
-        self._scripts = {name: client.register_script(_source(name)) for name in _SCRIPT_NAMES}
+        for name in _SCRIPT_NAMES:
+            _compiled(name)  # a broken script fails here, not on first use
         self._client = client
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
@@ -66,6 +78,14 @@ class Scripts:
         TRYAGAIN while the slot migrates. Without it a script could run on
         the importing node against half-moved keys, and the migration of
         the rest would overwrite what it wrote.
+
+        ``client`` (a client, not a pipeline) overrides the default one.
         """
-        keys = [base, base + "slot-guard"]
-        return self._scripts[name](keys=keys, args=args, client=client or self._client)
+        target = client or self._client
+        source, sha = _compiled(name)
+        guard = base + "slot-guard"
+        try:
+            return target.evalsha(sha, 2, base, guard, *args)
+        except NoScriptError:  # a restarted or new server: load it once
+            target.script_load(source)
+            return target.evalsha(sha, 2, base, guard, *args)

@@ -1166,3 +1166,12 @@ def test_get_jobs_of_finished_states(queue: Queue, redis_url: str) -> None:
     assert failed.id == bad.id and failed.failed_reason == "no"
     assert len(queue.get_jobs(["completed", "failed"])) == 4
     assert queue.get_jobs("active") == []
+
+
+def test_scripts_are_loaded_again_after_a_script_flush(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    queue.add("before")
+    redis_client.script_flush()
+    job = queue.add("after")
+    assert queue.get_job_state(job.id) == "waiting"
