@@ -6,7 +6,7 @@ Each run starts a cluster of real server processes on loopback
 no-op jobs into each with ``add_bulk``, then starts one worker process per
 queue and times how long the cluster takes to drain every queue.
 
-Usage: ``.venv/bin/python bench/cluster_scaling.py [--queues 6] [--jobs 3000]``
+Usage: ``.venv/bin/python bench/cluster_scaling.py [--queues 1 3 6] [--jobs 3000]``
 Prints one table; every wait is bounded.
 """
 
@@ -109,7 +109,7 @@ def measure(shards: int, queues: int, jobs: int, concurrency: int) -> dict[str, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queues", type=int, default=6)
+    parser.add_argument("--queues", type=int, nargs="+", default=[1, 3, 6])
     parser.add_argument("--jobs", type=int, default=3000, help="jobs per queue")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
@@ -118,15 +118,19 @@ def main() -> int:
         run_worker(args.worker[0], args.worker[1], int(args.worker[2]))
         return 0
     print(
-        f"# cluster scaling: {args.queues} queues x {args.jobs} no-op jobs, one worker "
+        f"# cluster scaling: queues x {args.jobs} no-op jobs each, one worker "
         f"process per queue (concurrency {args.concurrency})\n"
         f"# machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}"
     )
-    print("| shards | bulk enqueue (jobs/s) | drain (jobs/s) |\n|---:|---:|---:|")
-    for shards in (1, 3):
-        r = measure(shards, args.queues, args.jobs, args.concurrency)
-        print(f"| {shards} | {r['enqueue_per_s']:,.0f} | {r['drain_per_s']:,.0f} |", flush=True)
+    print("| shards | queues | bulk enqueue (jobs/s) | drain (jobs/s) |\n|---:|---:|---:|---:|")
+    for queues in args.queues:
+        for shards in (1, 3):
+            r = measure(shards, queues, args.jobs, args.concurrency)
+            print(
+                f"| {shards} | {queues} | {r['enqueue_per_s']:,.0f} | {r['drain_per_s']:,.0f} |",
+                flush=True,
+            )
     return 0
 
 

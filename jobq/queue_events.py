@@ -47,6 +47,8 @@ _CHECKPOINT = "__jobq_checkpoint__"
 _TERMINAL = frozenset({"completed", "failed", "removed"})
 #: Errors of a re-check that the reader's reconnect-and-poke recovers from.
 _TRANSIENT = _connection.TRANSIENT_ERRORS
+#: Seconds before a check that failed on a transient error is tried again.
+RETRY_CHECK = 0.25
 
 # An outcome: ("completed", value) | ("failed", reason, stacktrace)
 #             | ("missing",) | ("closed",)
@@ -274,24 +276,22 @@ class QueueEvents:
         waiter = _Waiter(job_id)
         self._register(waiter)
         try:
-            self._check(waiter)
+            checked = self._try_check(waiter)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
                     raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
-                wait = self._recheck_interval if left is None else min(left, self._recheck_interval)
+                # a check that failed (server away, slot migrating) is retried soon
+                wait = self._recheck_interval if checked else RETRY_CHECK
+                if left is not None:
+                    wait = min(left, wait)
                 if waiter.event.wait(wait) and waiter.outcome is not None:
                     break
-                # poked after a reconnect, or the periodic re-check is due
+                # poked after a reconnect, or a re-check is due
                 waiter.poked = False
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
-                    try:
-                        self._check(waiter)
-                    except _TRANSIENT as exc:
-                        # the server is away: the reader pokes every waiter
-                        # once it has reconnected, so keep waiting
-                        logger.debug("re-checking job %r failed: %s", job_id, exc)
+                    checked = self._try_check(waiter)
             return self._result(job_id, waiter.outcome)
         finally:
             self._unregister(waiter)
@@ -365,6 +365,15 @@ class QueueEvents:
                 if not waiters:
                     del self._waiters[waiter.job_id]
             self._pending.discard(waiter)
+
+    def _try_check(self, waiter: _Waiter) -> bool:
+        """``_check``, with transient errors logged; False when it failed."""
+        try:
+            self._check(waiter)
+        except _TRANSIENT as exc:
+            logger.debug("checking job %r failed: %s", waiter.job_id, exc)
+            return False
+        return True
 
     def _check(self, waiter: _Waiter) -> None:
         """Resolve the waiter from the job's record, if it is final or gone."""

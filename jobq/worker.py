@@ -69,7 +69,7 @@ def _positive(name: str, value: Any) -> float:
 class _Attempt:
     """One run of one job by this worker, keyed by its lock token."""
 
-    __slots__ = ("job", "token", "deadline", "claimed", "error", "started")
+    __slots__ = ("job", "token", "deadline", "claimed", "error", "started", "chain", "next")
 
     def __init__(self, job: Job, token: str, deadline: float | None) -> None:
         self.job = job
@@ -78,6 +78,8 @@ class _Attempt:
         self.claimed = False  # finalised (or being finalised): exactly once
         self.error: BaseException | None = None  # raised instead of running
         self.started = time.monotonic()
+        self.chain = False  # finalising may take the worker's next job too
+        self.next: tuple[str, Any] | None = None  # (token, moveToActive reply)
 
 
 class Worker:
@@ -171,6 +173,7 @@ class Worker:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._attempts: dict[str, _Attempt] = {}  # not yet finalised, by token
+        self._takes = 0  # next-job takes under way inside complete / fail calls
         self._busy_threads: set[str] = set()  # pool threads inside user code
         self._slots = threading.Semaphore(concurrency)
         self._work: _queue.SimpleQueue[_Attempt | None] = _queue.SimpleQueue()
@@ -271,6 +274,8 @@ class Worker:
             self._resumed.clear()
             with self._fetching:  # a take already under way ends before we return
                 pass
+            with self._idle:
+                self._idle.wait_for(lambda: self._takes == 0, timeout=self._lock_duration)
             self._listeners.emit("paused")
 
     def resume(self) -> None:
@@ -338,7 +343,7 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         join_all(self._threads[:1], None if deadline is None else timeout)
         with self._idle:
-            while self._attempts and not (force or self._force.is_set()):
+            while (self._attempts or self._takes) and not (force or self._force.is_set()):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -494,6 +499,10 @@ class Worker:
         self._stop_all.wait(delay)
 
     def _dispatch(self, job_id: str, token: str, flat: list[bytes]) -> None:
+        self._work.put(self._prepare(job_id, token, flat))
+
+    def _prepare(self, job_id: str, token: str, flat: list[bytes]) -> _Attempt:
+        """Register an attempt for a job just taken with ``token``."""
         record = dict(zip(flat[::2], flat[1::2], strict=True))
         error: BaseException | None = None
         try:
@@ -515,7 +524,7 @@ class Worker:
             self._attempts[token] = attempt
         if deadline is not None:
             self._wake_locks.set()
-        self._work.put(attempt)
+        return attempt
 
     # -- running ----------------------------------------------------------
 
@@ -527,7 +536,19 @@ class Worker:
                 return
             self._busy_threads.add(name)
             try:
-                self._run_attempt(attempt)
+                # finishing a job takes the next one in the same call, which
+                # then runs here, on the same slot, without the fetch thread
+                while attempt is not None:
+                    attempt.chain = True
+                    self._run_attempt(attempt)
+                    taken, attempt = attempt.next, None
+                    if taken is not None:
+                        try:
+                            reply = taken[1]
+                            if int(reply[0]) == 1:
+                                attempt = self._prepare(reply[1].decode(), taken[0], reply[2])
+                        finally:
+                            self._take_done()
             finally:
                 self._busy_threads.discard(name)
                 self._slots.release()
@@ -643,26 +664,22 @@ class Worker:
 
     def _finish(self, script: str, attempt: _Attempt, *args: Any) -> int | None:
         """Run a finalising script, retrying connection errors for up to a lock
-        duration. Returns its code, or None when the attempt lost its job."""
+        duration. Returns its code, or None when the attempt lost its job.
+
+        For a chained attempt the same call also takes the worker's next job
+        (``attempt.next``) when the worker may take more.
+        """
+        take = self._take_args() if attempt.chain else ()
+        try:
+            code, ambiguous = self._finish_call(script, attempt, args, take)
+        finally:
+            # a job taken along stays counted until the pool thread has
+            # registered it, so that close() and pause() wait for it
+            if take and attempt.next is None:
+                self._take_done()
+        if code is None:
+            return None
         job_id = attempt.job.id
-        deadline = time.monotonic() + self._lock_duration
-        backoff = RetryBackoff(cap=1.0)
-        ambiguous = False
-        while True:
-            try:
-                code = int(self._context.run(script, *args))
-                break
-            except TRANSIENT_ERRORS as exc:
-                ambiguous = True
-                if time.monotonic() >= deadline or self._stop_all.is_set():
-                    logger.error("could not finalise job %r: %s", job_id, exc)
-                    self._listeners.emit("error", exc)
-                    return None
-                self._stop_all.wait(backoff.next())
-            except Exception as exc:
-                logger.exception("finalising job %r failed", job_id)
-                self._listeners.emit("error", exc)
-                return None
         if code == LOCK_LOST or (code == JOB_MISSING and not ambiguous):
             attempt.job.cancelled.set()
             error = LockLostError(
@@ -672,6 +689,53 @@ class Worker:
             self._listeners.emit("error", error)
             return None
         return code
+
+    def _finish_call(
+        self, script: str, attempt: _Attempt, args: tuple[Any, ...], take: tuple[Any, ...]
+    ) -> tuple[int | None, bool]:
+        """(code or None, whether an earlier try may have run) of _finish."""
+        job_id = attempt.job.id
+        deadline = time.monotonic() + self._lock_duration
+        backoff = RetryBackoff(cap=1.0)
+        ambiguous = False
+        while True:
+            try:
+                reply = self._context.run(script, *args, *take)
+            except TRANSIENT_ERRORS as exc:
+                ambiguous = True
+                # a retry takes no next job: a lost reply may have taken one
+                # already, which then stalls and runs again later
+                take = ()
+                if time.monotonic() >= deadline or self._stop_all.is_set():
+                    logger.error("could not finalise job %r: %s", job_id, exc)
+                    self._listeners.emit("error", exc)
+                    return None, ambiguous
+                self._stop_all.wait(backoff.next())
+                continue
+            except Exception as exc:
+                logger.exception("finalising job %r failed", job_id)
+                self._listeners.emit("error", exc)
+                return None, ambiguous
+            if isinstance(reply, list):  # the next job came along
+                attempt.next = (take[0], reply[1])
+                return int(reply[0]), ambiguous
+            return int(reply), ambiguous
+
+    def _take_args(self) -> tuple[Any, ...]:
+        """moveToActive's arguments for taking the next job along with a
+        finalising call; none when the worker may take no more jobs."""
+        with self._lock:
+            if self._stop_fetch.is_set() or not self._resumed.is_set():
+                return ()
+            self._takes += 1
+        limit_max, limit_ms = self._limit
+        token = uuid.uuid4().hex
+        return (token, round(self._lock_duration * 1000), self.name, limit_max, limit_ms)
+
+    def _take_done(self) -> None:
+        with self._idle:
+            self._takes -= 1
+            self._idle.notify_all()
 
     # -- locks and timeouts -----------------------------------------------
 
@@ -754,6 +818,8 @@ class Worker:
     def _time_out(self, attempt: _Attempt) -> None:
         if not self._claim(attempt):
             return
+        # the handler still holds its slot: take no next job for it
+        attempt.chain = False
         attempt.job.cancelled.set()
         timeout = attempt.job.opts.get("timeout")
         error = JobTimeoutError(f"job {attempt.job.id!r} timed out after {timeout:g} s")

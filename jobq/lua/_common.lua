@@ -2,7 +2,10 @@
   Helpers shared by every script; the loader inserts this file right after
   each script's shebang line. KEYS[1] is always the queue's base prefix
   "<prefix>:{<queue>}:", and every other key is derived from it, so all keys
-  of a queue share its hash tag (one cluster slot).
+  of a queue share its hash tag (one cluster slot). KEYS[2] is a guard key
+  of the same slot that is never written: declaring two keys that do not
+  exist makes a cluster answer TRYAGAIN while the slot migrates, instead of
+  running the script against half-moved keys (see scripts.py).
 
   Numbers are passed to redis.call as Lua numbers (formatted with %.17g),
   never through tostring(), which would round them to 14 digits.
@@ -181,4 +184,78 @@ local function not_owner(id, token)
   if f[1] == token then return 0 end
   if not f[2] then return -1 end
   return -2
+end
+
+-- Promote due delayed jobs, then take the next job for a worker: the body of
+-- moveToActive.lua, also run by complete.lua and fail.lua when the worker
+-- asks for its next job in the same call. Returns what moveToActive returns.
+local function take_next(token, lock_ms, worker, limit_max, limit_ms)
+  local now = now_ms()
+
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', K_DELAYED, id)
+    local f = redis.call('HMGET', job_key(id), 'priority', 'lifo')
+    if f[1] then
+      push_ready(id, tonumber(f[1]), f[2] == '1')
+      redis.call('HSET', job_key(id), 'state', 'waiting')
+      emit('waiting', id, { 'prev', 'delayed' })
+    end
+  end
+
+  local function next_delay()
+    local nxt = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+    if nxt[2] then return math.max(0, math.ceil(tonumber(nxt[2]) - now)) end
+    return -1
+  end
+
+  if redis.call('HGET', K_META, 'paused') == '1' then return { 0, -1 } end
+
+  limit_max = tonumber(limit_max)
+  local K_LIMITER = base .. 'limiter'
+  if limit_max > 0 then
+    local used = tonumber(redis.call('GET', K_LIMITER) or '0')
+    if used >= limit_max then
+      local ttl = redis.call('PTTL', K_LIMITER)
+      if ttl > 0 then return { 2, ttl } end
+      redis.call('DEL', K_LIMITER)
+    end
+  end
+
+  local id
+  for _ = 1, 100 do
+    id = redis.call('RPOP', K_WAIT)
+    if not id then
+      local p = redis.call('ZPOPMIN', K_PRIO)
+      id = p[1]
+    end
+    if not id or redis.call('EXISTS', job_key(id)) == 1 then break end
+  end
+  if not id then return { 0, next_delay() } end
+
+  if limit_max > 0 and redis.call('INCR', K_LIMITER) == 1 then
+    redis.call('PEXPIRE', K_LIMITER, limit_ms)
+  end
+
+  local jk = job_key(id)
+  redis.call('ZADD', K_ACTIVE, now, id)
+  redis.call('SET', lock_key(id), token, 'PX', lock_ms)
+  redis.call('HSET', jk, 'state', 'active', 'pon', now, 'pb', worker, 'tok', token)
+  local atm = tonumber(redis.call('HGET', jk, 'atm') or '0')
+  emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
+  if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0 then
+    emit('drained', false, {})
+  else
+    redis.call('ZADD', K_MARKER, 0, '0')
+  end
+  return { 1, id, redis.call('HGETALL', jk) }
+end
+
+-- Return `code`, with the next job taken for the worker when ARGV[i..i+4]
+-- carry a take's arguments (token, lock ms, worker, limit max, limit ms).
+local function and_take_next(code, i)
+  if ARGV[i] and ARGV[i] ~= '' then
+    return { code, take_next(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]) }
+  end
+  return code
 end

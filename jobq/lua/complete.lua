@@ -6,7 +6,9 @@
   ARGV[1]  job id
   ARGV[2]  lock token of the attempt
   ARGV[3]  return value (msgpack)
-  Returns  1 done; 0 already done by this token (a retried call);
+  ARGV[4..8] optional: take the worker's next job in the same call (token,
+           lock ms, worker, limit max, limit ms; as moveToActive.lua)
+  Returns  1 done, or {1, next} with moveToActive's reply when asked; 0 already done by this token (a retried call);
            -1 job missing; -2 lock not held
   Events   completed, with the result when it is at most 16 KiB or the job
            has a retention rule (else the result stays in the record only)
@@ -40,4 +42,4 @@ else
   end
 end
 emit('completed', id, fields)
-return 1
+return and_take_next(1, 4)

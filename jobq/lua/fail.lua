@@ -8,7 +8,9 @@
   ARGV[3]  failed reason
   ARGV[4]  stack traces so far, newest last (msgpack list)
   ARGV[5]  retry delay in ms; -1 forbids a retry (unrecoverable)
-  Returns  1 failed for good; 2 retry scheduled; 0 already done by this
+  ARGV[6..10] optional: take the worker's next job in the same call
+  Returns  1 failed for good; 2 retry scheduled ({code, next} when asked
+           to take the next job, next as moveToActive.lua returns it); 0 already done by this
            token; -1 job missing; -2 lock not held
   Events   retrying, then waiting or delayed; or failed (terminal only)
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
@@ -39,8 +41,8 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
   end
-  return 2
+  return and_take_next(2, 6)
 end
 
 fail_for_good(id, reason, atm, now)
-return 1
+return and_take_next(1, 6)
