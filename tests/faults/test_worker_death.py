@@ -121,7 +121,6 @@ def test_f1b_stalled_past_limit_fails(
         assert q.get_job_state(job.id) == "failed"
 
 
-@pytest.mark.slow
 def test_f1c_thousands_stalled_at_once_recovered_in_batches(
     queue_name: str, redis_url: str, figure: Callable[[str], None]
 ) -> None:
