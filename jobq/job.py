@@ -73,6 +73,8 @@ class Job:
         self.processed_by: str | None = None
         self.cancelled = threading.Event()
         self._token: str | None = None
+        # id of the job's `added` event, when this process added it
+        self._added_event: str | None = None
         # Set by a worker: its local ``progress`` listeners.
         self._on_progress: Callable[[Job, Any], None] | None = None
 
@@ -247,7 +249,7 @@ class Job:
             WaitUntilFinishedTimeoutError: ``timeout`` elapsed first.
             ClosedError: the QueueEvents was closed during the wait.
         """
-        return self._events(queue_events).wait_for(self.id, timeout)
+        return self._events(queue_events).wait_for(self.id, timeout, self._added_event)
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""

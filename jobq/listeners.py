@@ -72,6 +72,10 @@ class ListenerRegistry:
                 return sum(len(entries) for entries in self._entries.values())
             return len(self._entries.get(event, ()))
 
+    def has_any(self) -> bool:
+        """Whether any listener is registered at all (cheap, no lock)."""
+        return bool(self._entries)
+
     def has(self, event: str) -> bool:
         """Whether ``event`` has any listener (cheap, no copy)."""
         return event in self._entries

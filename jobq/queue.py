@@ -207,13 +207,14 @@ class Queue:
                 ) from exc
             timestamp = float(reply[0]) / 1000.0
             for i, (args, opts, data) in enumerate(chunk):
-                job_id = reply[1 + 2 * i].decode()
-                if int(reply[2 + 2 * i]):
+                job_id = reply[1 + 3 * i].decode()
+                if int(reply[2 + 3 * i]):
                     existing = self.get_job(job_id)
                     if existing is not None:
                         result.append(existing)
                         continue
                 job = Job(self._context, job_id, args[1], data, opts.to_plain(), timestamp)
+                job._added_event = reply[3 + 3 * i].decode() or None
                 result.append(job)
         return result
 

@@ -49,6 +49,9 @@ _TERMINAL = frozenset({"completed", "failed", "removed"})
 _TRANSIENT = _connection.TRANSIENT_ERRORS
 #: Seconds before a check that failed on a transient error is tried again.
 RETRY_CHECK = 0.25
+#: Seconds between two looks for a trimmed gap while events keep coming.
+GAP_CHECK_INTERVAL = 5.0
+_TERMINAL_RAW = frozenset({b"completed", b"failed", b"removed"})
 
 # An outcome: ("completed", value) | ("failed", reason, stacktrace)
 #             | ("missing",) | ("closed",)
@@ -136,7 +139,12 @@ class QueueEvents:
         self._lock = threading.Lock()
         self._waiters: dict[str, list[_Waiter]] = {}
         self._pending: set[_Waiter] = set()
-        self._recent: OrderedDict[str, Outcome] = OrderedDict()
+        # job id -> (outcome, id of its event); the newest evicted event's id
+        self._recent: OrderedDict[str, tuple[Outcome, tuple[int, int]]] = OrderedDict()
+        self._evicted_upto: tuple[int, int] = (0, 0)
+        self._first_id: tuple[int, int] | None = None  # where reading began
+        self._gap_batch = 1000  # a read this long may follow a trimmed gap
+        self._next_gap_check = 0.0
         self._read_id: tuple[int, int] | None = None
         self._dispatched_id: str | None = None
         self._mode = "stream"
@@ -258,8 +266,15 @@ class QueueEvents:
 
     # -- waiting ----------------------------------------------------------
 
-    def wait_for(self, job_id: str, timeout: float | None = None) -> Any:
-        """Block until job ``job_id`` finishes; see ``Job.wait_until_finished``."""
+    def wait_for(
+        self, job_id: str, timeout: float | None = None, added_event: str | None = None
+    ) -> Any:
+        """Block until job ``job_id`` finishes; see ``Job.wait_until_finished``.
+
+        ``added_event`` is the id of the job's ``added`` event when the caller
+        added it: if this reader began before it, every later event of the
+        job reaches the reader, so the job's record need not be read first.
+        """
         if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
             raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -274,9 +289,10 @@ class QueueEvents:
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
         waiter = _Waiter(job_id)
-        self._register(waiter)
+        follows = self._follows(added_event)
+        self._register(waiter, follows)
         try:
-            checked = self._try_check(waiter)
+            checked = True if follows is not None else self._try_check(waiter)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
@@ -346,13 +362,33 @@ class QueueEvents:
             return []
         return list(value) if isinstance(value, list) else []
 
-    def _register(self, waiter: _Waiter) -> None:
+    def _follows(self, added_event: str | None) -> tuple[int, int] | None:
+        """The ``added`` event's id when this reader sees every event of the
+        job from there on (began before it, none of it forgotten), else None."""
+        if not added_event or self._mode != "stream" or self._first_id is None:
+            return None
+        added = _sid(added_event)
+        with self._lock:
+            if added > self._first_id and added > self._evicted_upto:
+                return added
+        return None
+
+    def _register(self, waiter: _Waiter, since: tuple[int, int] | None = None) -> None:
+        """Register a waiter; with ``since``, resolve it at once from an
+        outcome the reader recorded after that event."""
+        recent = None
         with self._lock:
             closed = self._stop.is_set()
             if not closed:
                 self._waiters.setdefault(waiter.job_id, []).append(waiter)
+                if since is not None:
+                    found = self._recent.get(waiter.job_id)
+                    if found is not None and found[1] > since:
+                        recent = found[0]
         if closed:
             waiter.resolve(("closed",))
+        elif recent is not None:
+            waiter.resolve(recent)
 
     def _unregister(self, waiter: _Waiter) -> None:
         with self._lock:
@@ -395,7 +431,8 @@ class QueueEvents:
         """The record is missing: removed, or finished and removed before we
         looked. Decide once the reader has read past this instant."""
         with self._lock:
-            recent = self._recent.get(waiter.job_id)
+            found = self._recent.get(waiter.job_id)
+            recent = None if found is None else found[0]
             if recent is None and self._mode == "stream":
                 mark = _sid(checkpoint) if checkpoint else (0, 0)
                 if self._read_id is not None and self._read_id >= mark:
@@ -448,8 +485,9 @@ class QueueEvents:
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, resolve the start id, subscribe."""
         keys = self._context.keys
-        mode = client.hget(keys.meta, "em")
+        mode, max_events = client.hmget(keys.meta, ["em", "maxev"])
         self._mode = "pubsub" if mode == b"pubsub" else "stream"
+        self._gap_batch = min(1000, int(max_events or 10_000))
         reconnect = self._ready.is_set()
         pubsub = None
         if self._mode == "pubsub":
@@ -468,6 +506,7 @@ class QueueEvents:
                 self._read_id = _sid(last[0][0].decode()) if last else (0, 0)
             else:
                 self._read_id = _sid(self._start_id)
+            self._first_id = self._read_id
         else:
             self._detect_gap(client)
         self._ready.set()
@@ -510,8 +549,13 @@ class QueueEvents:
             {self._context.keys.events: last}, count=1000, block=int(self._block * 1000)
         )
         entries = reply[0][1] if reply else []
+        listened = self._listeners.has_any()
         for entry_id, raw in entries:
             sid = entry_id.decode()
+            if not listened and raw.get(b"ev") not in _TERMINAL_RAW:
+                # nobody listens and no waiter needs it: skip decoding
+                self._read_id = _sid(sid)
+                continue
             try:
                 event = _events.from_stream(sid, raw)
             except Exception:
@@ -521,9 +565,14 @@ class QueueEvents:
                 self._handle(event)
             self._read_id = _sid(sid)  # only after its outcome is recorded
         self._settle_pending()
-        if entries:
-            # XREAD cannot tell that entries after ``since`` were trimmed (a
-            # reader stopped, starved or far behind): the stream's first id can
+        # XREAD cannot tell that entries after ``since`` were trimmed (a reader
+        # stopped, starved or far behind): the stream's first id can. Trimming
+        # keeps at least max_events entries, so a loss shows as a read of
+        # min(1000, max_events) entries or more; a manual trim_events to less
+        # is caught by a look every few seconds.
+        now = time.monotonic()
+        if entries and (len(entries) >= self._gap_batch or now >= self._next_gap_check):
+            self._next_gap_check = now + GAP_CHECK_INTERVAL
             self._detect_gap(client, since)
 
     def _read_pubsub(self, pubsub: Any) -> None:
@@ -551,16 +600,21 @@ class QueueEvents:
         """Resolve waiters of a finished job, then queue the event for listeners."""
         if event.name in _TERMINAL and event.job_id is not None:
             outcome = self._outcome(event)
+            at = _sid(event.id) if event.id else (0, 0)
             with self._lock:
-                self._recent[event.job_id] = outcome
+                self._recent[event.job_id] = (outcome, at)
                 self._recent.move_to_end(event.job_id)
                 if len(self._recent) > RECENT_OUTCOMES:
-                    self._recent.popitem(last=False)
+                    _, (_, evicted) = self._recent.popitem(last=False)
+                    self._evicted_upto = max(self._evicted_upto, evicted)
                 waiters = self._waiters.get(event.job_id, ())
                 waiters = list(waiters)
             for waiter in waiters:
                 waiter.resolve(outcome)
-        self._dispatch_queue.put(event)
+        if self._listeners.has_any():
+            self._dispatch_queue.put(event)
+        elif event.id is not None and self._dispatch_queue.empty():
+            self._dispatched_id = event.id
 
     def _outcome(self, event: Event) -> Outcome:
         if event.name == "completed":
@@ -597,7 +651,8 @@ class QueueEvents:
                     self._pending.discard(waiter)
                     settled.append(waiter)
         for waiter in settled:
-            waiter.resolve(self._recent.get(waiter.job_id, ("missing",)))
+            found = self._recent.get(waiter.job_id)
+            waiter.resolve(("missing",) if found is None else found[0])
 
     def _poke_all(self) -> None:
         """Make every waiter re-check its job's record (after a possible loss)."""

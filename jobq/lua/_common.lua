@@ -50,16 +50,17 @@ local function netstrings(parts)
 end
 
 -- Write one event: name, job id (or false) and a flat field/value list.
+-- Returns the stream entry's id ('' in pub/sub mode).
 local function emit(name, jid, fields)
   local m = meta()
   if m[1] == 'pubsub' then
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
     redis.call('SPUBLISH', K_EVENTS, netstrings(parts))
-  else
-    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
-      unpack(fields))
+    return ''
   end
+  return redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
+    unpack(fields))
 end
 
 -- Make a job ready to run: prioritized jobs in the sorted set, others in the

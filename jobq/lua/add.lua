@@ -8,8 +8,9 @@
            delay_ms, priority, lifo ('1' | '0'), attempts,
            keep_completed_count, keep_completed_age_ms,
            keep_failed_count, keep_failed_age_ms
-  Returns  {timestamp ms, id, duplicated, id, duplicated, ...} (duplicated: 1
-           when a job with that custom id already existed; it is left as it was)
+  Returns  {timestamp ms, id, duplicated, added, id, duplicated, added, ...}
+           (duplicated: 1 when a job with that custom id already existed; it
+           is left as it was; added: the id of its `added` event, or '')
   Events   added, then waiting or delayed; duplicated for an existing id
 ]]
 local n = tonumber(ARGV[1])
@@ -20,6 +21,7 @@ for j = 0, n - 1 do
   local a = 2 + j * 12
   local id = ARGV[a]
   local dup = 0
+  local added = ''
   if id == '' then
     id = tostring(redis.call('INCR', base .. 'id'))
   elseif redis.call('EXISTS', job_key(id)) == 1 then
@@ -35,7 +37,7 @@ for j = 0, n - 1 do
       'ts', now, 'delay', delay, 'priority', priority, 'lifo', lifo, 'atts', ARGV[a + 7],
       'atm', 0, 'stc', 0, 'kc', ARGV[a + 8], 'ka', ARGV[a + 9], 'kfc', ARGV[a + 10],
       'kfa', ARGV[a + 11])
-    emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
+    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
     if delay > 0 then
       local run_at = now + delay
       redis.call('ZADD', K_DELAYED, run_at, id)
@@ -50,5 +52,6 @@ for j = 0, n - 1 do
   end
   out[#out + 1] = id
   out[#out + 1] = dup
+  out[#out + 1] = added
 end
 return out
