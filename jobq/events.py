@@ -109,7 +109,7 @@ def from_stream(entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> Event:
     """Decode one event stream entry."""
     sid = _text(entry_id)
     ms = int(sid.partition("-")[0])
-    return build({_text(k): v for k, v in raw.items()}, sid, ms / 1000.0)
+    return build({k.decode(): v for k, v in raw.items()}, sid, ms / 1000.0)
 
 
 def to_netstrings(parts: list[str]) -> bytes:

@@ -90,6 +90,7 @@ class Queue:
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
+        self._default_options: tuple[JobOptions, dict[str, Any], bytes] | None = None
         self._context = QueueContext(name, connection, prefix)
         self.max_events = max_events
         try:
@@ -136,8 +137,20 @@ class Queue:
 
     # -- adding -----------------------------------------------------------
 
-    def _prepare(self, name: Any, data: Any, options: Mapping[str, Any]) -> tuple[Any, ...]:
+    def _options(self, options: Mapping[str, Any]) -> tuple[JobOptions, dict[str, Any], bytes]:
+        """Parsed options, their plain form and its encoding; the queue's
+        defaults alone (the common case) are parsed once."""
+        if not options and self._default_options is not None:
+            return self._default_options
         opts = JobOptions.parse({**self._defaults, **options})
+        plain = opts.to_plain()
+        parsed = (opts, plain, serializer.encode(plain, "job options"))
+        if not options:
+            self._default_options = parsed
+        return parsed
+
+    def _prepare(self, name: Any, data: Any, options: Mapping[str, Any]) -> tuple[Any, ...]:
+        opts, plain, packed_opts = self._options(options)
         packed = serializer.encode(data, "job data")
         if self.max_payload_bytes is not None and len(packed) > self.max_payload_bytes:
             raise PayloadTooLarge(
@@ -151,7 +164,7 @@ class Queue:
             opts.job_id or "",
             _job_name(name),
             packed,
-            serializer.encode(opts.to_plain(), "job options"),
+            packed_opts,
             round(opts.delay * 1000),
             opts.priority,
             "1" if opts.lifo else "0",
@@ -160,7 +173,7 @@ class Queue:
             complete_age,
             fail_count,
             fail_age,
-        ), opts
+        ), plain
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
         """Add one job; return it.
@@ -183,7 +196,7 @@ class Queue:
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
-        prepared: list[tuple[tuple[Any, ...], JobOptions, Any]] = []
+        prepared: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
         for spec in jobs:
             if not isinstance(spec, Mapping):
                 raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
@@ -213,7 +226,7 @@ class Queue:
                     if existing is not None:
                         result.append(existing)
                         continue
-                job = Job(self._context, job_id, args[1], data, opts.to_plain(), timestamp)
+                job = Job(self._context, job_id, args[1], data, opts, timestamp)
                 job._added_event = reply[3 + 3 * i].decode() or None
                 result.append(job)
         return result
