@@ -1,0 +1,94 @@
+// BullMQ (Node.js) side of the benchmark, driven by adapters/peer_bullmq_node.py.
+// Usage: node bench.js MODE URL [args...]; prints one JSON line (client modes).
+'use strict';
+const { Queue, Worker, QueueEvents } = require('bullmq');
+
+const Q = 'bench';
+const [mode, url, ...rest] = process.argv.slice(2);
+const u = new URL(url);
+const connection = { host: u.hostname, port: Number(u.port), db: Number((u.pathname || '/0').slice(1) || 0) };
+const RESULT_TTL_MS = 30000;
+
+function pct(sorted, p) {
+  if (!sorted.length) return NaN;
+  const k = (sorted.length - 1) * p / 100, lo = Math.floor(k), hi = Math.min(lo + 1, sorted.length - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (k - lo);
+}
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+
+async function main() {
+  if (mode === 'worker') {
+    const worker = new Worker(Q, async (job) => ({ ok: true, i: job.data }), { connection, concurrency: Number(rest[0]) });
+    const stop = async () => { await worker.close(); process.exit(0); };
+    process.on('SIGTERM', stop); process.on('SIGINT', stop);
+    return;
+  }
+  if (mode === 'events') {
+    const ev = new QueueEvents(Q, { connection });
+    const stop = async () => { await ev.close(); process.exit(0); };
+    process.on('SIGTERM', stop); process.on('SIGINT', stop);
+    return;
+  }
+  const queue = new Queue(Q, { connection });
+  let out = {};
+  if (mode === 'add') {
+    const job = await queue.add('noop', Number(rest[0]));
+    out = { id: job.id };
+  } else if (mode === 'preload') {
+    const n = Number(rest[0]); const ids = [];
+    for (let s = 0; s < n; s += 1000) {
+      const jobs = await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+      for (const j of jobs) ids.push(j.id);
+    }
+    out = { ids };
+  } else if (mode === 'w1') {
+    const n = Number(rest[0]);
+    let t0 = now();
+    for (let i = 0; i < n; i++) await queue.add('noop', i);
+    out.w1_single_jobs_s = n / (now() - t0);
+    { const IORedis = require('ioredis'); const r = new IORedis(connection); await r.flushdb(); r.disconnect(); }
+    t0 = now();
+    for (let s = 0; s < n; s += 1000) {
+      await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+    }
+    out.w1_bulk_jobs_s = n / (now() - t0);
+  } else if (mode === 'rr') {
+    const [w3n, w3max, w4secs, w4callers] = rest.map(Number);
+    const ev = new QueueEvents(Q, { connection });
+    await ev.waitUntilReady();
+    await new Promise((r) => setTimeout(r, 200));
+    const trip = async (i) => {
+      const t0 = now();
+      const job = await queue.add('noop', i);
+      const res = await job.waitUntilFinished(ev, RESULT_TTL_MS);
+      const dt = now() - t0;
+      if (!res || res.i !== i) throw new Error(`wrong result ${JSON.stringify(res)} for ${i}`);
+      return dt;
+    };
+    for (let i = 0; i < 20; i++) await trip(-1 - i);  // warm-up, as the Python harness does
+    const w3 = []; const deadline = now() + w3max;
+    for (let i = 0; i < w3n; i++) {
+      w3.push(await trip(i) * 1000);
+      if (now() > deadline) { out.w3_capped = `stopped after ${w3.length} trips`; break; }
+    }
+    w3.sort((a, b) => a - b);
+    Object.assign(out, { w3_n: w3.length, w3_p50_ms: pct(w3, 50), w3_p95_ms: pct(w3, 95), w3_p99_ms: pct(w3, 99),
+      w3_mean_ms: w3.reduce((a, b) => a + b, 0) / w3.length });
+    const w4 = []; const stopAt = now() + w4secs; const t0 = now();
+    await Promise.all(Array.from({ length: w4callers }, async (_, t) => {
+      let j = 1000000 * (t + 1);
+      while (now() < stopAt) w4.push(await trip(j++) * 1000);
+    }));
+    const el = now() - t0;
+    w4.sort((a, b) => a - b);
+    Object.assign(out, { w4_trips_s: w4.length / el, w4_p50_ms: pct(w4, 50), w4_p99_ms: pct(w4, 99) });
+    await ev.close();
+  } else {
+    throw new Error(`unknown mode ${mode}`);
+  }
+  await queue.close();
+  // a pipe's write is asynchronous: exit only once the whole line is flushed
+  process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
+}
+
+main().catch((err) => { console.log(JSON.stringify({ error: String(err && err.stack || err) })); process.exit(1); });
