@@ -419,9 +419,17 @@ class Worker:
     # -- fetching ---------------------------------------------------------
 
     def _fetch_loop(self) -> None:
-        warn_if_evicting(self._context.client)
         backoff = RetryBackoff()
         blocker: Client | None = None
+        try:  # the fetch thread's own connection: takes and blocks, never shared
+            blocker = blocking_client(self._context.client, f"jobq-fetch-{self.name}")
+            self._blocked_id = client_id(blocker, self._context.keys.marker)
+            warn_if_evicting(blocker)
+        except Exception as exc:  # the loop connects again below
+            logger.debug("worker %r: no connection yet: %s", self.name, exc)
+            if blocker is not None:
+                close_client(blocker)
+                blocker = None
         lock_ms = round(self._lock_duration * 1000)
         limit_max, limit_ms = self._limit
         due_at: float | None = None
@@ -442,8 +450,16 @@ class Worker:
                             continue
                         token = uuid.uuid4().hex
                         try:
-                            reply = self._context.run(
-                                "moveToActive", token, lock_ms, self.name, limit_max, limit_ms
+                            if blocker is None:
+                                blocker = blocking_client(
+                                    self._context.client, f"jobq-fetch-{self.name}"
+                                )
+                                self._blocked_id = client_id(blocker, self._context.keys.marker)
+                            # on the fetch thread's own connection: an idle
+                            # worker holds one connection less
+                            reply = self._context.scripts.run(
+                                "moveToActive", self._context.keys.base, token, lock_ms,
+                                self.name, limit_max, limit_ms, client=blocker,
                             )
                         except BaseException:
                             self._slots.release()
