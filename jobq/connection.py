@@ -109,8 +109,14 @@ def blocking_client(client: Client, name: str) -> Client:
 def close_client(client: Client) -> None:
     """Close a client and disconnect its pool, ignoring errors."""
     try:
-        client.close()
-        if not isinstance(client, RedisCluster):
+        if isinstance(client, RedisCluster):
+            # close() of a cluster client can leave node connections open
+            for node in client.get_nodes():  # type: ignore[no-untyped-call]
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
+            client.close()
+        else:
+            client.close()
             client.connection_pool.disconnect()
     except Exception:  # closing is best effort
         pass
