@@ -257,9 +257,8 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._close_requested.is_set():
             logger.warning("second signal %d: closing worker %r at once", signum, self.name)
+            # no lock here: the main thread may hold it (close() polls _force)
             self._force.set()
-            with self._idle:
-                self._idle.notify_all()
         else:
             logger.info("signal %d: closing worker %r gracefully", signum, self.name)
         self._close_requested.set()
