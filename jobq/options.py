@@ -23,6 +23,13 @@ def _number(name: str, value: Any, minimum: float = 0.0) -> float:
     return float(value)
 
 
+def byte_limit(name: str, value: Any) -> int | None:
+    """A size limit in bytes: None (no limit) or an int >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be None or an int >= 1, not {value!r}")
+    return value
+
+
 def _int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, not {value!r}")

@@ -21,7 +21,7 @@ from .errors import (
 from .job import STATES, Job
 from .keys import queues_key
 from .metrics import Metrics, read_metrics
-from .options import JobOptions
+from .options import JobOptions, byte_limit
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -78,15 +78,7 @@ class Queue:
             raise ValueError(f"event_mode must be 'stream' or 'pubsub', not {event_mode!r}")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive int, not {max_events!r}")
-        if max_payload_bytes is not None and (
-            isinstance(max_payload_bytes, bool)
-            or not isinstance(max_payload_bytes, int)
-            or max_payload_bytes < 1
-        ):
-            raise ValueError(
-                f"max_payload_bytes must be None or an int >= 1, not {max_payload_bytes!r}"
-            )
-        self.max_payload_bytes = max_payload_bytes
+        self.max_payload_bytes = byte_limit("max_payload_bytes", max_payload_bytes)
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults

@@ -661,15 +661,7 @@ class QueueEvents:
         for waiter in waiters:
             if waiter.callback is None:
                 waiter.poke()
-            else:
-                try:
-                    self._check(waiter)
-                except _TRANSIENT as exc:
-                    # the server went away again: the next reconnect pokes again
-                    logger.warning("re-checking waited-on jobs of %r failed: %s", self.name, exc)
-                    return
-                except Exception:
-                    logger.exception("re-checking job %r failed", waiter.job_id)
+        self._check_futures([w for w in waiters if w.callback is not None])
 
     def _emit_error(self, exc: BaseException) -> None:
         for callback in self._listeners.take("error"):
@@ -699,6 +691,11 @@ class QueueEvents:
     def _recheck_futures(self) -> None:
         with self._lock:
             waiters = [w for ws in self._waiters.values() for w in ws if w.callback is not None]
+        self._check_futures(waiters)
+
+    def _check_futures(self, waiters: list[_Waiter]) -> None:
+        """Check futures' jobs here (no thread waits on them); a transient
+        error ends the round: the next reconnect or re-check tries again."""
         for waiter in waiters:
             if self._stop.is_set():
                 return

@@ -42,7 +42,7 @@ from .errors import (
 from .events import Event
 from .job import MAX_STACKTRACES, Job
 from .listeners import Listener, ListenerRegistry
-from .options import Backoff
+from .options import Backoff, byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, announce, withdraw
 
 if TYPE_CHECKING:
@@ -154,15 +154,7 @@ class Worker:
                 raise ValueError("limiter must be {'max': int >= 1, 'duration': seconds}")
             self._limit = (count, max(1, round(_positive("limiter duration",
                                                           limiter.get("duration")) * 1000)))
-        if max_result_bytes is not None and (
-            isinstance(max_result_bytes, bool)
-            or not isinstance(max_result_bytes, int)
-            or max_result_bytes < 1
-        ):
-            raise ValueError(
-                f"max_result_bytes must be None or an int >= 1, not {max_result_bytes!r}"
-            )
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = byte_limit("max_result_bytes", max_result_bytes)
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"name must be a non-empty str, not {name!r}")
         self.concurrency = concurrency
