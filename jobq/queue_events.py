@@ -289,10 +289,11 @@ class QueueEvents:
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
         waiter = _Waiter(job_id)
-        follows = self._follows(added_event)
-        self._register(waiter, follows)
+        unseen = self._register(waiter, self._follows(added_event) is not None)
         try:
-            checked = True if follows is not None else self._try_check(waiter)
+            # a job the reader has not yet seen finish needs no look at its
+            # record: its terminal event will reach this waiter
+            checked = True if unseen else self._try_check(waiter)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
@@ -373,22 +374,21 @@ class QueueEvents:
                 return added
         return None
 
-    def _register(self, waiter: _Waiter, since: tuple[int, int] | None = None) -> None:
-        """Register a waiter; with ``since``, resolve it at once from an
-        outcome the reader recorded after that event."""
-        recent = None
+    def _register(self, waiter: _Waiter, follows: bool = False) -> bool:
+        """Register a waiter. With ``follows`` (the reader sees every event
+        of the job), return True when the reader has recorded no outcome of
+        the job yet: the first one it reads from now on is the answer. An
+        outcome already recorded may be of an earlier run of the job (it
+        was retried since), so then the record must be read."""
         with self._lock:
             closed = self._stop.is_set()
             if not closed:
                 self._waiters.setdefault(waiter.job_id, []).append(waiter)
-                if since is not None:
-                    found = self._recent.get(waiter.job_id)
-                    if found is not None and found[1] > since:
-                        recent = found[0]
+                unseen = follows and waiter.job_id not in self._recent
         if closed:
             waiter.resolve(("closed",))
-        elif recent is not None:
-            waiter.resolve(recent)
+            return True
+        return unseen
 
     def _unregister(self, waiter: _Waiter) -> None:
         with self._lock:

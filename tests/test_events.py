@@ -886,6 +886,24 @@ def test_retried_then_succeeded_is_not_a_failure(queue: Queue, qe: QueueEvents,
     assert job.refresh().attempts_made == 3
 
 
+def test_a_job_run_again_is_waited_for_anew(queue: Queue, qe: QueueEvents,
+                                           redis_url: str) -> None:
+    """The reader began before the add, so the first wait needs no record
+    check; after a retry the reader's remembered outcome is of the first run
+    and must not answer the second wait."""
+    runs: list[int] = []
+
+    def count(job: Job) -> int:
+        runs.append(1)
+        return len(runs)
+
+    with Worker(queue.name, count, connection=redis_url):
+        job = queue.add("x")
+        assert job.wait_until_finished(qe, timeout=WAIT) == 1
+        job.retry("completed")
+        assert job.wait_until_finished(qe, timeout=WAIT) == 2
+
+
 def test_terminal_failure_raises_job_failed_error(queue: Queue, qe: QueueEvents,
                                                   redis_url: str) -> None:
     def boom(job: Job) -> None:
