@@ -167,7 +167,9 @@ def test_f4_crash_with_aof_loses_no_acknowledged_add(
             acked_at_crash = len(producer.acked)
             ledger.wait_count(lambda r: r.kind == "final", acked_at_crash + 50, timeout=30)
         _quiesce(q)
-        report = check_delivery(q, producer.acked, ledger)
+        # a take whose reply the crash lost leaves a job active that never
+        # started: it stalls once more than it ran
+        report = check_delivery(q, producer.acked, ledger, stalled_exact=False)
         assert not report.problems, report.problems[:20]
         # duplicates: only jobs active at the crash (plus completions in flight) may re-run
         assert report.duplicates <= active + 8, (report.duplicates, active)
