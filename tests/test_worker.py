@@ -367,28 +367,20 @@ def _retry_gaps(client: redis.Redis, queue_name: str, job_id: str) -> list[tuple
     return gaps
 
 
-def test_fixed_backoff_spaces_attempts(
-    queue: Queue, redis_url: str, redis_client: redis.Redis
+@pytest.mark.parametrize(
+    ("backoff", "delays"),
+    [(0.2, [0.2, 0.2]), ({"type": "exponential", "delay": 0.1}, [0.1, 0.2])],
+    ids=["fixed", "exponential"],
+)
+def test_backoff_spaces_attempts(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, backoff: Any, delays: list[float]
 ) -> None:
     handler, _ = _flaky(2)
     with make_worker(queue.name, redis_url, handler):
-        job = queue.add("flaky", attempts=3, backoff=0.2)
+        job = queue.add("flaky", attempts=3, backoff=backoff)
         assert job.wait_until_finished(timeout=WAIT) == "ok"
     gaps = _retry_gaps(redis_client, queue.name, job.id)
-    assert [d for d, _ in gaps] == [0.2, 0.2]
-    for delay, gap in gaps:
-        assert gap >= delay - MS, gaps
-
-
-def test_exponential_backoff_doubles(
-    queue: Queue, redis_url: str, redis_client: redis.Redis
-) -> None:
-    handler, _ = _flaky(2)
-    with make_worker(queue.name, redis_url, handler):
-        job = queue.add("flaky", attempts=3, backoff={"type": "exponential", "delay": 0.1})
-        assert job.wait_until_finished(timeout=WAIT) == "ok"
-    gaps = _retry_gaps(redis_client, queue.name, job.id)
-    assert [d for d, _ in gaps] == [0.1, 0.2]
+    assert [d for d, _ in gaps] == delays
     for delay, gap in gaps:
         assert gap >= delay - MS, gaps
 

@@ -59,13 +59,9 @@ def make_server() -> Iterator[Callable[..., RedisServer]]:
 
 
 @pytest.fixture
-def ledger_client(redis_server: Any) -> Iterator[redis.Redis]:
+def ledger_client(redis_client: redis.Redis) -> redis.Redis:
     """A client to the session server, where every ledger lives."""
-    client = redis_server.client()
-    try:
-        yield client
-    finally:
-        client.close()
+    return redis_client
 
 
 @pytest.fixture
