@@ -122,6 +122,17 @@ def close_client(client: Client) -> None:
         pass
 
 
+def xread(client: Client, key: str, last: str, count: int, block_ms: int) -> Any:
+    """XREAD one stream. A cluster client is told the node: left to itself,
+    it asks the server for XREAD's keys (COMMAND GETKEYS) before every read."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return client.execute_command(  # type: ignore[no-untyped-call]
+            "XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, last, target_nodes=node
+        )
+    return client.xread({key: last}, count=count, block=block_ms)
+
+
 Blocked = tuple[str, int, int]  # host, port and id of a blocked connection
 
 

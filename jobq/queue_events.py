@@ -545,8 +545,8 @@ class QueueEvents:
         assert self._read_id is not None
         since = self._read_id
         last = f"{since[0]}-{since[1]}"
-        reply = client.xread(
-            {self._context.keys.events: last}, count=1000, block=int(self._block * 1000)
+        reply = _connection.xread(
+            client, self._context.keys.events, last, 1000, int(self._block * 1000)
         )
         entries = reply[0][1] if reply else []
         listened = self._listeners.has_any()
