@@ -625,16 +625,16 @@ def test_reader_connection_killed_loses_and_duplicates_nothing(
         qe.on("error", errors.append)
         assert qe.wait_until_ready(WAIT)
         kills = 0
+        live: list[dict[str, Any]] = []
+
+        def one_reader() -> bool:
+            live[:] = reader_clients(redis_client, queue.name, reading=True)
+            return len(live) == 1
+
         for seq in range(total):
             queue.emit("tick", seq=seq)
             if seq % 40 == 20:
                 # the previous kill's reconnection has completed
-                live: list[dict[str, Any]] = []
-
-                def one_reader() -> bool:
-                    live[:] = reader_clients(redis_client, queue.name, reading=True)
-                    return len(live) == 1
-
                 assert wait_until(one_reader)
                 before = {live[0]["id"]}
                 assert redis_client.client_kill_filter(_id=live[0]["id"]) == 1
