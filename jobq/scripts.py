@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from importlib import resources
 from typing import Any
 
@@ -46,12 +47,45 @@ def _read(name: str) -> str:
     return (resources.files(__package__) / "lua" / name).read_text(encoding="utf-8")
 
 
+_DEFINES = re.compile(r"^local (?:function )?(\w+)", re.M)
+_WORD = re.compile(r"\w+")
+
+
+def _units(common: str) -> list[tuple[set[str], str]]:
+    """The top-level definitions of _common.lua, in order: the names each
+    defines and its text (with the comment lines just above it)."""
+    units: list[list[str]] = [[]]
+    after_comment = False
+    for line in common.splitlines():
+        if line.startswith(("local ", "--")) and not after_comment:
+            units.append([])
+        units[-1].append(line)
+        if line.strip():
+            after_comment = line.startswith("--") and not line.startswith("--[[")
+    texts = ["\n".join(unit) for unit in units if unit]
+    return [(set(_DEFINES.findall(text)), text) for text in texts]
+
+
 def _source(name: str) -> str:
+    """A script with the helpers of _common.lua it uses, directly or not:
+    each call runs the whole chunk, so unused helpers would cost every call."""
     body = _read(f"{name}.lua")
     shebang, _, rest = body.partition("\n")
     if not shebang.startswith("#!lua"):
         raise RuntimeError(f"lua/{name}.lua must start with a #!lua line")
-    return f"{shebang}\n{_read('_common.lua')}\n{rest}"
+    units = [unit for unit in _units(_read("_common.lua")) if unit[0]]
+    used = set(_WORD.findall(rest))
+    keep = [False] * len(units)
+    changed = True
+    while changed:  # a helper may use earlier ones
+        changed = False
+        for i in reversed(range(len(units))):
+            names, text = units[i]
+            if not keep[i] and names & used:
+                keep[i] = changed = True
+                used |= set(_WORD.findall(text))
+    helpers = "\n".join(text for (_, text), kept in zip(units, keep, strict=True) if kept)
+    return f"{shebang}\n{helpers}\n{rest}"
 
 
 @functools.cache

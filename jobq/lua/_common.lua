@@ -1,6 +1,8 @@
 --[[
-  Helpers shared by every script; the loader inserts this file right after
-  each script's shebang line. KEYS[1] is always the queue's base prefix
+  Helpers shared by the scripts. The loader inserts, right after a script's
+  shebang line, the top-level definitions below that the script uses
+  (directly or through another helper), each with the comment lines just
+  above it; a definition starts at a line beginning "local". KEYS[1] is always the queue's base prefix
   "<prefix>:{<queue>}:", and every other key is derived from it, so all keys
   of a queue share its hash tag (one cluster slot). KEYS[2] is a guard key
   of the same slot that is never written: declaring two keys that do not
@@ -29,11 +31,13 @@ end
 local function job_key(id) return base .. 'job:' .. id end
 local function lock_key(id) return base .. 'lock:' .. id end
 
+-- The queue's settings, read once per call: event mode, stream length and
+-- the paused flag (no script both pauses and reads it).
 local _meta = nil
 local function meta()
   if not _meta then
-    local m = redis.call('HMGET', K_META, 'em', 'maxev')
-    _meta = { m[1] or 'stream', tonumber(m[2]) or 10000 }
+    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused')
+    _meta = { m[1] or 'stream', tonumber(m[2]) or 10000, m[3] == '1' }
   end
   return _meta
 end
@@ -63,6 +67,15 @@ local function emit(name, jid, fields)
     unpack(fields))
 end
 
+-- Wake blocked workers (their BZPOPMIN on the marker), once per call.
+local _marked = false
+local function mark_ready()
+  if not _marked then
+    redis.call('ZADD', K_MARKER, 0, '0')
+    _marked = true
+  end
+end
+
 -- Make a job ready to run: prioritized jobs in the sorted set, others in the
 -- wait list (taken from its right end; `front` puts the job next in line).
 local function push_ready(id, priority, front)
@@ -77,7 +90,7 @@ local function push_ready(id, priority, front)
   else
     redis.call('LPUSH', K_WAIT, id)
   end
-  redis.call('ZADD', K_MARKER, 0, '0')
+  mark_ready()
 end
 
 local function delete_job(id)
@@ -190,15 +203,15 @@ end
 -- Promote due delayed jobs, then take the next job for a worker: the body of
 -- moveToActive.lua, also run by complete.lua and fail.lua when the worker
 -- asks for its next job in the same call. Returns what moveToActive returns.
-local function take_next(token, lock_ms, worker, limit_max, limit_ms)
-  local now = now_ms()
+local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
+  now = now or now_ms()
 
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
-    local f = redis.call('HMGET', job_key(id), 'priority', 'lifo')
+    local f = redis.call('HMGET', job_key(id), 'state', 'priority', 'lifo')
     if f[1] then
-      push_ready(id, tonumber(f[1]), f[2] == '1')
+      push_ready(id, tonumber(f[2]) or 0, f[3] == '1')
       redis.call('HSET', job_key(id), 'state', 'waiting')
       emit('waiting', id, { 'prev', 'delayed' })
     end
@@ -210,7 +223,7 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms)
     return -1
   end
 
-  if redis.call('HGET', K_META, 'paused') == '1' then return { 0, -1 } end
+  if meta()[3] then return { 0, -1 } end
 
   limit_max = tonumber(limit_max)
   local K_LIMITER = base .. 'limiter'
@@ -223,40 +236,47 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms)
     end
   end
 
-  local id
+  -- the first listed id whose record exists (a removed job's id may linger)
+  local id, rec
   for _ = 1, 100 do
     id = redis.call('RPOP', K_WAIT)
     if not id then
-      local p = redis.call('ZPOPMIN', K_PRIO)
-      id = p[1]
+      id = redis.call('ZPOPMIN', K_PRIO)[1]
+      if not id then return { 0, next_delay() } end
     end
-    if not id or redis.call('EXISTS', job_key(id)) == 1 then break end
+    rec = redis.call('HGETALL', job_key(id))
+    if rec[1] then break end
+    rec = nil
   end
-  if not id then return { 0, next_delay() } end
+  if not rec then return { 0, 0 } end  -- only stale ids so far: call again
 
   if limit_max > 0 and redis.call('INCR', K_LIMITER) == 1 then
     redis.call('PEXPIRE', K_LIMITER, limit_ms)
   end
 
-  local jk = job_key(id)
+  local atm = 0
+  for i = 1, #rec, 2 do
+    if rec[i] == 'atm' then atm = tonumber(rec[i + 1]) break end
+  end
+  local pon = string.format('%.17g', now)
   redis.call('ZADD', K_ACTIVE, now, id)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
-  redis.call('HSET', jk, 'state', 'active', 'pon', now, 'pb', worker, 'tok', token)
-  local atm = tonumber(redis.call('HGET', jk, 'atm') or '0')
+  redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
   if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0 then
     emit('drained', false, {})
   else
-    redis.call('ZADD', K_MARKER, 0, '0')
+    mark_ready()
   end
-  return { 1, id, redis.call('HGETALL', jk) }
+  -- the record as it now is (a later field of the same name wins)
+  return { 1, id, append(rec, { 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token }) }
 end
 
 -- Return `code`, with the next job taken for the worker when ARGV[i..i+4]
 -- carry a take's arguments (token, lock ms, worker, limit max, limit ms).
-local function and_take_next(code, i)
+local function and_take_next(code, i, now)
   if ARGV[i] and ARGV[i] ~= '' then
-    return { code, take_next(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]) }
+    return { code, take_next(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], now) }
   end
   return code
 end

@@ -13,6 +13,9 @@
            is left as it was; added: the id of its `added` event, or '')
   Events   added, then waiting or delayed; duplicated for an existing id
 ]]
+-- attempts and retention (ARGV a+7 .. a+11), stored only when not the default
+local SETTINGS = { 'atts', 'kc', 'ka', 'kfc', 'kfa' }
+local DEFAULTS = { '1', '-1', '0', '-1', '0' }
 local n = tonumber(ARGV[1])
 local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
@@ -32,21 +35,30 @@ for j = 0, n - 1 do
     local delay = tonumber(ARGV[a + 4])
     local priority = tonumber(ARGV[a + 5])
     local lifo = ARGV[a + 6]
-    local jk = job_key(id)
-    redis.call('HSET', jk, 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3],
-      'ts', now, 'delay', delay, 'priority', priority, 'lifo', lifo, 'atts', ARGV[a + 7],
-      'atm', 0, 'stc', 0, 'kc', ARGV[a + 8], 'ka', ARGV[a + 9], 'kfc', ARGV[a + 10],
-      'kfa', ARGV[a + 11])
+    local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', now }
+    local run_at = now
+    if delay > 0 then
+      run_at = now + delay
+      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', delay })
+    else
+      append(fields, { 'state', 'waiting', 'rdy', now })
+    end
+    -- settings at their default are left out: readers take a missing field
+    -- as its default (fewer fields: less memory and work per job)
+    if priority ~= 0 then append(fields, { 'priority', priority }) end
+    if lifo == '1' then append(fields, { 'lifo', lifo }) end
+    for i, name in ipairs(SETTINGS) do
+      local value = ARGV[a + 6 + i]
+      if value ~= DEFAULTS[i] then append(fields, { name, value }) end
+    end
+    redis.call('HSET', job_key(id), unpack(fields))
     added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
     if delay > 0 then
-      local run_at = now + delay
       redis.call('ZADD', K_DELAYED, run_at, id)
-      redis.call('HSET', jk, 'state', 'delayed', 'rdy', run_at)
       redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
       emit('delayed', id, { 'delay', delay, 'run_at', run_at })
     else
       push_ready(id, priority, lifo == '1')
-      redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
       emit('waiting', id, {})
     end
   end

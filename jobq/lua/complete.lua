@@ -42,4 +42,4 @@ else
   end
 end
 emit('completed', id, fields)
-return and_take_next(1, 4)
+return and_take_next(1, 4, now)

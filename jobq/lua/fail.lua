@@ -41,8 +41,8 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
   end
-  return and_take_next(2, 6)
+  return and_take_next(2, 6, now)
 end
 
 fail_for_good(id, reason, atm, now)
-return and_take_next(1, 6)
+return and_take_next(1, 6, now)
