@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from . import connection as _connection
 from .errors import ClosedError
 from .keys import QueueKeys, validate_name
@@ -48,6 +50,35 @@ class QueueContext:
         if self.closed:
             raise ClosedError(f"{self.kind} {self.name!r} is closed")
         return self.scripts.run(script, self.keys.base, *args)
+
+    def run_on(self, connection: Any, script: str, *args: Any) -> Any:
+        """Run one of the queue's scripts on a connection of the caller's own
+        (see ``own_connection``).
+
+        Raises:
+            ClosedError: the owner was closed.
+        """
+        if self.closed:
+            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        return self.scripts.run_on(connection, script, self.keys.base, *args)
+
+    def own_connection(self) -> Any:
+        """A connection taken from the client's pool for one thread's calls
+        (give it back with ``release``), or None for a cluster client, whose
+        calls need its routing."""
+        client = self.client
+        if not isinstance(client, redis.Redis) or self.closed:
+            return None
+        pool: Any = client.connection_pool
+        try:
+            return pool.get_connection()
+        except TypeError:  # redis-py 5 wants a command name
+            return pool.get_connection("EVALSHA")
+
+    def release(self, connection: Any) -> None:
+        """Give back a connection from ``own_connection``."""
+        if connection is not None:
+            self.client.connection_pool.release(connection)
 
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""

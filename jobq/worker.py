@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue as _queue
@@ -166,6 +167,11 @@ class Worker:
         self._idle = threading.Condition(self._lock)
         self._attempts: dict[str, _Attempt] = {}  # not yet finalised, by token
         self._takes = 0  # next-job takes under way inside complete / fail calls
+        # lock tokens: unique per attempt (a counter) and per worker (random)
+        self._token_base = uuid.uuid4().hex[:16]
+        self._token_seq = itertools.count()
+        # per thread: a pool thread's own connection for finishing calls
+        self._local = threading.local()
         self._busy_threads: set[str] = set()  # pool threads inside user code
         self._slots = threading.Semaphore(concurrency)
         self._work: _queue.SimpleQueue[_Attempt | None] = _queue.SimpleQueue()
@@ -439,7 +445,7 @@ class Worker:
                         if self._stop_fetch.is_set() or not self._resumed.is_set():
                             self._slots.release()
                             continue
-                        token = uuid.uuid4().hex
+                        token = self._new_token()
                         try:
                             if blocker is None:
                                 blocker = blocking_client(
@@ -536,6 +542,25 @@ class Worker:
     # -- running ----------------------------------------------------------
 
     def _pool_loop(self) -> None:
+        self._local.pool_thread = True
+        try:
+            self._pool_jobs()
+        finally:
+            connection, self._local.connection = getattr(self._local, "connection", None), None
+            self._context.release(connection)
+
+    def _pool_connection(self) -> Any:
+        """The calling pool thread's own connection (taken on first use), or
+        None: off a pool thread, or on a cluster."""
+        local = self._local
+        if not getattr(local, "pool_thread", False):
+            return None
+        connection = getattr(local, "connection", None)
+        if connection is None:
+            connection = local.connection = self._context.own_connection()
+        return connection
+
+    def _pool_jobs(self) -> None:
         name = threading.current_thread().name
         while True:
             attempt = self._work.get()
@@ -707,7 +732,11 @@ class Worker:
         ambiguous = False
         while True:
             try:
-                reply = self._context.run(script, *args, *take)
+                connection = self._pool_connection()
+                if connection is None:
+                    reply = self._context.run(script, *args, *take)
+                else:
+                    reply = self._context.run_on(connection, script, *args, *take)
             except TRANSIENT_ERRORS as exc:
                 ambiguous = True
                 # a retry takes no next job: a lost reply may have taken one
@@ -736,8 +765,11 @@ class Worker:
                 return ()
             self._takes += 1
         limit_max, limit_ms = self._limit
-        token = uuid.uuid4().hex
+        token = self._new_token()
         return (token, round(self._lock_duration * 1000), self.name, limit_max, limit_ms)
+
+    def _new_token(self) -> str:
+        return f"{self._token_base}{next(self._token_seq):x}"
 
     def _take_done(self) -> None:
         with self._idle:

@@ -1059,6 +1059,29 @@ def test_autorun_and_a_callers_client_left_open(queue: Queue, redis_client: redi
     assert redis_client.ping()  # the caller's client is the caller's to close
 
 
+def test_pool_threads_finish_on_their_own_connection_and_give_it_back(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    pool: Any = redis_client.connection_pool
+    seen: list[tuple[Any, bool]] = []  # the pool thread's connection, and whether in use
+
+    def handler(job: Job) -> int:
+        own = getattr(worker._local, "connection", None)
+        seen.append((own, own in pool._in_use_connections))
+        return int(job.data)
+
+    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(6)])
+    worker = Worker(queue.name, handler, connection=redis_client, concurrency=1,
+                    lock_duration=LOCK, stalled_interval=INTERVAL)
+    with worker:
+        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(6))
+    # taken at the first finishing call, then kept, then given back at close
+    own = seen[1][0]
+    assert seen[0] == (None, False) and own is not None
+    assert seen[1:] == [(own, True)] * 5
+    assert own not in pool._in_use_connections
+
+
 def test_run_blocks_until_close_from_another_thread(queue: Queue, redis_url: str) -> None:
     worker = make_worker(queue.name, redis_url, lambda job: job.data * 2)
     ready = threading.Event()
