@@ -69,11 +69,7 @@ class QueueContext:
         client = self.client
         if not isinstance(client, redis.Redis) or self.closed:
             return None
-        pool: Any = client.connection_pool
-        try:
-            return pool.get_connection()
-        except TypeError:  # redis-py 5 wants a command name
-            return pool.get_connection("EVALSHA")
+        return _connection.take_connection(client.connection_pool)
 
     def release(self, connection: Any) -> None:
         """Give back a connection from ``own_connection``."""

@@ -122,6 +122,14 @@ def close_client(client: Client) -> None:
         pass
 
 
+def take_connection(pool: Any) -> Any:
+    """A connection from a client's pool (give it back with ``pool.release``)."""
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py 5 wants a command name
+        return pool.get_connection("EVALSHA")
+
+
 def xread(client: Client, key: str, last: str, count: int, block_ms: int) -> Any:
     """XREAD one stream. A cluster client is told the node: left to itself,
     it asks the server for XREAD's keys (COMMAND GETKEYS) before every read."""

@@ -13,9 +13,10 @@ import re
 from importlib import resources
 from typing import Any
 
+import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from .connection import Client
+from .connection import Client, take_connection
 
 _SCRIPT_NAMES = (
     "add",
@@ -113,9 +114,27 @@ class Scripts:
         the importing node against half-moved keys, and the migration of
         the rest would overwrite what it wrote.
 
-        ``client`` (a client, not a pipeline) overrides the default one.
+        ``client`` (a client or a pipeline) overrides the default one.
+
+        On a plain client the call goes straight to a connection of its pool,
+        with the connection's own retry policy, as the client would do it but
+        without its per-command layers (a sixth of a call's CPU time here).
         """
         target = client or self._client
+        if (
+            isinstance(target, redis.Redis)
+            and not isinstance(target, redis.client.Pipeline)
+            and target.connection is None
+        ):
+            pool = target.connection_pool
+            connection: Any = take_connection(pool)
+            try:
+                return connection.retry.call_with_retry(
+                    lambda: self.run_on(connection, name, base, *args),
+                    lambda error: connection.disconnect(),
+                )
+            finally:
+                pool.release(connection)
         source, sha = _compiled(name)
         guard = base + "slot-guard"
         try:
@@ -125,8 +144,8 @@ class Scripts:
             return target.evalsha(sha, 2, base, guard, *args)
 
     def run_on(self, connection: Any, name: str, base: str, *args: Any) -> Any:
-        """Run script ``name`` on one connection of a thread's own, below the
-        client's pool and retry layers (about a fifth of a call's CPU time).
+        """Run script ``name`` on one connection (a pool's, or a thread's
+        own), below the client's pool and retry layers.
 
         An error reply leaves the connection usable; any other failure drops
         it (the next call reconnects) and is raised: the caller retries.
@@ -137,7 +156,7 @@ class Scripts:
             try:
                 connection.send_command(*command)
                 return connection.read_response()
-            except NoScriptError:
+            except NoScriptError:  # a restarted or new server: load it once
                 connection.send_command("SCRIPT", "LOAD", source)
                 connection.read_response()
                 connection.send_command(*command)
