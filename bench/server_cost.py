@@ -1,0 +1,158 @@
+"""Server-side cost of jobq's scripts, counted in instructions (deterministic,
+unlike timings on a shared machine): a private redis-server runs under
+valgrind's callgrind with instrumentation off, switched on around each phase.
+
+    .venv/bin/python bench/server_cost.py [N]    # N jobs per phase, default 1000
+
+Needs valgrind (``apt-get install valgrind``) and /usr/bin/redis-server (or
+``--server PATH``). Prints instructions per job for: a plain SET (the floor
+of one round trip), a single add, a bulk add (chunks of 1,000), and a drain at
+concurrency 1 (finish one job and take the next, one script call per job).
+Not part of ``make bench``: valgrind slows the server some 50-fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import redis  # noqa: E402
+
+from jobq import Job, Queue, Worker  # noqa: E402
+
+WAIT = 600.0
+
+
+class Callgrind:
+    """A redis-server under callgrind; ``count(fn)`` gives fn's instructions."""
+
+    def __init__(self, server: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="jobq-cg-")
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+             f"--callgrind-out-file={self.dir}/cg.out", server, "--port", str(port),
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server under valgrind did not start") from None
+                time.sleep(0.1)
+        client.close()
+
+    def _control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.proc.pid)], check=True,
+                       stdout=subprocess.DEVNULL, timeout=60)
+
+    def _dump_total(self) -> int:
+        before = set(os.listdir(self.dir))
+        self._control("-d")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for name in set(os.listdir(self.dir)) - before:
+                with open(os.path.join(self.dir, name)) as f:
+                    found = re.search(r"^totals: (\d+)", f.read(), re.M)
+                if found:
+                    return int(found.group(1))
+            time.sleep(0.2)
+        raise RuntimeError("callgrind wrote no dump")
+
+    def count(self, fn: Callable[[], None]) -> int:
+        self._dump_total()  # start from a fresh counter
+        self._control("-i", "on")
+        try:
+            fn()
+        finally:
+            self._control("-i", "off")
+        return self._dump_total()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("n", nargs="?", type=int, default=1000)
+    parser.add_argument("--server", default="/usr/bin/redis-server")
+    args = parser.parse_args()
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        sys.exit("valgrind is needed: apt-get install valgrind")
+    n = args.n
+    cg = Callgrind(args.server)
+    try:
+        raw = redis.Redis.from_url(cg.url)
+        q = Queue("cost", connection=cg.url)
+        q.add("warm", 0)  # scripts loaded before counting
+        rows: list[tuple[str, float]] = []
+        rows.append(("SET (one round trip)", cg.count(
+            lambda: [raw.set("k", i) for i in range(n)]) / n))
+        rows.append(("add", cg.count(lambda: [q.add("noop", i) for i in range(n)]) / n))
+        rows.append(("add_bulk, chunks of 1,000", cg.count(lambda: [
+            q.add_bulk([{"name": "noop", "data": i} for i in range(s, s + 1000)])
+            for s in range(0, n, 1000)]) / (max(1, n // 1000) * 1000)))
+        q.obliterate(force=True)
+        q.add_bulk([{"name": "noop", "data": i} for i in range(n + 10)])
+        done = threading.Event()
+        count = [0]
+        lock = threading.Lock()
+
+        def handler(job: Job) -> dict[str, Any]:
+            with lock:
+                count[0] += 1
+                if count[0] in (10, n + 10):
+                    done.set()
+            return {"ok": True}
+
+        with Worker("cost", handler, connection=cg.url, concurrency=1):
+            if not done.wait(WAIT):  # the first jobs warm the worker up
+                raise RuntimeError("the worker did not start")
+            done.clear()
+
+            first = [0]
+
+            def drain() -> None:
+                first[0] = count[0]  # jobs finished before counting began
+                if not done.wait(WAIT):
+                    raise RuntimeError("the drain did not finish")
+
+            total = cg.count(drain)
+            rows.append(("drain, c=1 (finish + take next)", total / (n + 10 - first[0])))
+        q.close()
+        raw.close()
+    finally:
+        cg.close()
+    print(f"Server instructions per job (callgrind, {n} jobs per row):")
+    for label, value in rows:
+        print(f"  {label:34s} {value / 1000:8.1f}k")
+
+
+if __name__ == "__main__":
+    main()
