@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from .queue_events import QueueEvents
 
 
+#: Connections of a pool left to shared use when threads keep some to themselves.
+POOL_RESERVE = 16
+
+
 class QueueContext:
     """One queue on one client: keys, scripts and the shared event reader."""
 
@@ -62,14 +66,23 @@ class QueueContext:
             raise ClosedError(f"{self.kind} {self.name!r} is closed")
         return self.scripts.run_on(connection, script, self.keys.base, *args)
 
+    def can_hold(self, connections: int) -> bool:
+        """Whether threads may keep ``connections`` connections of the
+        client's pool to themselves and leave plenty for everything else: a
+        plain client (a cluster client's calls need its routing) whose pool
+        has room for them and ``POOL_RESERVE`` more."""
+        client = self.client
+        if not isinstance(client, redis.Redis) or client.connection is not None:
+            return False
+        limit = getattr(client.connection_pool, "max_connections", None)
+        return limit is None or connections + POOL_RESERVE <= limit
+
     def own_connection(self) -> Any:
         """A connection taken from the client's pool for one thread's calls
-        (give it back with ``release``), or None for a cluster client, whose
-        calls need its routing."""
-        client = self.client
-        if not isinstance(client, redis.Redis) or self.closed:
+        (give it back with ``release``), or None once closed."""
+        if self.closed:
             return None
-        return _connection.take_connection(client.connection_pool)
+        return _connection.take_connection(self.client.connection_pool)
 
     def release(self, connection: Any) -> None:
         """Give back a connection from ``own_connection``."""

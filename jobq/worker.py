@@ -170,8 +170,10 @@ class Worker:
         # lock tokens: unique per attempt (a counter) and per worker (random)
         self._token_base = uuid.uuid4().hex[:16]
         self._token_seq = itertools.count()
-        # per thread: a pool thread's own connection for finishing calls
+        # per thread: a pool thread's own connection for finishing calls,
+        # when the client's pool has room for one per pool thread
         self._local = threading.local()
+        self._hold_connections = self._context.can_hold(concurrency)
         self._busy_threads: set[str] = set()  # pool threads inside user code
         self._slots = threading.Semaphore(concurrency)
         self._work: _queue.SimpleQueue[_Attempt | None] = _queue.SimpleQueue()
@@ -551,9 +553,10 @@ class Worker:
 
     def _pool_connection(self) -> Any:
         """The calling pool thread's own connection (taken on first use), or
-        None: off a pool thread, or on a cluster."""
+        None: off a pool thread, on a cluster, or with a pool too small to
+        spare one per pool thread."""
         local = self._local
-        if not getattr(local, "pool_thread", False):
+        if not self._hold_connections or not getattr(local, "pool_thread", False):
             return None
         connection = getattr(local, "connection", None)
         if connection is None:

@@ -1082,6 +1082,31 @@ def test_pool_threads_finish_on_their_own_connection_and_give_it_back(
     assert own not in pool._in_use_connections
 
 
+def test_pool_threads_hold_no_connection_of_a_pool_too_small_to_spare(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    # 8 pool threads, and 16 connections left for the rest, need 24
+    kwargs = redis_client.connection_pool.connection_kwargs
+    pool = redis.ConnectionPool(max_connections=23, **kwargs)
+    client = redis.Redis(connection_pool=pool)
+    held: list[Any] = []
+
+    def handler(job: Job) -> int:
+        held.append(getattr(worker._local, "connection", None))
+        return int(job.data)
+
+    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(20)])
+    worker = Worker(queue.name, handler, connection=client, concurrency=8,
+                    lock_duration=LOCK, stalled_interval=INTERVAL)
+    try:
+        with worker:
+            assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(20))
+        assert held == [None] * 20
+    finally:
+        client.close()
+        pool.disconnect()
+
+
 def test_run_blocks_until_close_from_another_thread(queue: Queue, redis_url: str) -> None:
     worker = make_worker(queue.name, redis_url, lambda job: job.data * 2)
     ready = threading.Event()
@@ -1294,6 +1319,24 @@ def test_idle_worker_picks_up_new_jobs_promptly(queue: Queue, redis_url: str) ->
             assert stored is not None and stored.processed_on is not None
             # woken by the add, not by the end of a 1 s block
             assert stored.processed_on - (stored.timestamp or 0) < 0.5
+
+
+def test_ids_of_deleted_records_are_skipped_promptly(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Records deleted behind jobq's back leave their ids in the wait list: a
+    take skips them (at most 100 per call, then the worker looks again at
+    once) and never makes a job of them."""
+    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(260)])
+    gone, kept = jobs[:250], jobs[250:]  # the first 250 are taken first (FIFO)
+    redis_client.delete(*(queue._context.keys.job(job.id) for job in gone))
+    with started(make_worker(queue.name, redis_url, lambda job: job.data)):
+        # well within the 5 s drain_delay: no wait for the periodic look
+        assert [job.wait_until_finished(timeout=2) for job in kept] == list(range(250, 260))
+    # no half-made record of a deleted job was taken and failed
+    assert queue.get_job_counts() == {
+        "waiting": 0, "delayed": 0, "active": 0, "completed": 10, "failed": 0
+    }
 
 
 def test_delayed_job_runs_after_its_delay_without_another_add(queue: Queue, redis_url: str) -> None:

@@ -248,7 +248,10 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     if rec[1] then break end
     rec = nil
   end
-  if not rec then return { 0, 0 } end  -- only stale ids so far: call again
+  if not rec then  -- only ids of removed jobs so far: look again at once
+    mark_ready()
+    return { 0, 0 }
+  end
 
   if limit_max > 0 and redis.call('INCR', K_LIMITER) == 1 then
     redis.call('PEXPIRE', K_LIMITER, limit_ms)
