@@ -2,7 +2,9 @@
   Helpers shared by the scripts. The loader inserts, right after a script's
   shebang line, the top-level definitions below that the script uses
   (directly or through another helper), each with the comment lines just
-  above it; a definition starts at a line beginning "local". KEYS[1] is always the queue's base prefix
+  above it; a definition starts at a line beginning "local".
+
+  KEYS[1] is always the queue's base prefix
   "<prefix>:{<queue>}:", and every other key is derived from it, so all keys
   of a queue share its hash tag (one cluster slot). KEYS[2] is a guard key
   of the same slot that is never written: declaring two keys that do not
