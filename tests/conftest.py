@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import pytest
 import redis
 
+from jobq import Queue
 from jobq._localcluster import cluster_port
 from jobq.testing import RedisServer, find_server_binary
 
@@ -173,6 +174,13 @@ def queue_name(request: pytest.FixtureRequest) -> str:
     """
     test = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-")
     return f"t-{test[:_QUEUE_NAME_TEST_CHARS]}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
+    """An open Queue on the test's own queue name, closed after the test."""
+    with Queue(queue_name, connection=redis_url) as q:
+        yield q
 
 
 def _new_jobq_threads(before: set[threading.Thread]) -> list[threading.Thread]:

@@ -26,6 +26,7 @@ import redis
 from jobq import Queue, Worker
 from jobq.cli import main
 from jobq.testing import find_server_binary
+from tests.polling import until
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 20.0  # seconds any single step of a test may take at most
@@ -130,25 +131,6 @@ def running(redis_url: str) -> Iterator[Any]:
             process.kill()
 
 
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
-
-
-def _until(predicate: Any, timeout: float = WAIT) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        pause.wait(0.02)
-
-
 def _ledger(redis_client: redis.Redis, queue_name: str) -> str:
     item = redis_client.blpop([f"ledger:{{{queue_name}}}"], timeout=WAIT)
     assert item is not None, "the handler never started"
@@ -228,7 +210,7 @@ def test_worker_logs_each_job_and_stops_gracefully_on_sigterm(
     assert logged == {job.id for job in jobs}
     failing = queue.add("double", "fail")
     worker.expect(rf"WARNING .*job {failing.id} \(double\) failed .*asked to fail", "err")
-    (info,) = _until(queue.get_workers)
+    (info,) = until(queue.get_workers)
     assert (info.name, info.pid, info.queues, info.concurrency) == (
         "cli-w", worker.proc.pid, (queue.name,), 2)
 
@@ -267,7 +249,7 @@ def test_worker_serves_several_queues(
     with Queue(other_name, connection=redis_url) as other:
         assert other.add("double", 5).wait_until_finished(timeout=WAIT) == 10
         assert queue.add("double", 1).wait_until_finished(timeout=WAIT) == 2
-        (info,) = _until(other.get_workers)
+        (info,) = until(other.get_workers)
         assert info.queues == (queue.name, other_name)
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
@@ -281,15 +263,15 @@ def test_registry_forgets_a_sigkilled_worker_after_its_heartbeat_ttl(
     worker = running("worker", "tests.cli_tasks:double", "-q", queue.name,
                      "--heartbeat-ttl", "1")
     worker.expect("serving", "err")
-    (info,) = _until(queue.get_workers)
+    (info,) = until(queue.get_workers)
     assert info.pid == worker.proc.pid
     beat = info.last_heartbeat
     # it keeps beating (every third of the TTL)
-    _until(lambda: [w for w in queue.get_workers() if w.last_heartbeat > beat])
+    until(lambda: [w for w in queue.get_workers() if w.last_heartbeat > beat])
     worker.signal(signal.SIGKILL)
     worker.wait()
     killed_at = time.monotonic()
-    _until(lambda: queue.get_workers() == [], timeout=5)
+    until(lambda: queue.get_workers() == [], timeout=5)
     assert time.monotonic() - killed_at < 5
 
 

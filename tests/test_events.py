@@ -31,6 +31,7 @@ from jobq import (
     Worker,
 )
 from jobq.testing import RedisServer, find_server_binary
+from tests.polling import until
 
 WAIT = 10.0  # the bound of every wait that should succeed quickly
 BIG = 16 * 1024 + 100  # a result encoding to more than 16 KiB
@@ -82,18 +83,6 @@ class Recorder:
         raise AssertionError(f"no {name!r} event for {job_id!r}")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes (bounded)."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        pause.wait(0.01)
-
-
 def reader_clients(
     client: redis.Redis, queue_name: str, reading: bool = False
 ) -> list[dict[str, Any]]:
@@ -123,12 +112,6 @@ def kill_readers(client: redis.Redis, queue_name: str) -> list[str]:
 def echo(job: Job) -> Any:
     """A processor returning the job's data."""
     return job.data
-
-
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
 
 
 @pytest.fixture
@@ -515,7 +498,7 @@ def test_slow_listener_does_not_delay_waiter(queue: Queue, qe: QueueEvents,
             assert not release.is_set() and seen == [first.id]
     finally:
         release.set()
-    assert wait_until(lambda: len(seen) == 2)
+    assert until(lambda: len(seen) == 2)
     assert seen == [first.id, second.id]
 
 
@@ -542,10 +525,10 @@ def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
         assert rec.wait_count(len(ids))
         assert [e.id for e in rec.snapshot()] == ids
         assert [e.i for e in rec.snapshot()[:10]] == list(range(10))
-        assert wait_until(lambda: replay.last_event_id == ids[-1])
+        assert until(lambda: replay.last_event_id == ids[-1])
         queue.emit("new", i=10)
         assert rec.wait_count(len(ids) + 1)
-        assert wait_until(lambda: replay.last_event_id == rec.snapshot()[-1].id)
+        assert until(lambda: replay.last_event_id == rec.snapshot()[-1].id)
 
     all_ids = _stream_ids(redis_client, queue.name)
     resumed = Recorder()
@@ -555,7 +538,7 @@ def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
         qe2.on_all_events(resumed)
         qe2.run()
         assert resumed.wait_count(len(all_ids) - 5)
-        assert wait_until(lambda: qe2.last_event_id == all_ids[-1])
+        assert until(lambda: qe2.last_event_id == all_ids[-1])
         # no duplicates, no gaps
         assert [e.id for e in resumed.snapshot()] == all_ids[5:]
         for i in range(11, 15):
@@ -594,7 +577,7 @@ def test_last_event_id_property_tracks_dispatch(queue: Queue, qe: QueueEvents) -
     ids = [e.id for e in rec.snapshot()]
     # while an event's listeners run, last_event_id is the previous event's id
     assert seen_during == [None, ids[0], ids[1]]
-    assert wait_until(lambda: qe.last_event_id == ids[2])
+    assert until(lambda: qe.last_event_id == ids[2])
 
 
 def test_no_event_lost_across_empty_block_timeouts(queue: Queue, redis_url: str) -> None:
@@ -635,13 +618,13 @@ def test_reader_connection_killed_loses_and_duplicates_nothing(
             queue.emit("tick", seq=seq)
             if seq % 40 == 20:
                 # the previous kill's reconnection has completed
-                assert wait_until(one_reader)
+                assert until(one_reader)
                 before = {live[0]["id"]}
                 assert redis_client.client_kill_filter(_id=live[0]["id"]) == 1
                 kills += 1
                 if seq % 80 == 20:  # sometimes emit more at once while it reconnects
                     continue
-                assert wait_until(lambda before=before: any(
+                assert until(lambda before=before: any(
                     c["id"] not in before for c in reader_clients(redis_client, queue.name)))
         assert kills == 5
         assert rec.wait_count(total)
@@ -717,7 +700,7 @@ def test_close_releases_blocked_waiter_with_closed_error(queue: Queue, redis_url
         assert qe.wait_until_ready(WAIT)
         thread.start()
         assert registered.wait(WAIT)
-        assert wait_until(lambda: job.id in qe._waiters)  # it is blocked in the wait
+        assert until(lambda: job.id in qe._waiters)  # it is blocked in the wait
         start = time.monotonic()
         qe.close()
         thread.join(5)
@@ -970,7 +953,7 @@ def test_removed_while_waited_raises_not_found(queue: Queue, qe: QueueEvents) ->
     thread = threading.Thread(target=wait)
     thread.start()
     try:
-        assert wait_until(lambda: job.id in qe._waiters)
+        assert until(lambda: job.id in qe._waiters)
         assert job.remove() is True
         thread.join(WAIT)
         assert not thread.is_alive()
@@ -1036,7 +1019,7 @@ def test_remove_on_complete_returns_value(queue: Queue, qe: QueueEvents, redis_u
             job.wait_until_finished(qe, timeout=WAIT)))
         thread.start()
         try:
-            assert wait_until(lambda: job.id in qe._waiters)
+            assert until(lambda: job.id in qe._waiters)
             release.set()
             thread.join(WAIT)
         finally:
@@ -1089,7 +1072,7 @@ def test_thousand_threads_wait_on_one_reader(queue: Queue, redis_url: str,
         threads = [threading.Thread(target=wait, args=(i,)) for i in range(n)]
         for thread in threads:
             thread.start()
-        assert wait_until(lambda: len(qe._waiters) == n, timeout=20)
+        assert until(lambda: len(qe._waiters) == n, timeout=20)
         assert len(reader_clients(redis_client, queue.name)) == 1
         with Worker(queue.name, echo, connection=redis_url, concurrency=8):
             for thread in threads:
@@ -1131,7 +1114,7 @@ def test_as_future_with_wait_and_as_completed(queue: Queue, qe: QueueEvents,
             jobs[13].as_future(qe).result(WAIT)
     with pytest.raises(JobNotFoundError):
         qe.future_for("missing-job").result(WAIT)
-    assert wait_until(lambda: qe._waiters == {})
+    assert until(lambda: qe._waiters == {})
 
 
 def test_as_future_on_lazily_started_events(queue_name: str, redis_url: str) -> None:
@@ -1192,7 +1175,7 @@ def test_queue_events_is_shared_and_lazy(queue_name: str, redis_url: str,
             assert job.wait_until_finished(timeout=WAIT) == 2
         assert len(readers()) == 1
     assert events.closed
-    assert wait_until(lambda: readers() == [])
+    assert until(lambda: readers() == [])
 
 
 def test_wait_on_lazily_started_events_with_remove_on_complete(queue_name: str,
@@ -1247,7 +1230,7 @@ def test_reader_recovers_after_server_restart(own_server: RedisServer, queue_nam
         thread.start()
         try:
             assert registered.wait(WAIT)
-            assert wait_until(lambda: doomed.id in qe._waiters)
+            assert until(lambda: doomed.id in qe._waiters)
             own_server.restart()
             start = time.monotonic()
             thread.join(8)
@@ -1297,7 +1280,7 @@ def test_big_result_of_a_job_removed_by_retention_before_its_event_is_read(
         thread = threading.Thread(target=wait)
         thread.start()
         try:
-            assert wait_until(lambda: a.id in qe._waiters)
+            assert until(lambda: a.id in qe._waiters)
             assert len(kill_readers(redis_client, queue.name)) == 1
             go.set()
             # keep the reader away until B has completed (and so deleted A)

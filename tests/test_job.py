@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -31,13 +31,6 @@ WAIT = 5.0  # seconds: the bound of every wait for something that should happen
 
 
 # -- helpers ---------------------------------------------------------------
-
-
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    """An open Queue on the test's own queue name, closed after the test."""
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
 
 
 def worker(queue_name: str, redis_url: str, processor: Callable[[Any], Any], **kw: Any) -> Worker:

@@ -4,31 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
 
 from jobq import Job, JobFailedError, Queue, Worker
 from jobq.metrics import Metrics, prometheus_text
+from tests.polling import until
 
 WAIT = 20.0
-
-
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
-
-
-def _until(predicate: Any, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
-        pause.wait(0.02)
-    return value
 
 
 def _run_known_jobs(queue: Queue, redis_url: str) -> None:
@@ -113,16 +97,16 @@ def test_registry_lists_live_workers_and_forgets_closed_ones(
     worker = Worker(queue.name, handler, connection=redis_url, concurrency=3, name="reg-w",
                     heartbeat_ttl=0.6)
     with worker:
-        (info,) = _until(queue.get_workers)
+        (info,) = until(queue.get_workers)
         assert (info.name, info.concurrency, info.queues) == ("reg-w", 3, (queue.name,))
         assert info.pid > 0 and info.host
         assert info.started <= info.last_heartbeat
         job = queue.add("x")
-        busy = _until(lambda: [w for w in queue.get_workers() if w.jobs_active == 1])
+        busy = until(lambda: [w for w in queue.get_workers() if w.jobs_active == 1])
         assert busy[0].jobs_done == 0
         release.set()
         job.wait_until_finished(timeout=WAIT)
-        done = _until(lambda: [w for w in queue.get_workers() if w.jobs_done == 1])
+        done = until(lambda: [w for w in queue.get_workers() if w.jobs_done == 1])
         assert done[0].jobs_active == 0 and done[0].started == info.started
     assert queue.get_workers() == []
 
@@ -132,7 +116,7 @@ def test_obliterate_removes_metrics_and_registry(
 ) -> None:
     _run_known_jobs(queue, redis_url)
     with Worker(queue.name, lambda job: 1, connection=redis_url, heartbeat_ttl=60):
-        _until(queue.get_workers)
+        until(queue.get_workers)
         queue.obliterate(force=True)
         assert redis_client.keys(f"jobq:{{{queue.name}}}:worker*") == []
         assert redis_client.keys(f"jobq:{{{queue.name}}}:metrics*") == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,13 +24,6 @@ STATES = ("waiting", "delayed", "active", "completed", "failed")
 
 
 # -- helpers ---------------------------------------------------------------
-
-
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    """An open Queue on the test's own queue name, closed after the test."""
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
 
 
 def queue_keys(client: redis.Redis, queue_name: str) -> list[bytes]:

@@ -45,13 +45,6 @@ MS = 0.0015
 # -- helpers ----------------------------------------------------------------
 
 
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    """A Queue on the test's unique queue name, closed after the test."""
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
-
-
 def make_worker(queue_name: str, redis_url: str, processor: Any, **options: Any) -> Worker:
     """A Worker with the short test timings unless overridden."""
     options.setdefault("lock_duration", LOCK)

@@ -10,7 +10,7 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,12 +29,6 @@ from jobq import (
 from tests.faults.harness import WAIT
 
 pytestmark = pytest.mark.fault
-
-
-@pytest.fixture
-def queue(queue_name: str, redis_url: str) -> Iterator[Queue]:
-    with Queue(queue_name, connection=redis_url) as q:
-        yield q
 
 
 def _keys(client: redis.Redis, queue_name: str) -> set[bytes]:
