@@ -23,11 +23,18 @@ POOL_RESERVE = 16
 class QueueContext:
     """One queue on one client: keys, scripts and the shared event reader."""
 
-    def __init__(self, name: str, connection: object, prefix: str, kind: str = "queue") -> None:
+    def __init__(
+        self, name: str, connection: object, prefix: str, kind: str = "queue",
+        owned: bool | None = None,
+    ) -> None:
+        """``owned`` (default: whether jobq made the client from a URL or
+        None) says whether ``close()`` closes the client."""
         self.kind = kind
         self.name = validate_name(name)
         self.prefix = validate_name(prefix, "prefix")
         self.client, self._owned = _connection.resolve(connection)
+        if owned is not None:
+            self._owned = owned
         self.keys = QueueKeys(self.prefix, self.name)
         self.scripts = Scripts(self.client)
         self._events: QueueEvents | None = None

@@ -1,11 +1,16 @@
-"""Background threads: naming, a capped retry backoff, joining on a deadline."""
+"""Background threads: naming, a capped retry backoff, joining on a deadline,
+and the one guarded loop every background thread of jobq runs."""
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
@@ -19,11 +24,10 @@ def join_all(threads: Iterable[threading.Thread], timeout: float | None) -> bool
     """Join threads against one shared deadline; True if all ended."""
     deadline = None if timeout is None else time.monotonic() + timeout
     current = threading.current_thread()
+    threads = [t for t in threads if t is not current]
     for thread in threads:
-        if thread is current:
-            continue
         thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    return not any(t.is_alive() for t in threads if t is not current)
+    return not any(t.is_alive() for t in threads)
 
 
 class RetryBackoff:
@@ -48,3 +52,84 @@ class RetryBackoff:
     def failures(self) -> int:
         """Consecutive failures so far."""
         return self._failures
+
+
+class BackgroundLoop:
+    """A named daemon thread that runs ``step()`` until ``stop()``.
+
+    ``step`` returns how many seconds to wait before the next step (0 for at
+    once); ``wake()`` cuts a wait short. An exception from a step never ends
+    the loop: it is logged (the first few in a row, then every 20th), given
+    to ``on_error``, and the next step comes after a capped backoff.
+    ``on_error`` itself may not raise; ``on_exit`` runs on the thread when
+    the loop ends (to close what the loop opened).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], float],
+        *,
+        on_error: Callable[[Exception], Any] | None = None,
+        on_exit: Callable[[], Any] | None = None,
+        cap: float = 5.0,
+    ) -> None:
+        self.name = name
+        self._step = step
+        self._on_error = on_error
+        self._on_exit = on_exit
+        self._backoff = RetryBackoff(cap=cap)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called."""
+        return self._stop.is_set()
+
+    def start(self) -> BackgroundLoop:
+        """Start the thread; return self."""
+        self.thread = start_thread(self.name, self._run)
+        return self
+
+    def stop(self) -> None:
+        """Ask the loop to end after its current step (from any thread)."""
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """End the current wait between steps at once."""
+        self._wake.set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` inside a step; True if the loop was stopped."""
+        return self._stop.wait(seconds)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()  # before the step, so no wake-up is lost
+            try:
+                wait = self._step()
+                self._backoff.reset()
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                wait = self._backoff.next()
+                failures = self._backoff.failures
+                if failures <= 3 or failures % 20 == 0:
+                    logger.warning(
+                        "%s: %s: %s (%d in a row); again in %.2f s",
+                        self.name, type(exc).__name__, exc, failures, wait,
+                    )
+                if self._on_error is not None:
+                    self._on_error(exc)
+            if wait > 0:
+                self._wake.wait(wait)

@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import importlib
-import itertools
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import sys
 import threading
@@ -27,11 +25,11 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 import redis
 
+from ._signals import StopSignals
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 
@@ -56,58 +54,6 @@ _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: a frame redrawn in place
 
 class _UsageError(Exception):
     """A bad argument found after parsing: message to stderr, exit 2."""
-
-
-class _Stop:
-    """SIGINT / SIGTERM handling: the first signal sets ``stopped``, a second sets
-    ``forced``. Restores the previous handlers on exit.
-
-    The handler only sets attributes: taking a lock in a signal handler (as
-    ``Event.set()`` does) can deadlock with the main thread holding it, and
-    ``next()`` on a counter tells a second signal from the first even when it
-    interrupts the first one's handler.
-    """
-
-    def __init__(self, on_first: str = "", on_second: str = "") -> None:
-        self.stopped = False
-        self.forced = False
-        self._signals = itertools.count(1)
-        self._pause = threading.Event()  # never set: a sleep that is not time.sleep
-        self._on_first, self._on_second = on_first, on_second
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if next(self._signals) == 1:
-            self.stopped = True
-            if self._on_first:
-                logger.info(self._on_first, signal.Signals(signum).name)
-        else:
-            self.forced = True
-            if self._on_second:
-                logger.warning(self._on_second, signal.Signals(signum).name)
-
-    def set(self) -> None:
-        """Stop, as a first signal would (from any thread)."""
-        self.stopped = True
-
-    def __enter__(self) -> _Stop:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[int(signum)] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking within 50 ms of a stop; True once stopped."""
-        deadline = time.monotonic() + seconds
-        while not self.stopped:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._pause.wait(min(left, 0.05))
-        return True
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -205,7 +151,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     workers = [Worker(q, processor, **options) for q in queues]
     for worker in workers:
         worker._announced_queues = tuple(queues)
-    with _Stop("%s: finishing jobs in flight (send it again to stop at once)",
+    with StopSignals("%s: finishing jobs in flight (send it again to stop at once)",
                "%s again: abandoning jobs in flight") as stop:
         for worker in workers:
             worker.start()
@@ -318,7 +264,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     opened: dict[str, Queue] = {}
     frames = 0
     try:
-        with _Stop() as stop:
+        with StopSignals() as stop:
             while True:
                 current = names()
                 for name in current:
@@ -353,7 +299,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
     _ping(args.url)
     lock = threading.Lock()
-    stop = _Stop()
+    stop = StopSignals()
 
     def show(event: Any) -> None:
         if args.json:
@@ -484,7 +430,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     show_bar = sys.stderr.isatty() and not args.quiet
     width = max(10, min(40, shutil.get_terminal_size().columns - 40))
     failed = 0
-    with _queue(args, args.queue) as queue, _Stop() as stop:
+    with _queue(args, args.queue) as queue, StopSignals() as stop:
         events = queue.events
         if not events.wait_until_ready(timeout=10):
             raise redis.exceptions.ConnectionError("the event reader did not start")
@@ -548,7 +494,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
         # later arguments win: keep the data in that directory, in an append-only file
         extra = ["--dir", directory, "--appendonly", "yes", "--appendfsync", "everysec"]
     server = RedisServer(port=args.port, extra_args=extra)
-    with _Stop() as stop:
+    with StopSignals() as stop:
         try:
             server.start()
         except RuntimeError as exc:
@@ -599,7 +545,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     thread = threading.Thread(target=server.serve_forever, name="jobq-metrics-http",
                               daemon=True)
     try:
-        with _Stop() as stop:
+        with StopSignals() as stop:
             thread.start()
             print(f"serving Prometheus metrics at http://{args.host}:{server.server_port}/metrics",
                   flush=True)

@@ -71,6 +71,52 @@ def resolve(connection: object) -> tuple[Client, bool]:
     )
 
 
+_KEEP: Any = object()
+
+
+def client_name(name: str) -> str:
+    """``name`` made fit for CLIENT SETNAME, which refuses spaces and
+    anything outside printable ASCII: each such character becomes ``_``."""
+    return "".join(c if "!" <= c <= "~" else "_" for c in name)
+
+
+def clone_client(
+    client: Client, name: str, *, socket_timeout: Any = _KEEP, max_connections: int = 2
+) -> Client:
+    """Return a new client of the same server with a pool of its own.
+
+    It has no client-level retries (the calling loop owns reconnection and
+    backoff), at most ``max_connections`` connections (per node on a
+    cluster), connections named ``name`` (made fit for CLIENT SETNAME), and
+    the given socket timeout (the original's by default).
+    """
+    name = client_name(name)
+    if isinstance(client, RedisCluster):
+        # A cluster client of its own, from the nodes the caller's knows: it
+        # routes each command to its slot's node, and follows MOVED itself.
+        options = {
+            k: v for k, v in client.nodes_manager.connection_kwargs.items()
+            if k not in ("redis_connect_func", "oss_cluster_maint_notifications_handler")
+        }
+        options.update(client_name=name, max_connections=max_connections)
+        if socket_timeout is not _KEEP:
+            options["socket_timeout"] = socket_timeout
+        nodes = [
+            ClusterNode(node.host, node.port)  # type: ignore[no-untyped-call]
+            for node in client.get_nodes()  # type: ignore[no-untyped-call]
+        ]
+        return RedisCluster(startup_nodes=nodes, **options)
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    kwargs.update(retry=Retry(NoBackoff(), 0), client_name=name)
+    if socket_timeout is not _KEEP:
+        kwargs["socket_timeout"] = socket_timeout
+    kwargs.pop("retry_on_timeout", None)
+    kwargs.pop("retry_on_error", None)
+    pool = redis.ConnectionPool(
+        connection_class=client.connection_pool.connection_class,
+        max_connections=max_connections, **kwargs,
+    )
+    return redis.Redis(connection_pool=pool)
 
 
 def blocking_client(client: Client, name: str) -> Client:
@@ -79,31 +125,26 @@ def blocking_client(client: Client, name: str) -> Client:
     It has its own connection, a socket timeout longer than any block and no
     client-level retries: the calling loop owns reconnection and backoff.
     """
-    if isinstance(client, RedisCluster):
-        # A cluster client of its own, from the nodes the caller's knows: it
-        # routes each command to its slot's node, and follows MOVED itself.
-        options = {
-            k: v for k, v in client.nodes_manager.connection_kwargs.items()
-            if k not in ("redis_connect_func", "oss_cluster_maint_notifications_handler")
-        }
-        options.update(socket_timeout=BLOCKING_SOCKET_TIMEOUT, client_name=name)
-        nodes = [
-            ClusterNode(node.host, node.port)  # type: ignore[no-untyped-call]
-            for node in client.get_nodes()  # type: ignore[no-untyped-call]
-        ]
-        return RedisCluster(startup_nodes=nodes, **options)
-    kwargs = dict(client.connection_pool.connection_kwargs)
-    kwargs.update(
-        socket_timeout=BLOCKING_SOCKET_TIMEOUT,
-        retry=Retry(NoBackoff(), 0),
-        client_name=name,
-    )
-    kwargs.pop("retry_on_timeout", None)
-    kwargs.pop("retry_on_error", None)
-    pool = redis.ConnectionPool(
-        connection_class=client.connection_pool.connection_class, max_connections=2, **kwargs
-    )
-    return redis.Redis(connection_pool=pool)
+    return clone_client(client, name, socket_timeout=BLOCKING_SOCKET_TIMEOUT)
+
+
+#: First words of error replies that say "try again": the server is busy
+#: with a script, loading, failing over or moving a slot.
+_TRANSIENT_REPLIES = frozenset(
+    {"BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"}
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an error from a call means "try again later", never "this
+    call is wrong": a lost connection, or an error reply such as BUSY,
+    LOADING, MASTERDOWN, READONLY, TRYAGAIN, CLUSTERDOWN or NOSCRIPT."""
+    if isinstance(exc, (*TRANSIENT_ERRORS, redis.exceptions.NoScriptError)):
+        return True
+    if isinstance(exc, redis.exceptions.ResponseError):
+        status = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+        return status in _TRANSIENT_REPLIES
+    return False
 
 
 def close_client(client: Client) -> None:

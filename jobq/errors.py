@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any
 
 import redis
@@ -102,11 +103,25 @@ class ClosedError(JobqError, RuntimeError):
     """A method was called on a closed object, or it closed under a wait."""
 
 
-# Negative return codes of the Lua scripts, mapped in one place.
-JOB_MISSING = -1
-LOCK_LOST = -2
-NOT_IN_STATE = -3
-ACTIVE_JOBS = -4
+class ScriptCode(IntEnum):
+    """Return codes of the Lua scripts (their headers say which each returns)."""
+
+    #: a finalising call retried after a lost reply: this token did it already
+    ALREADY_DONE = 0
+    #: done (a finalising call: the job completed, or failed for good)
+    DONE = 1
+    #: fail.lua: the attempt failed and a retry is scheduled
+    RETRYING = 2
+    JOB_MISSING = -1
+    LOCK_LOST = -2
+    NOT_IN_STATE = -3
+    ACTIVE_JOBS = -4
+
+
+JOB_MISSING = ScriptCode.JOB_MISSING
+LOCK_LOST = ScriptCode.LOCK_LOST
+NOT_IN_STATE = ScriptCode.NOT_IN_STATE
+ACTIVE_JOBS = ScriptCode.ACTIVE_JOBS
 
 
 def script_error(code: int, job_id: str | None = None, action: str = "") -> JobqError:

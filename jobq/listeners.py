@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,11 @@ class ListenerRegistry:
         self._lock = threading.Lock()
         self._entries: dict[str, list[_Entry]] = {}
         self._seq = itertools.count()
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (another thread may have held the
+        parent's at the fork)."""
+        self._lock = threading.Lock()
 
     def on(self, event: str, callback: Listener) -> Listener:
         """Call ``callback`` on every ``event``; return it."""
@@ -116,3 +122,51 @@ def call_safely(callback: Listener, event: str, *args: Any) -> None:
         callback(*args)
     except BaseException:  # a listener must never kill the thread that calls it
         logger.exception("listener %r of %r raised", callback, event)
+
+
+class ListenerDispatcher:
+    """Call a registry's listeners on a thread of their own, in emit order,
+    so that a slow listener never delays the thread that emits.
+
+    Before ``start()`` and after ``stop()``, ``emit`` calls the listeners
+    itself.
+    """
+
+    def __init__(self, registry: ListenerRegistry, name: str) -> None:
+        self._registry = registry
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[str, tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the dispatching thread."""
+        self.thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self.thread.start()
+
+    def emit(self, event: str, *args: Any) -> None:
+        """Have every listener of ``event`` called with ``args``."""
+        if not self._registry.has(event):
+            return
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            self._registry.emit(event, *args)
+        else:
+            self._queue.put((event, args))
+
+    def stop(self, timeout: float | None) -> bool:
+        """Deliver what was emitted, then end the thread; False if a listener
+        was still running after ``timeout``."""
+        thread = self.thread
+        if thread is None:
+            return True
+        self._queue.put(None)
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            event, args = item
+            self._registry.emit(event, *args)

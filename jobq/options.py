@@ -12,6 +12,8 @@ from .keys import validate_job_id
 
 #: Largest priority: priority and a sequence share one exact sorted-set score.
 MAX_PRIORITY = 2**21
+#: Longest wait before a retry, in seconds (a year): exponential backoff stops growing there.
+MAX_BACKOFF = 365 * 24 * 3600.0
 
 
 def _number(name: str, value: Any, minimum: float = 0.0) -> float:
@@ -71,10 +73,11 @@ class Backoff:
         """Seconds to wait after the ``attempts_made``-th failed attempt."""
         delay = self.delay
         if self.type == "exponential":
-            delay = self.delay * 2 ** max(0, attempts_made - 1)
+            # capped exponent: 2 ** 1024 would overflow a float
+            delay = self.delay * 2.0 ** min(max(0, attempts_made - 1), 64)
         if self.jitter:
             delay *= 1 - self.jitter * random.random()
-        return delay
+        return min(delay, MAX_BACKOFF)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form, as stored in a job's options."""

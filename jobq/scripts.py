@@ -10,13 +10,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, ResponseError
 
 from .connection import Client, take_connection
+from .errors import ScriptCode
 
 _SCRIPT_NAMES = (
     "add",
@@ -41,6 +44,16 @@ _SCRIPT_NAMES = (
     "retry",
     "stalledCheck",
     "updateJob",
+)
+
+#: Scripts that may run twice to the same effect, so that a call whose reply
+#: was lost may be sent again: the finalising ones are idempotent per lock
+#: token, the others read, renew or set. Every other script is sent once.
+RESENDABLE = frozenset(
+    {
+        "complete", "extendLocks", "fail", "getCounts", "getMetrics", "getOutcome",
+        "getWorkers", "heartbeat", "pause", "stalledCheck",
+    }
 )
 
 
@@ -117,10 +130,32 @@ class Scripts:
         ``client`` (a client or a pipeline) overrides the default one.
 
         On a plain client the call goes straight to a connection of its pool,
-        with the connection's own retry policy, as the client would do it but
-        without its per-command layers (a sixth of a call's CPU time here).
+        without the client's per-command layers (a sixth of a call's CPU
+        time here). Only scripts that may run twice to the same effect
+        (``RESENDABLE``) are resent under the connection's retry policy: a
+        reply lost after the server ran an ``add`` must not make two jobs.
         """
         target = client or self._client
+        if isinstance(target, RedisCluster) and name not in RESENDABLE:
+            # the slot's node directly, so that the cluster client's own
+            # retries cannot resend the script. When nothing was sent (MOVED,
+            # ASK, a cluster going down, or no connection to the node) the
+            # call goes through the cluster client, which follows the new
+            # slot map.
+            node = target.get_node_from_key(base)  # type: ignore[no-untyped-call]
+            node_pool = getattr(node and node.redis_connection, "connection_pool", None)
+            if node_pool is not None:
+                try:
+                    connection = take_connection(node_pool)  # connects: nothing sent yet
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+                    connection = None
+                if connection is not None:
+                    try:
+                        return self.run_on(connection, name, base, *args)
+                    except (MovedError, AskError, ClusterDownError):
+                        pass
+                    finally:
+                        node_pool.release(connection)
         if (
             isinstance(target, redis.Redis)
             and not isinstance(target, redis.client.Pipeline)
@@ -129,6 +164,8 @@ class Scripts:
             pool = target.connection_pool
             connection: Any = take_connection(pool)
             try:
+                if name not in RESENDABLE:
+                    return self.run_on(connection, name, base, *args)
                 return connection.retry.call_with_retry(
                     lambda: self.run_on(connection, name, base, *args),
                     lambda error: connection.disconnect(),
@@ -166,3 +203,107 @@ class Scripts:
         except BaseException:
             connection.disconnect()
             raise
+
+
+# -- the worker's scripts, typed ------------------------------------------------
+
+
+class TakeArgs(NamedTuple):
+    """What a take needs: moveToActive's arguments (and the tail of a
+    finalising call that takes the next job along)."""
+
+    token: str
+    lock_ms: int
+    worker: str
+    limit_max: int
+    limit_ms: int
+
+
+class Taken(NamedTuple):
+    """A job a take locked for the worker: its id, the lock token, and its
+    record as a flat field/value list."""
+
+    job_id: str
+    token: str
+    record: list[bytes]
+
+
+class TakeReply(NamedTuple):
+    """moveToActive's reply: a job, or how long to wait for one."""
+
+    taken: Taken | None = None
+    #: nothing taken: ms until the next delayed job is due (-1: none)
+    next_delay_ms: int = -1
+    #: > 0: the rate limiter allows no take for this many ms
+    limited_ms: int = 0
+
+
+class FinishReply(NamedTuple):
+    """complete's or fail's reply."""
+
+    code: ScriptCode
+    #: server time of the call (epoch seconds); None when refused
+    finished_on: float | None = None
+    #: the next job, when the call was asked to take one
+    next: TakeReply | None = None
+
+
+def _decode_take(reply: Any, token: str) -> TakeReply:
+    code = int(reply[0])
+    if code == 1:
+        return TakeReply(Taken(reply[1].decode(), token, reply[2]))
+    if code == 2:
+        return TakeReply(limited_ms=max(1, int(reply[1])))
+    return TakeReply(next_delay_ms=int(reply[1]))
+
+
+def _decode_finish(reply: Any, take: TakeArgs | None) -> FinishReply:
+    if not isinstance(reply, list):
+        return FinishReply(ScriptCode(int(reply)))
+    taken = None
+    if take is not None and len(reply) > 2:
+        taken = _decode_take(reply[2], take.token)
+    return FinishReply(ScriptCode(int(reply[0])), float(reply[1]) / 1000.0, taken)
+
+
+class WorkerScripts:
+    """The scripts a worker runs, one typed method each (arguments built and
+    replies decoded here only), over ``run(script, *argv)``: the caller picks
+    the connection."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Callable[..., Any]) -> None:
+        self._run = run
+
+    def take(self, take: TakeArgs, *, retried: bool = False) -> TakeReply:
+        """moveToActive.lua: promote due delayed jobs, take the next job.
+        ``retried``: this take's token was sent before and its reply lost."""
+        reply = self._run("moveToActive", *take, "1" if retried else "0")
+        return _decode_take(reply, take.token)
+
+    def complete(
+        self, job_id: str, token: str, result: bytes, take: TakeArgs | None
+    ) -> FinishReply:
+        """complete.lua: finish an attempt successfully (and take the next job)."""
+        reply = self._run("complete", job_id, token, result, *(take or ()))
+        return _decode_finish(reply, take)
+
+    def fail(
+        self, job_id: str, token: str, reason: str, stacktrace: bytes, delay_ms: int,
+        take: TakeArgs | None,
+    ) -> FinishReply:
+        """fail.lua: end a failed attempt; ``delay_ms`` -1 forbids a retry."""
+        reply = self._run("fail", job_id, token, reason, stacktrace, delay_ms, *(take or ()))
+        return _decode_finish(reply, take)
+
+    def extend_locks(self, lock_ms: int, held: list[tuple[str, str]]) -> set[str]:
+        """extendLocks.lua: renew (job id, token) locks; the tokens lost."""
+        argv: list[Any] = [lock_ms]
+        for job_id, token in held:
+            argv += (job_id, token)
+        return {t.decode() for t in self._run("extendLocks", *argv)}
+
+    def stalled_check(self, max_stalled: int, guard_ms: int, batch: int) -> list[str]:
+        """stalledCheck.lua: recover jobs of dead workers; the ids recovered."""
+        return [i.decode() for i in self._run("stalledCheck", max_stalled, guard_ms, batch)]

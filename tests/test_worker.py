@@ -1052,54 +1052,6 @@ def test_autorun_and_a_callers_client_left_open(queue: Queue, redis_client: redi
     assert redis_client.ping()  # the caller's client is the caller's to close
 
 
-def test_pool_threads_finish_on_their_own_connection_and_give_it_back(
-    queue: Queue, redis_client: redis.Redis
-) -> None:
-    pool: Any = redis_client.connection_pool
-    seen: list[tuple[Any, bool]] = []  # the pool thread's connection, and whether in use
-
-    def handler(job: Job) -> int:
-        own = getattr(worker._local, "connection", None)
-        seen.append((own, own in pool._in_use_connections))
-        return int(job.data)
-
-    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(6)])
-    worker = Worker(queue.name, handler, connection=redis_client, concurrency=1,
-                    lock_duration=LOCK, stalled_interval=INTERVAL)
-    with worker:
-        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(6))
-    # taken at the first finishing call, then kept, then given back at close
-    own = seen[1][0]
-    assert seen[0] == (None, False) and own is not None
-    assert seen[1:] == [(own, True)] * 5
-    assert own not in pool._in_use_connections
-
-
-def test_pool_threads_hold_no_connection_of_a_pool_too_small_to_spare(
-    queue: Queue, redis_client: redis.Redis
-) -> None:
-    # 8 pool threads, and 16 connections left for the rest, need 24
-    kwargs = redis_client.connection_pool.connection_kwargs
-    pool = redis.ConnectionPool(max_connections=23, **kwargs)
-    client = redis.Redis(connection_pool=pool)
-    held: list[Any] = []
-
-    def handler(job: Job) -> int:
-        held.append(getattr(worker._local, "connection", None))
-        return int(job.data)
-
-    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(20)])
-    worker = Worker(queue.name, handler, connection=client, concurrency=8,
-                    lock_duration=LOCK, stalled_interval=INTERVAL)
-    try:
-        with worker:
-            assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(20))
-        assert held == [None] * 20
-    finally:
-        client.close()
-        pool.disconnect()
-
-
 def test_run_blocks_until_close_from_another_thread(queue: Queue, redis_url: str) -> None:
     worker = make_worker(queue.name, redis_url, lambda job: job.data * 2)
     ready = threading.Event()
@@ -1169,7 +1121,8 @@ def test_pause_during_a_job_takes_no_next_job(queue: Queue, redis_url: str) -> N
         first = queue.add("first")
         second = queue.add("second")
         assert started.wait(WAIT)
-        worker.pause()
+        worker.pause(wait=False)  # returns with the first job still running
+        assert queue.get_job_state(first.id) == "active"
         release.set()
         assert first.wait_until_finished(timeout=WAIT) == "first"
         assert not rec.wait("active", 2, timeout=0.5), "a paused worker took a job"

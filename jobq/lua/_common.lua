@@ -277,11 +277,32 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   return { 1, id, append(rec, { 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token }) }
 end
 
--- Return `code`, with the next job taken for the worker when ARGV[i..i+4]
--- carry a take's arguments (token, lock ms, worker, limit max, limit ms).
-local function and_take_next(code, i, now)
-  if ARGV[i] and ARGV[i] ~= '' then
-    return { code, take_next(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], now) }
+-- The job that a take with `token` left locked by it, as take_next returns
+-- a taken job ({1, id, record}), or nil. Scans the active set: only calls
+-- retried after a lost reply use it.
+local function taken_by(token)
+  for _, aid in ipairs(redis.call('ZRANGE', K_ACTIVE, 0, -1)) do
+    if redis.call('GET', lock_key(aid)) == token then
+      return { 1, aid, redis.call('HGETALL', job_key(aid)) }
+    end
   end
-  return code
+  return nil
+end
+
+-- The reply of a finalising script: {code, now} (now: the server time of the
+-- call, ms, as a string), and the next job taken for the worker,
+-- {code, now, take}, when ARGV[i..i+4] carry a take's arguments (token, lock
+-- ms, worker, limit max, limit ms). A retried call (code 0: this token
+-- finalised the job already) gets back the job its first run took with the
+-- same take token, when that job is still locked by it.
+local function and_take_next(code, i, now)
+  local stamp = string.format('%.17g', now)
+  if ARGV[i] and ARGV[i] ~= '' then
+    local taken = code == 0 and taken_by(ARGV[i])
+    if not taken then
+      taken = take_next(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], now)
+    end
+    return { code, stamp, taken }
+  end
+  return { code, stamp }
 end

@@ -8,8 +8,11 @@
   ARGV[3]  return value (msgpack)
   ARGV[4..8] optional: take the worker's next job in the same call (token,
            lock ms, worker, limit max, limit ms; as moveToActive.lua)
-  Returns  1 done, or {1, next} with moveToActive's reply when asked; 0 already done by this token (a retried call);
-           -1 job missing; -2 lock not held
+  Returns  {1, now} done, now the server time (ms, a string); {1, now, next}
+           with moveToActive's reply when asked to take the next job;
+           {0, now[, next]} already done by this token (a retried call; next
+           is the job the first call took with the same take token, if
+           still locked by it); -1 job missing; -2 lock not held
   Events   completed, with the result when it is at most 16 KiB or the job
            has a retention rule (else the result stays in the record only)
   Metrics  counts the job in metrics:completed (see record_metric)
@@ -17,6 +20,7 @@
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
 local refused = not_owner(id, token)
+if refused == 0 then return and_take_next(0, 4, now_ms()) end
 if refused then return refused end
 local now = now_ms()
 local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka')

@@ -9,15 +9,18 @@
   ARGV[4]  stack traces so far, newest last (msgpack list)
   ARGV[5]  retry delay in ms; -1 forbids a retry (unrecoverable)
   ARGV[6..10] optional: take the worker's next job in the same call
-  Returns  1 failed for good; 2 retry scheduled ({code, next} when asked
-           to take the next job, next as moveToActive.lua returns it); 0 already done by this
-           token; -1 job missing; -2 lock not held
+  Returns  {1, now} failed for good; {2, now} retry scheduled; now the
+           server time (ms, a string); {code, now, next} when asked to take
+           the next job (next as moveToActive.lua returns it); {0, now[, next]}
+           already done by this token (a retried call, as complete.lua);
+           -1 job missing; -2 lock not held
   Events   retrying, then waiting or delayed; or failed (terminal only)
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
 ]]
 local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
 local refused = not_owner(id, token)
+if refused == 0 then return and_take_next(0, 6, now_ms()) end
 if refused then return refused end
 local now = now_ms()
 local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority')

@@ -8,10 +8,17 @@
   ARGV[3]  worker name
   ARGV[4]  rate limit: max jobs per window (0: no limit)
   ARGV[5]  rate limit window, ms
+  ARGV[6]  optional: '1' when this call retries a take whose reply was lost:
+           the job that take locked with the same token, if any, is
+           returned as taken
   Returns  {1, id, {job hash field, value, ...}}  a job was taken
            {0, ms}   nothing to take; ms until the next delayed job, or -1
            {2, ms}   rate limited for ms more
   Events   waiting (prev delayed) per promoted job; active; drained when the
            take leaves nothing waiting
 ]]
+if ARGV[6] == '1' then
+  local taken = taken_by(ARGV[1])
+  if taken then return taken end
+end
 return take_next(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])

@@ -227,9 +227,9 @@ def test_b6_handler_never_returns_times_out(
         # the leaked handler thread: one pool thread stays in user code (the
         # other leaves it just after its job's waiter woke; nothing to wait on)
         deadline = time.monotonic() + WAIT
-        while len(worker._busy_threads) != 1 and time.monotonic() < deadline:
+        while len(worker._roles.runner._in_user_code) != 1 and time.monotonic() < deadline:
             threading.Event().wait(0.01)
-        assert len(worker._busy_threads) == 1
+        assert len(worker._roles.runner._in_user_code) == 1
     finally:
         release.set()
         worker.close()

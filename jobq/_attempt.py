@@ -1,0 +1,175 @@
+"""What the Worker's roles share: attempts in flight, and the gate for takes.
+
+The fetcher and the runners add attempts to the ``AttemptTable`` the moment a
+take returns; the lock renewer renews what it holds, the timeout watch fails
+what overran, and ``close()`` / ``pause()`` wait for it to empty. The
+``TakeGate`` says whether the worker may take a job now, and counts the takes
+under way so that a pause or a close can wait for them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .job import Job
+
+
+class Attempt:
+    """One run of one job by this worker, keyed by its lock token.
+
+    ``record`` is the job's hash as the take returned it (flat field/value
+    list); ``job`` is built from it by the runner, and ``error`` is what the
+    attempt fails with instead of running (a record that cannot be read).
+    """
+
+    __slots__ = ("job_id", "token", "record", "job", "deadline", "started", "claimed", "error")
+
+    def __init__(self, job_id: str, token: str, record: list[bytes]) -> None:
+        self.job_id = job_id
+        self.token = token
+        self.record = record
+        self.job: Job | None = None
+        self.deadline: float | None = None  # monotonic; None: no timeout
+        self.started = time.monotonic()
+        self.claimed = False  # finalised, or being finalised: exactly once
+        self.error: BaseException | None = None
+
+    def cancel(self) -> None:
+        """Tell a cooperative handler to stop (``job.cancelled``)."""
+        if self.job is not None:
+            self.job.cancelled.set()
+
+    def cancelled(self) -> bool:
+        """Whether the attempt was told to stop."""
+        return self.job is not None and self.job.cancelled.is_set()
+
+
+class AttemptTable:
+    """The attempts this worker holds, by token, under one condition."""
+
+    def __init__(self, on_deadline: Callable[[], None] | None = None) -> None:
+        self._cond = threading.Condition()
+        self._attempts: dict[str, Attempt] = {}
+        self._abandoned = False
+        self._on_deadline = on_deadline
+
+    def __len__(self) -> int:
+        return len(self._attempts)
+
+    def add(self, attempt: Attempt) -> None:
+        """Hold an attempt: from now on its lock is renewed."""
+        with self._cond:
+            self._attempts[attempt.token] = attempt
+
+    def set_deadline(self, attempt: Attempt, seconds: float) -> None:
+        """Give a held attempt a timeout, counted from its take."""
+        attempt.deadline = attempt.started + seconds
+        if self._on_deadline is not None:
+            self._on_deadline()
+
+    def discard(self, attempt: Attempt) -> None:
+        """Stop holding an attempt (finalised, or given up)."""
+        with self._cond:
+            self._attempts.pop(attempt.token, None)
+            self._cond.notify_all()
+
+    def held(self) -> list[Attempt]:
+        """Attempts whose lock is to be renewed: not finalised, not cancelled."""
+        with self._cond:
+            attempts = list(self._attempts.values())
+        return [a for a in attempts if not a.claimed and not a.cancelled()]
+
+    def timed(self) -> list[Attempt]:
+        """Unclaimed attempts that have a deadline."""
+        with self._cond:
+            return [a for a in self._attempts.values() if a.deadline is not None and not a.claimed]
+
+    def claim(self, attempt: Attempt) -> bool:
+        """Take the right to finalise an attempt: False when it was taken
+        already (its timeout fired) or the worker abandoned its jobs."""
+        with self._cond:
+            if attempt.claimed or self._abandoned:
+                return False
+            attempt.claimed = True
+            return True
+
+    def wait_empty(self, deadline: float | None, give_up: Callable[[], bool] = bool) -> bool:
+        """Wait until no attempt is held, ``deadline`` (monotonic) passes or
+        ``give_up()`` turns true (polled); True when empty."""
+        with self._cond:
+            while self._attempts:
+                if give_up():
+                    return False
+                left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def abandon(self) -> list[Attempt]:
+        """Finalise nothing from now on; return the attempts left in flight."""
+        with self._cond:
+            self._abandoned = True
+            return list(self._attempts.values())
+
+
+class TakeGate:
+    """Whether the worker may take jobs (not paused, not closing), and how
+    many takes are under way: a take counts from before its call until the
+    job it returned is in the AttemptTable."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._paused = False
+        self._shut = False
+        self._takes = 0
+
+    @property
+    def open(self) -> bool:
+        """Whether a take may start now."""
+        return not (self._paused or self._shut)
+
+    def begin(self) -> bool:
+        """Start a take if the gate is open; True if one was started."""
+        with self._cond:
+            if self._paused or self._shut:
+                return False
+            self._takes += 1
+            return True
+
+    def end(self) -> None:
+        """A take started with ``begin`` is over."""
+        with self._cond:
+            self._takes -= 1
+            self._cond.notify_all()
+
+    def set_paused(self, paused: bool) -> None:
+        """Close (pause) or reopen the gate."""
+        with self._cond:
+            self._paused = paused
+            self._cond.notify_all()
+
+    def shut(self) -> None:
+        """Close the gate for good (the worker is closing)."""
+        with self._cond:
+            self._shut = True
+            self._cond.notify_all()
+
+    def wait_open(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the gate to be open; True if open."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.open or self._shut, timeout) and self.open
+
+    def wait_idle(self, deadline: float | None) -> bool:
+        """Wait until no take is under way or ``deadline`` passes."""
+        with self._cond:
+            while self._takes:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True

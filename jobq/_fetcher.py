@@ -1,0 +1,172 @@
+"""The Worker's fetch thread: takes jobs and hands them to the runners.
+
+It blocks on the queue's marker key (BZPOPMIN, at most ``BLOCK_CAP`` at a
+time) on a connection of its own, takes a job when one may be ready and a
+pool slot is free, puts it under lock renewal (the AttemptTable) before
+anything else, and hands it over.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._attempt import Attempt, AttemptTable, TakeGate
+from ._checks import warn_if_evicting
+from ._context import QueueContext
+from ._threads import BackgroundLoop
+from .connection import BLOCK_CAP, Blocked, blocking_client, client_id, close_client, unblock
+from .scripts import TakeArgs, WorkerScripts
+
+logger = logging.getLogger(__name__)
+
+
+class Fetcher:
+    """Take jobs while the gate is open and a slot is free.
+
+    Args:
+        context: the worker's queue context.
+        gate: whether taking is allowed; counts takes under way.
+        slots: one per pool thread; a take holds one until its chain ends.
+        table: where a taken job is held (its lock renewed) at once.
+        hand_off: gives a taken attempt to a pool thread.
+        take_args: the arguments of the next take (a fresh token each).
+        drain_delay: longest idle time between two looks at the queue.
+        on_ready: called once, after the first take.
+        on_error: a failed round (logged already).
+    """
+
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        worker_name: str,
+        gate: TakeGate,
+        slots: threading.Semaphore,
+        table: AttemptTable,
+        hand_off: Callable[[Attempt], None],
+        take_args: Callable[[], TakeArgs],
+        drain_delay: float,
+        on_ready: Callable[[], None],
+        on_error: Callable[[Exception], None],
+    ) -> None:
+        self._context = context
+        self._name = f"jobq-fetch-{worker_name}"
+        self._gate = gate
+        self._slots = slots
+        self._table = table
+        self._hand_off = hand_off
+        self._take_args = take_args
+        self._drain_delay = drain_delay
+        self._on_ready = on_ready
+        self._on_error = on_error
+        self._blocker: Any = None
+        self._blocked_id: Blocked | None = None
+        self._unsure: TakeArgs | None = None  # a take whose reply was lost
+        self._due_at: float | None = None
+        self._last_fetch = 0.0
+        self._need_fetch = True
+        self._ready = False
+        self._loop = BackgroundLoop(
+            f"jobq-fetch-{context.name}", self._step, on_error=self._failed, on_exit=self._close
+        )
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The fetch thread, once started."""
+        return self._loop.thread
+
+    def start(self) -> None:
+        """Start the fetch thread."""
+        self._loop.start()
+
+    def stop(self) -> None:
+        """Stop taking; wake a blocked read so that the thread ends at once."""
+        self._loop.stop()
+        unblock(self._context.client, self._blocked_id)
+
+    def _connect(self) -> Any:
+        if self._blocker is None:
+            self._blocker = blocking_client(self._context.client, self._name)
+            self._blocked_id = client_id(self._blocker, self._context.keys.marker)
+            warn_if_evicting(self._blocker)
+        return self._blocker
+
+    def _failed(self, exc: Exception) -> None:
+        if self._blocker is not None:
+            close_client(self._blocker)
+            self._blocker = None
+        self._need_fetch = True
+        self._on_error(exc)
+
+    def _step(self) -> float:
+        if not self._gate.wait_open(BLOCK_CAP):
+            return 0.0
+        if self._need_fetch or time.monotonic() - self._last_fetch >= self._drain_delay:
+            wait = self._fetch()
+            if wait is not None:
+                return wait
+        wait = min(BLOCK_CAP, self._drain_delay)
+        if self._due_at is not None:
+            wait = min(wait, self._due_at - time.monotonic())
+        if wait <= 0:
+            self._need_fetch = True
+            return 0.0
+        popped = self._connect().bzpopmin(self._context.keys.marker, wait)
+        self._need_fetch = popped is not None or (
+            self._due_at is not None and time.monotonic() >= self._due_at
+        )
+        return 0.0
+
+    def _fetch(self) -> float | None:
+        """One take: seconds to wait before the next step, or None to block
+        on the marker."""
+        if not self._slots.acquire(timeout=BLOCK_CAP):
+            return 0.0
+        if not self._gate.begin():  # paused or closing since the slot came
+            self._slots.release()
+            return 0.0
+        held = False
+        try:
+            scripts = WorkerScripts(self._run)
+            retried = self._unsure is not None
+            take = self._unsure or self._take_args()
+            self._unsure = take  # until its reply is read
+            reply = scripts.take(take, retried=retried)
+            self._unsure = None
+            self._last_fetch = time.monotonic()
+            if reply.taken is not None:
+                job_id, token, record = reply.taken
+                attempt = Attempt(job_id, token, record)
+                self._table.add(attempt)  # under lock renewal from now on
+                held = True
+                self._hand_off(attempt)
+        finally:
+            self._gate.end()
+            if not held:
+                self._slots.release()
+        if not self._ready:
+            self._ready = True
+            self._on_ready()
+        if reply.taken is not None:
+            self._need_fetch = True
+            return 0.0
+        if reply.limited_ms:
+            return min(reply.limited_ms / 1000.0, BLOCK_CAP)
+        ms = reply.next_delay_ms
+        self._due_at = None if ms < 0 else self._last_fetch + ms / 1000.0
+        self._need_fetch = False
+        return None
+
+    def _run(self, script: str, *argv: Any) -> Any:
+        return self._context.scripts.run(
+            script, self._context.keys.base, *argv, client=self._connect()
+        )
+
+    def _close(self) -> None:
+        if self._blocker is not None:
+            close_client(self._blocker)
+            self._blocker = None

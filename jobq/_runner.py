@@ -1,0 +1,374 @@
+"""The Worker's pool threads: run attempts, and finish them exactly once.
+
+``Runner`` owns the pool threads: each takes an attempt handed over by the
+fetcher, builds its Job (a record that cannot be read fails the job, never
+the thread), calls the handler and finishes the attempt through the
+``Finisher``, whose finishing call may take the worker's next job too; that
+job is held (its lock renewed) from the moment the call returns, and runs
+on the same thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as _queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from . import serializer
+from ._attempt import Attempt, AttemptTable, TakeGate
+from ._context import QueueContext
+from ._threads import RetryBackoff, start_thread
+from .connection import is_transient
+from .errors import (
+    JobqError,
+    JobTimeoutError,
+    LockLostError,
+    PayloadTooLarge,
+    ScriptCode,
+    UnrecoverableError,
+)
+from .job import MAX_STACKTRACES, Job
+from .options import Backoff
+from .scripts import FinishReply, TakeArgs, WorkerScripts
+
+logger = logging.getLogger(__name__)
+
+#: Longest failed reason and stack trace kept per attempt, in characters.
+MAX_REASON = 16 * 1024
+MAX_TRACE = 64 * 1024
+
+Emit = Callable[..., None]
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``str(exc)``, or the exception's type name when that is empty or
+    raises; clipped to ``MAX_REASON`` characters."""
+    try:
+        text = str(exc)
+    except BaseException:  # a broken __str__ must not break the failure path
+        text = f"{type(exc).__name__} (its message could not be read)"
+    return _clip(text or type(exc).__name__, MAX_REASON)
+
+
+def format_trace(exc: BaseException) -> str:
+    """The formatted traceback of ``exc``, clipped to ``MAX_TRACE``."""
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException:
+        text = f"{type(exc).__name__} (its traceback could not be formatted)\n"
+    return _clip(text, MAX_TRACE)
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def retry_delay_ms(job: Job, exc: BaseException, attempt_no: int) -> int:
+    """fail.lua's delay: -1 forbids a retry (unrecoverable), else the
+    backoff before the next attempt (0 when none is left)."""
+    if isinstance(exc, UnrecoverableError):
+        return -1
+    if attempt_no >= _int(job.opts.get("attempts"), 1):
+        return 0
+    try:
+        backoff = Backoff.parse(job.opts.get("backoff"))
+    except (TypeError, ValueError):  # a record written by hand: retry at once
+        return 0
+    return 0 if backoff is None else round(backoff.delay_for(attempt_no) * 1000)
+
+
+class Finisher:
+    """Finish attempts (complete or fail), retrying through outages for up
+    to a lock duration; the calls are idempotent per lock token, so a retry
+    after a lost reply finds its own work done."""
+
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        table: AttemptTable,
+        gate: TakeGate,
+        take_args: Callable[[], TakeArgs],
+        lock_duration: float,
+        max_result_bytes: int | None,
+        abandoned: threading.Event,
+        emit: Emit,
+    ) -> None:
+        self._context = context
+        self._table = table
+        self._gate = gate
+        self._take_args = take_args
+        self._lock_duration = lock_duration
+        self._max_result_bytes = max_result_bytes
+        self._abandoned = abandoned
+        self._emit = emit
+        self._lock = threading.Lock()
+        self.done = 0
+        self.failed = 0
+        self._job_log = logging.getLogger(f"jobq.jobs.{context.name}")
+
+    def complete(self, attempt: Attempt, result: Any, conn: Any, chain: bool) -> Attempt | None:
+        """Complete a claimed attempt; return the next attempt taken along."""
+        job = attempt.job
+        assert job is not None
+        try:
+            packed = serializer.encode(result, "return value")
+            limit = self._max_result_bytes
+            if limit is not None and len(packed) > limit:
+                raise PayloadTooLarge(
+                    f"return value encodes to {len(packed)} bytes, over the worker's "
+                    f"max_result_bytes={limit}"
+                )
+        except Exception as exc:  # an unencodable or oversized result fails the attempt
+            return self.fail(attempt, exc, format_trace(exc), conn, chain)
+        reply, taken = self._call(
+            attempt, conn, chain,
+            lambda scripts, take: scripts.complete(job.id, attempt.token, packed, take),
+        )
+        if reply is None:
+            return taken
+        job.return_value = result
+        job.attempts_made += 1
+        job.finished_on = reply.finished_on
+        with self._lock:
+            self.done += 1
+        if self._job_log.isEnabledFor(logging.INFO):
+            self._job_log.info("job %s (%s) completed in %.3f s", job.id, job.name,
+                               time.monotonic() - attempt.started)
+        self._emit("completed", job, result)
+        return taken
+
+    def fail(
+        self, attempt: Attempt, exc: BaseException, trace: str, conn: Any, chain: bool
+    ) -> Attempt | None:
+        """Fail a claimed attempt (retried or for good); return the next
+        attempt taken along."""
+        job = attempt.job
+        assert job is not None
+        attempt_no = job.attempts_made + 1
+        reason = failure_reason(exc)
+        delay_ms = retry_delay_ms(job, exc, attempt_no)
+        stacktrace = (job.stacktrace + [trace])[-MAX_STACKTRACES:]
+        packed = serializer.encode(stacktrace, "stack trace")
+        reply, taken = self._call(
+            attempt, conn, chain,
+            lambda scripts, take: scripts.fail(
+                job.id, attempt.token, reason, packed, delay_ms, take
+            ),
+        )
+        if reply is None:
+            return taken
+        job.attempts_made = attempt_no
+        job.failed_reason = reason
+        job.stacktrace = stacktrace
+        retrying = reply.code == ScriptCode.RETRYING
+        if not retrying:
+            job.finished_on = reply.finished_on
+        with self._lock:
+            self.failed += 1
+        if self._job_log.isEnabledFor(logging.INFO):
+            self._job_log.log(
+                logging.INFO if retrying else logging.WARNING,
+                "job %s (%s) failed in %.3f s, attempt %d%s: %s", job.id, job.name,
+                time.monotonic() - attempt.started, attempt_no,
+                ", will retry" if retrying else "", reason,
+            )
+        self._emit("failed", job, exc)
+        return taken
+
+    def _call(
+        self,
+        attempt: Attempt,
+        conn: Any,
+        chain: bool,
+        send: Callable[[WorkerScripts, TakeArgs | None], FinishReply],
+    ) -> tuple[FinishReply | None, Attempt | None]:
+        """Send a finishing call until it is answered; (the reply when the
+        call finished the attempt, else None; the attempt taken along)."""
+        take = self._take_args() if chain and self._gate.begin() else None
+        scripts = WorkerScripts(
+            self._context.run if conn is None
+            else lambda *argv: self._context.run_on(conn, *argv)
+        )
+        deadline = time.monotonic() + self._lock_duration
+        backoff = RetryBackoff(cap=1.0)
+        ambiguous = False
+        taken: Attempt | None = None
+        try:
+            while True:
+                try:
+                    reply = send(scripts, take)
+                    break
+                except Exception as exc:
+                    if not is_transient(exc) or time.monotonic() >= deadline:
+                        logger.error("could not finish job %r: %s", attempt.job_id, exc)
+                        self._emit("error", exc)
+                        return None, None
+                    # resent with the same take token: a lost reply's take
+                    # comes back with the retry (see and_take_next)
+                    ambiguous = True
+                    if self._abandoned.wait(backoff.next()):
+                        return None, None
+            if reply.next is not None and reply.next.taken is not None:
+                taken = Attempt(*reply.next.taken)
+                self._table.add(taken)  # held from the moment the call returns
+        finally:
+            self._table.discard(attempt)
+            if take is not None:
+                self._gate.end()
+        code = reply.code
+        if code == ScriptCode.LOCK_LOST or (code == ScriptCode.JOB_MISSING and not ambiguous):
+            if attempt.job is not None:
+                attempt.job.cancelled.set()
+            error = LockLostError(
+                f"job {attempt.job_id!r} was taken over or removed; this worker's result "
+                "is discarded"
+            )
+            logger.warning("%s", error)
+            self._emit("error", error)
+            return None, taken
+        return reply, taken
+
+
+class Runner:
+    """The pool: ``concurrency`` threads running attempts handed over."""
+
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        concurrency: int,
+        worker_name: str,
+        table: AttemptTable,
+        slots: threading.Semaphore,
+        finisher: Finisher,
+        handler_for: Callable[[Job], Callable[[Job], Any]],
+        emit: Emit,
+        has_listener: Callable[[str], bool],
+    ) -> None:
+        self._context = context
+        self._concurrency = concurrency
+        self._worker_name = worker_name
+        self._table = table
+        self._slots = slots
+        self._finisher = finisher
+        self._handler_for = handler_for
+        self._emit = emit
+        self._has_listener = has_listener
+        self._work: _queue.SimpleQueue[Attempt | None] = _queue.SimpleQueue()
+        self._in_user_code: set[str] = set()
+        self._hold = context.can_hold(concurrency)
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the pool threads."""
+        q = self._context.name
+        self.threads = [
+            start_thread(f"jobq-worker-{q}-{i}", self._pool) for i in range(self._concurrency)
+        ]
+
+    def submit(self, attempt: Attempt) -> None:
+        """Hand an attempt (held in the table) to a free pool thread."""
+        self._work.put(attempt)
+
+    def stop(self) -> None:
+        """Let each pool thread end once it is idle."""
+        for _ in self.threads:
+            self._work.put(None)
+
+    def in_user_code(self, thread: threading.Thread) -> bool:
+        """Whether a pool thread is inside a handler now."""
+        return thread.name in self._in_user_code
+
+    def timed_out(self, attempt: Attempt) -> None:
+        """Fail an attempt that ran past its timeout (claimed already); its
+        handler keeps its pool slot until it returns."""
+        assert attempt.deadline is not None
+        seconds = attempt.deadline - attempt.started
+        error = JobTimeoutError(f"job {attempt.job_id!r} timed out after {seconds:g} s")
+        self._finisher.fail(attempt, error, f"{type(error).__name__}: {error}\n", None, False)
+
+    def _pool(self) -> None:
+        conn = self._context.own_connection() if self._hold else None
+        try:
+            while True:
+                attempt = self._work.get()
+                if attempt is None:
+                    return
+                try:
+                    while attempt is not None:
+                        attempt = self._serve(attempt, conn)
+                finally:
+                    self._slots.release()
+        finally:
+            self._context.release(conn)
+
+    def _serve(self, attempt: Attempt, conn: Any) -> Attempt | None:
+        """Run one attempt; return the next one taken along, if any. Never
+        raises: a failure of jobq's own making is logged, and the job is
+        left to be recovered as stalled."""
+        try:
+            job = self._prepare(attempt)
+            self._emit("active", job)
+            name = threading.current_thread().name
+            self._in_user_code.add(name)
+            try:
+                if attempt.error is not None:
+                    raise attempt.error
+                result = self._handler_for(job)(job)
+            except BaseException as exc:  # whatever the handler raised fails the attempt only
+                self._in_user_code.discard(name)
+                trace = format_trace(exc)
+                if self._table.claim(attempt):
+                    return self._finisher.fail(attempt, exc, trace, conn, True)
+                return None
+            self._in_user_code.discard(name)
+            if self._table.claim(attempt):
+                return self._finisher.complete(attempt, result, conn, True)
+            logger.info("job %r returned after its attempt ended; result discarded", job.id)
+            return None
+        except BaseException as exc:
+            logger.exception("worker failed to run job %r; it will be recovered as stalled",
+                             attempt.job_id)
+            self._table.discard(attempt)
+            self._emit("error", exc)
+            return None
+
+    def _prepare(self, attempt: Attempt) -> Job:
+        """Build the attempt's Job from the record its take returned; a record
+        that cannot be read makes the attempt fail with the reason."""
+        flat = attempt.record
+        record = dict(zip(flat[::2], flat[1::2], strict=False))
+        try:
+            job = Job.from_record(self._context, attempt.job_id, record)
+            timeout = job.opts.get("timeout")
+            seconds = float(timeout) if timeout else None
+        except Exception as exc:
+            name = (record.get(b"name") or b"").decode("utf-8", "replace")
+            job = Job(self._context, attempt.job_id, name)
+            job.attempts_made = _int(record.get(b"atm"), 0)
+            attempt.error = exc if isinstance(exc, JobqError) else JobqError(
+                f"job record of {attempt.job_id!r} cannot be read: {failure_reason(exc)}"
+            )
+            seconds = None
+        job.processed_by = self._worker_name
+        job._token = attempt.token
+        if self._has_listener("progress"):
+            job._on_progress = lambda j, v: self._emit("progress", j, v)
+        attempt.job = job
+        if seconds:
+            self._table.set_deadline(attempt, seconds)
+        return job

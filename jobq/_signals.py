@@ -1,0 +1,66 @@
+"""SIGINT / SIGTERM for ``Worker.run`` and the ``jobq worker`` command."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class StopSignals:
+    """The first SIGINT / SIGTERM sets ``stopped``, a second sets ``forced``.
+
+    The handler only sets attributes: taking a lock in a signal handler (as
+    ``Event.set()`` does) can deadlock with the main thread holding it, and
+    ``next()`` on a counter tells a second signal from the first even when it
+    interrupts the first one's handler. Use it as a context manager in the
+    main thread; the previous handlers come back on exit.
+    """
+
+    def __init__(self, on_first: str = "", on_second: str = "") -> None:
+        self.stopped = False
+        self.forced = False
+        self._signals = itertools.count(1)
+        self._pause = threading.Event()  # never set: a sleep that is not time.sleep
+        self._on_first, self._on_second = on_first, on_second
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if next(self._signals) == 1:
+            self.stopped = True
+            if self._on_first:
+                logger.info(self._on_first, signal.Signals(signum).name)
+        else:
+            self.forced = True
+            if self._on_second:
+                logger.warning(self._on_second, signal.Signals(signum).name)
+
+    def set(self) -> None:
+        """Stop, as a first signal would (from any thread)."""
+        self.stopped = True
+
+    def __enter__(self) -> StopSignals:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[int(signum)] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking within 50 ms of a stop; True once stopped."""
+        deadline = time.monotonic() + seconds
+        while not self.stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._pause.wait(min(left, 0.05))
+        return True
