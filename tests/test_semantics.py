@@ -1,0 +1,137 @@
+"""Semantics shared with BullMQ (issue 12): retries keep their counters,
+ordering of priorities and of delayed jobs, ``drained``, a paused queue's
+delayed jobs, and small record details.
+
+Every test runs against the session's real server, on a queue of its own.
+Waits are bounded (``threading.Event.wait``, ``wait_until_finished``,
+``tests.polling.until``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import Job, JobFailedError, Queue, Worker
+
+WAIT = 10.0  # seconds: the bound of every wait for something that should happen
+MAX_PRIORITY = 2_097_151  # BullMQ's: (priority, sequence) stays exact below 2**53
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+def make_worker(queue_name: str, redis_url: str, processor: Callable[[Job], Any],
+                **options: Any) -> Worker:
+    """A Worker with a short idle look unless told otherwise, so close() is quick."""
+    options.setdefault("drain_delay", 0.1)
+    return Worker(queue_name, processor, connection=redis_url, **options)
+
+
+def event_names(client: redis.Redis, queue_name: str) -> list[tuple[str, str]]:
+    """The queue's stream events as (name, job id), oldest first."""
+    out = []
+    for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
+        out.append((raw[b"ev"].decode(), raw[b"jid"].decode()))
+    return out
+
+
+def server_ms(client: redis.Redis) -> float:
+    """The server's clock, in epoch milliseconds."""
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
+
+
+class Runs:
+    """Records what a processor ran, in order; lets a test wait for a count."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+        self._cond = threading.Condition()
+
+    def add(self, value: Any) -> None:
+        with self._cond:
+            self.seen.append(value)
+            self._cond.notify_all()
+
+    def wait(self, count: int, timeout: float = WAIT) -> list[Any]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.seen) >= count, timeout), (
+                f"only ran {self.seen}"
+            )
+            return list(self.seen)
+
+
+def always_fails(runs: Runs) -> Callable[[Job], None]:
+    def processor(job: Job) -> None:
+        runs.add(job.attempts_made)
+        raise RuntimeError("broken")
+
+    return processor
+
+
+# -- 1. retry keeps attempts_made and stalled_counter -------------------------
+
+
+def test_retry_keeps_attempts_made_and_gives_one_more_attempt(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    runs = Runs()
+    job = queue.add("n", attempts=2)
+    with make_worker(queue.name, redis_url, always_fails(runs)):
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(timeout=WAIT)
+        assert job.refresh().attempts_made == 2
+        redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "stc", 1)  # one stall
+        job.retry()
+        job.refresh()
+        assert (job.attempts_made, job.stalled_counter) == (2, 1)
+        assert len(job.stacktrace) == 2  # the traces of the attempts it counts
+        assert job.failed_reason is None
+        # the retried job used up its attempts: it gets one more, not two
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(timeout=WAIT)
+    assert runs.seen == [0, 1, 2]
+    job.refresh()
+    assert (job.attempts_made, job.stalled_counter) == (3, 1)
+    assert len(job.stacktrace) == 3
+
+
+def test_retry_with_reset_attempts_starts_afresh(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    runs = Runs()
+    job = queue.add("n", attempts=2)
+    with make_worker(queue.name, redis_url, always_fails(runs)):
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(timeout=WAIT)
+        redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "stc", 1)
+        job.retry(reset_attempts=True)
+        job.refresh()
+        assert (job.attempts_made, job.stalled_counter, job.stacktrace) == (0, 0, [])
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(timeout=WAIT)
+    assert runs.seen == [0, 1, 0, 1]
+
+
+def test_retry_jobs_keeps_attempts_unless_reset(queue: Queue, redis_url: str) -> None:
+    runs = Runs()
+    jobs = queue.add_bulk([{"name": "n", "data": i, "attempts": 2} for i in range(3)])
+    with make_worker(queue.name, redis_url, always_fails(runs)):
+        for job in jobs:
+            with pytest.raises(JobFailedError):
+                job.wait_until_finished(timeout=WAIT)
+    assert queue.retry_jobs() == 3
+    assert [j.refresh().attempts_made for j in jobs] == [2, 2, 2]
+    with make_worker(queue.name, redis_url, always_fails(runs)):
+        for job in jobs:
+            with pytest.raises(JobFailedError):
+                job.wait_until_finished(timeout=WAIT)
+    assert [j.refresh().attempts_made for j in jobs] == [3, 3, 3]
+    assert queue.retry_jobs(reset_attempts=True) == 3
+    assert [j.refresh().attempts_made for j in jobs] == [0, 0, 0]
+    assert [j.stacktrace for j in jobs] == [[], [], []]
