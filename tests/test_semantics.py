@@ -135,3 +135,37 @@ def test_retry_jobs_keeps_attempts_unless_reset(queue: Queue, redis_url: str) ->
     assert queue.retry_jobs(reset_attempts=True) == 3
     assert [j.refresh().attempts_made for j in jobs] == [0, 0, 0]
     assert [j.stacktrace for j in jobs] == [[], [], []]
+
+
+# -- 2. FIFO at the maximum priority -------------------------------------------
+
+
+def run_names(queue: Queue, redis_url: str, count: int) -> list[str]:
+    """Run ``count`` jobs in one worker of concurrency 1; return their names in run order."""
+    runs = Runs()
+    with make_worker(queue.name, redis_url, lambda job: runs.add(job.name)):
+        return runs.wait(count)
+
+
+def test_equal_priorities_keep_fifo_at_the_maximum_priority(
+    queue: Queue, redis_url: str
+) -> None:
+    queue.add_bulk([{"name": f"max-{i}", "priority": MAX_PRIORITY} for i in range(5)])
+    queue.add("max-lifo", priority=MAX_PRIORITY, lifo=True)
+    queue.add("max-5", priority=MAX_PRIORITY)
+    queue.add("one", priority=1)
+    assert run_names(queue, redis_url, 8) == [
+        "one", "max-lifo", "max-0", "max-1", "max-2", "max-3", "max-4", "max-5",
+    ]
+
+
+def test_priority_above_the_maximum_is_refused(queue: Queue) -> None:
+    with pytest.raises(ValueError, match="priority must be >= 0 and <= 2097151"):
+        queue.add("n", priority=MAX_PRIORITY + 1)
+    with pytest.raises(ValueError, match="2097151"):
+        queue.add_bulk([{"name": "n", "priority": MAX_PRIORITY + 1}])
+    job = queue.add("n", priority=MAX_PRIORITY)
+    with pytest.raises(ValueError, match="2097151"):
+        job.change_priority(MAX_PRIORITY + 1)
+    assert job.refresh().priority == MAX_PRIORITY
+    assert queue.get_job_counts("waiting") == {"waiting": 1}
