@@ -169,3 +169,25 @@ def test_priority_above_the_maximum_is_refused(queue: Queue) -> None:
         job.change_priority(MAX_PRIORITY + 1)
     assert job.refresh().priority == MAX_PRIORITY
     assert queue.get_job_counts("waiting") == {"waiting": 1}
+
+
+# -- 3. delayed jobs due together run in insertion order -----------------------
+
+
+def test_delayed_jobs_due_together_run_in_insertion_order(
+    queue: Queue, redis_url: str
+) -> None:
+    jobs = queue.add_bulk([{"name": "n", "data": i, "delay": 0.2} for i in range(25)])
+    assert [j.id for j in queue.get_jobs("delayed", asc=True)] == [j.id for j in jobs]
+    runs = Runs()
+    with make_worker(queue.name, redis_url, lambda job: runs.add(job.data)):
+        assert runs.wait(25) == list(range(25))
+
+
+def test_delayed_priority_jobs_due_together_keep_insertion_order(
+    queue: Queue, redis_url: str
+) -> None:
+    queue.add_bulk([{"name": "n", "data": i, "delay": 0.2, "priority": 3} for i in range(12)])
+    runs = Runs()
+    with make_worker(queue.name, redis_url, lambda job: runs.add(job.data)):
+        assert runs.wait(12) == list(range(12))
