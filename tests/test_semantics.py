@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from jobq import Job, JobFailedError, Queue, Worker
+from tests.polling import until
 
 WAIT = 10.0  # seconds: the bound of every wait for something that should happen
 MAX_PRIORITY = 2_097_151  # BullMQ's: (priority, sequence) stays exact below 2**53
@@ -191,3 +192,30 @@ def test_delayed_priority_jobs_due_together_keep_insertion_order(
     runs = Runs()
     with make_worker(queue.name, redis_url, lambda job: runs.add(job.data)):
         assert runs.wait(12) == list(range(12))
+
+
+# -- 4. due delayed jobs run before a job retried at once -----------------------
+
+
+def test_due_delayed_jobs_run_before_a_job_retried_at_once(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    runs = Runs()
+    started, fail_now = threading.Event(), threading.Event()
+
+    def processor(job: Job) -> None:
+        runs.add(job.name)
+        if job.name == "first" and job.attempts_made == 0:
+            started.set()
+            assert fail_now.wait(WAIT)
+            raise RuntimeError("first attempt fails; retried at once")
+
+    with make_worker(queue.name, redis_url, processor, concurrency=1):
+        queue.add("first", attempts=2)
+        assert started.wait(WAIT)
+        # added while "first" runs, and due before its attempt fails
+        delayed = queue.add_bulk([{"name": f"d{i}", "delay": 0.1} for i in range(1, 4)])
+        due_ms = max(j.timestamp or 0 for j in delayed) * 1000 + 100
+        until(lambda: server_ms(redis_client) > due_ms, timeout=WAIT)
+        fail_now.set()
+        assert runs.wait(5) == ["first", "d1", "d2", "d3", "first"]

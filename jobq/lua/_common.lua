@@ -202,12 +202,10 @@ local function not_owner(id, token)
   return -2
 end
 
--- Promote due delayed jobs, then take the next job for a worker: the body of
--- moveToActive.lua, also run by complete.lua and fail.lua when the worker
--- asks for its next job in the same call. Returns what moveToActive returns.
-local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
-  now = now or now_ms()
-
+-- Move delayed jobs due by `now` to waiting (at most 1000), in due order.
+-- Whatever else becomes ready in the same call goes after them: order of
+-- readiness is order of running.
+local function promote_due(now)
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
@@ -218,6 +216,14 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
       emit('waiting', id, { 'prev', 'delayed' })
     end
   end
+end
+
+-- Promote due delayed jobs, then take the next job for a worker: the body of
+-- moveToActive.lua, also run by complete.lua and fail.lua when the worker
+-- asks for its next job in the same call. Returns what moveToActive returns.
+local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
+  now = now or now_ms()
+  promote_due(now)
 
   local function next_delay()
     local nxt = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')

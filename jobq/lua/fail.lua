@@ -12,7 +12,9 @@
   Returns  1 failed for good; 2 retry scheduled ({code, next} when asked
            to take the next job, next as moveToActive.lua returns it); 0 already done by this
            token; -1 job missing; -2 lock not held
-  Events   retrying, then waiting or delayed; or failed (terminal only)
+  Events   retrying, then waiting or delayed; or failed (terminal only). A
+           retry at once first promotes the delayed jobs already due
+           (waiting, prev delayed, each), so they run before it
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
 ]]
 local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
@@ -37,6 +39,7 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
     emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'active' })
   else
+    promote_due(now)  -- delayed jobs already due were ready first: they run first
     push_ready(id, tonumber(f[3]) or 0, false)
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
