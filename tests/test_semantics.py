@@ -86,14 +86,16 @@ def test_retry_keeps_attempts_made_and_gives_one_more_attempt(
     with make_worker(queue.name, redis_url, always_fails(runs)):
         with pytest.raises(JobFailedError):
             job.wait_until_finished(timeout=WAIT)
-        assert job.refresh().attempts_made == 2
-        redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "stc", 1)  # one stall
-        job.retry()
-        job.refresh()
-        assert (job.attempts_made, job.stalled_counter) == (2, 1)
-        assert len(job.stacktrace) == 2  # the traces of the attempts it counts
-        assert job.failed_reason is None
-        # the retried job used up its attempts: it gets one more, not two
+    assert job.refresh().attempts_made == 2
+    redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "stc", 1)  # one stall
+    job.retry()
+    job.refresh()
+    assert job.get_state() == "waiting"
+    assert (job.attempts_made, job.stalled_counter) == (2, 1)
+    assert len(job.stacktrace) == 2  # the traces of the attempts it counts
+    assert job.failed_reason is None
+    # the retried job used up its attempts: it gets one more, not two
+    with make_worker(queue.name, redis_url, always_fails(runs)):
         with pytest.raises(JobFailedError):
             job.wait_until_finished(timeout=WAIT)
     assert runs.seen == [0, 1, 2]
@@ -110,10 +112,11 @@ def test_retry_with_reset_attempts_starts_afresh(
     with make_worker(queue.name, redis_url, always_fails(runs)):
         with pytest.raises(JobFailedError):
             job.wait_until_finished(timeout=WAIT)
-        redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "stc", 1)
-        job.retry(reset_attempts=True)
-        job.refresh()
-        assert (job.attempts_made, job.stalled_counter, job.stacktrace) == (0, 0, [])
+    redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "stc", 1)
+    job.retry(reset_attempts=True)
+    job.refresh()
+    assert (job.attempts_made, job.stalled_counter, job.stacktrace) == (0, 0, [])
+    with make_worker(queue.name, redis_url, always_fails(runs)):
         with pytest.raises(JobFailedError):
             job.wait_until_finished(timeout=WAIT)
     assert runs.seen == [0, 1, 0, 1]
@@ -219,3 +222,36 @@ def test_due_delayed_jobs_run_before_a_job_retried_at_once(
         until(lambda: server_ms(redis_client) > due_ms, timeout=WAIT)
         fail_now.set()
         assert runs.wait(5) == ["first", "d1", "d2", "d3", "first"]
+
+
+# -- 7. a paused queue promotes due delayed jobs on time --------------------------
+
+
+def test_take_on_a_paused_queue_tells_when_the_next_delayed_job_is_due(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    queue.pause()
+    due = queue.add("later", delay=60)
+    reply = queue._context.run("moveToActive", "tok", 30_000, "w", 0, 0)
+    assert reply[0] == 0
+    assert 59_000 < int(reply[1]) <= 60_000
+    assert due.get_state() == "delayed"
+
+
+def test_paused_queue_promotes_due_delayed_jobs_on_time(
+    queue: Queue, redis_url: str
+) -> None:
+    queue.pause()
+    ready = threading.Event()
+    worker = make_worker(queue.name, redis_url, lambda job: "ran", drain_delay=60)
+    worker.on("ready", ready.set)
+    with worker:
+        assert ready.wait(WAIT)
+        job = queue.add("soon", delay=0.2)
+        # promoted when due (well before the worker's 60 s idle look), then held by the pause
+        until(lambda: job.get_state() == "waiting", timeout=5)
+        assert queue.get_job_counts("waiting", "delayed", "active") == {
+            "waiting": 1, "delayed": 0, "active": 0,
+        }
+        queue.resume()
+        assert job.wait_until_finished(timeout=WAIT) == "ran"

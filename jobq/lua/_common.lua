@@ -231,7 +231,9 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     return -1
   end
 
-  if meta()[3] then return { 0, -1 } end
+  -- paused: due jobs were promoted above (they wait for the resume); the
+  -- worker still needs to know when to look again for the next ones
+  if meta()[3] then return { 0, next_delay() } end
 
   limit_max = tonumber(limit_max)
   local K_LIMITER = base .. 'limiter'

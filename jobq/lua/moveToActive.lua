@@ -9,7 +9,9 @@
   ARGV[4]  rate limit: max jobs per window (0: no limit)
   ARGV[5]  rate limit window, ms
   Returns  {1, id, {job hash field, value, ...}}  a job was taken
-           {0, ms}   nothing to take; ms until the next delayed job, or -1
+           {0, ms}   nothing to take, or the queue is paused; ms until
+                     the next delayed job, or -1 (a paused queue's due
+                     delayed jobs are promoted all the same)
            {2, ms}   rate limited for ms more
   Events   waiting (prev delayed) per promoted job; active; drained when the
            take leaves nothing waiting
