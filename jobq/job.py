@@ -179,6 +179,7 @@ class Job:
             JobNotFoundError: no such job.  JobqError: the job is not delayed.
         """
         self._run("promote", action="promote")
+        self.delay = 0.0
 
     def change_delay(self, delay: float) -> None:
         """Reschedule a delayed job to run ``delay`` seconds from now.

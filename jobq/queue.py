@@ -267,7 +267,8 @@ class Queue:
         reverse otherwise). ``start`` and ``end`` index each state's jobs
         inclusively, like LRANGE.
         """
-        names = [states] if isinstance(states, str) else list(states)
+        # each state once, in the order first named
+        names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
         keys = self._context.keys
         client = self._context.redis
         ids: list[bytes] = []

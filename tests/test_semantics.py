@@ -255,3 +255,25 @@ def test_paused_queue_promotes_due_delayed_jobs_on_time(
         }
         queue.resume()
         assert job.wait_until_finished(timeout=WAIT) == "ran"
+
+
+# -- 8. small ones ------------------------------------------------------------------
+
+
+def test_promote_sets_the_stored_delay_to_zero(queue: Queue) -> None:
+    job = queue.add("n", delay=60)
+    job.promote()
+    assert job.delay == 0
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.delay == 0
+    assert stored.get_state() == "waiting"
+
+
+def test_get_jobs_lists_a_state_named_twice_once(queue: Queue, redis_url: str) -> None:
+    jobs = queue.add_bulk([{"name": "n", "data": i} for i in range(3)])
+    queue.add("later", delay=60)
+    listed = queue.get_jobs(["waiting", "waiting"], asc=True)
+    assert [j.id for j in listed] == [j.id for j in jobs]
+    both = queue.get_jobs(["delayed", "waiting", "delayed"], asc=True)
+    assert len(both) == 4
