@@ -224,6 +224,62 @@ def test_due_delayed_jobs_run_before_a_job_retried_at_once(
         assert runs.wait(5) == ["first", "d1", "d2", "d3", "first"]
 
 
+# -- 6. drained: nothing waiting and nothing active -----------------------------
+
+
+def test_drained_waits_until_no_job_is_waiting_or_active(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    release = threading.Event()
+    running = Runs()
+    seen_drained = threading.Event()
+    queue.events.on("drained", lambda event: seen_drained.set())
+    assert queue.events.wait_until_ready(WAIT)
+    local_drained = threading.Event()
+
+    def processor(job: Job) -> int:
+        running.add(job.id)
+        assert release.wait(WAIT)
+        return int(job.data)
+
+    worker = make_worker(queue.name, redis_url, processor, concurrency=4)
+    worker.on("drained", local_drained.set)
+    with worker:
+        jobs = queue.add_bulk([{"name": "n", "data": i} for i in range(6)])
+        running.wait(4)  # four active, two waiting
+        assert queue.get_job_counts("active", "waiting") == {"active": 4, "waiting": 2}
+        release.set()
+        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(6))
+        assert seen_drained.wait(WAIT)
+        assert local_drained.wait(WAIT)
+    events = event_names(redis_client, queue.name)
+    names = [name for name, _ in events]
+    assert names.count("drained") == 1
+    last_completed = max(i for i, (name, _) in enumerate(events) if name == "completed")
+    assert names.index("drained") > last_completed
+
+
+def test_drained_is_not_written_while_the_last_jobs_are_active(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    release = threading.Event()
+    running = Runs()
+
+    def processor(job: Job) -> None:
+        running.add(job.id)
+        assert release.wait(WAIT)
+
+    with make_worker(queue.name, redis_url, processor, concurrency=4):
+        jobs = queue.add_bulk([{"name": "n"} for _ in range(4)])
+        running.wait(4)
+        # every job taken, none finished: the work is not done
+        assert "drained" not in [name for name, _ in event_names(redis_client, queue.name)]
+        release.set()
+        for job in jobs:
+            job.wait_until_finished(timeout=WAIT)
+        until(lambda: "drained" in [n for n, _ in event_names(redis_client, queue.name)])
+
+
 # -- 7. a paused queue promotes due delayed jobs on time --------------------------
 
 

@@ -276,13 +276,21 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
-  if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0 then
-    emit('drained', false, {})
-  else
-    mark_ready()
-  end
+  -- jobs left to take: wake another idle worker
+  if redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0 then mark_ready() end
   -- the record as it now is (a later field of the same name wins)
   return { 1, id, append(rec, { 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token }) }
+end
+
+-- Emit `drained` when no job is waiting (plain or prioritized) and none is
+-- active: the work given to the queue is done, as BullMQ's users read it.
+-- Called when a job leaves active (and after any take in the same call);
+-- delayed jobs do not count, they are not ready yet.
+local function emit_if_drained()
+  if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0
+      and redis.call('ZCARD', K_ACTIVE) == 0 then
+    emit('drained', false, {})
+  end
 end
 
 -- Return `code`, with the next job taken for the worker when ARGV[i..i+4]

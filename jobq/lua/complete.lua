@@ -11,7 +11,9 @@
   Returns  1 done, or {1, next} with moveToActive's reply when asked; 0 already done by this token (a retried call);
            -1 job missing; -2 lock not held
   Events   completed, with the result when it is at most 16 KiB or the job
-           has a retention rule (else the result stays in the record only)
+           has a retention rule (else the result stays in the record only);
+           then those of the take when asked; then drained when no job is
+           left waiting or active
   Metrics  counts the job in metrics:completed (see record_metric)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
@@ -42,4 +44,6 @@ else
   end
 end
 emit('completed', id, fields)
-return and_take_next(1, 4, now)
+local reply = and_take_next(1, 4, now)
+emit_if_drained()
+return reply

@@ -14,7 +14,9 @@
            token; -1 job missing; -2 lock not held
   Events   retrying, then waiting or delayed; or failed (terminal only). A
            retry at once first promotes the delayed jobs already due
-           (waiting, prev delayed, each), so they run before it
+           (waiting, prev delayed, each), so they run before it. Then those
+           of the take when asked; then drained when no job is left waiting
+           or active
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
 ]]
 local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
@@ -44,8 +46,12 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
   end
-  return and_take_next(2, 6, now)
+  local reply = and_take_next(2, 6, now)
+  emit_if_drained()
+  return reply
 end
 
 fail_for_good(id, reason, atm, now)
-return and_take_next(1, 6, now)
+local reply = and_take_next(1, 6, now)
+emit_if_drained()
+return reply

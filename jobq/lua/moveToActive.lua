@@ -13,7 +13,7 @@
                      the next delayed job, or -1 (a paused queue's due
                      delayed jobs are promoted all the same)
            {2, ms}   rate limited for ms more
-  Events   waiting (prev delayed) per promoted job; active; drained when the
-           take leaves nothing waiting
+  Events   waiting (prev delayed) per promoted job; active (a take never
+           writes drained: the job it takes is active)
 ]]
 return take_next(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
