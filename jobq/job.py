@@ -153,8 +153,13 @@ class Job:
         """Remove the job; False if it is gone already or active with its lock held."""
         return int(self._context.run("remove", self.id)) == 1
 
-    def retry(self, state: str = "failed") -> None:
-        """Move a failed (or completed) job back to waiting with fresh attempts.
+    def retry(self, state: str = "failed", *, reset_attempts: bool = False) -> None:
+        """Move a failed (or completed) job back to waiting.
+
+        The job keeps ``attempts_made``, ``stalled_counter`` and its stack
+        traces (as in BullMQ), so a job that used up its attempts gets one
+        more; ``reset_attempts=True`` clears all three and gives it its whole
+        set of attempts again.
 
         Raises:
             JobqError: the job is not in that state.
@@ -162,7 +167,8 @@ class Job:
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
         # retry.lua takes the state first and the job ids last (it also serves retry_jobs)
-        code = int(self._context.run("retry", state, 1, self.id))
+        reset = "1" if reset_attempts else "0"
+        code = int(self._context.run("retry", state, 1, reset, self.id))
         if code < 0:
             raise script_error(code, self.id, "retry")
 
@@ -173,6 +179,7 @@ class Job:
             JobNotFoundError: no such job.  JobqError: the job is not delayed.
         """
         self._run("promote", action="promote")
+        self.delay = 0.0
 
     def change_delay(self, delay: float) -> None:
         """Reschedule a delayed job to run ``delay`` seconds from now.

@@ -10,8 +10,10 @@ from typing import Any
 
 from .keys import validate_job_id
 
-#: Largest priority: priority and a sequence share one exact sorted-set score.
-MAX_PRIORITY = 2**21
+#: Largest priority (BullMQ's): a priority and an insertion sequence share one
+#: sorted-set score, priority * 2**32 + (0 < offset < 2**32), exact only below
+#: 2**53; at 2**21 the sequence would be rounded away and FIFO lost.
+MAX_PRIORITY = 2**21 - 1
 #: Longest wait before a retry, in seconds (a year): exponential backoff stops growing there.
 MAX_BACKOFF = 365 * 24 * 3600.0
 

@@ -267,7 +267,8 @@ class Queue:
         reverse otherwise). ``start`` and ``end`` index each state's jobs
         inclusively, like LRANGE.
         """
-        names = [states] if isinstance(states, str) else list(states)
+        # each state once, in the order first named
+        names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
         keys = self._context.keys
         client = self._context.redis
         ids: list[bytes] = []
@@ -355,15 +356,20 @@ class Queue:
                 self._context.redis.srem(queues_key(self.prefix), self.name)
                 return
 
-    def retry_jobs(self, state: str = "failed") -> int:
-        """Move every failed (or completed) job back to waiting; return how many."""
+    def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
+        """Move every failed (or completed) job back to waiting; return how many.
+
+        Each job keeps its attempts and stall count as ``Job.retry`` does
+        (one more attempt), unless ``reset_attempts`` is True.
+        """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
+        reset = "1" if reset_attempts else "0"
         # bounded by what is there now, so jobs failing again are not retried twice
         remaining = int(self._context.redis.zcard(getattr(self._context.keys, state)))
         total = 0
         while remaining > 0:
-            moved = int(self._context.run("retry", state, min(BATCH, remaining)))
+            moved = int(self._context.run("retry", state, min(BATCH, remaining), reset))
             if moved <= 0:
                 break
             total += moved

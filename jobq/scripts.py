@@ -145,17 +145,18 @@ class Scripts:
             node = target.get_node_from_key(base)  # type: ignore[no-untyped-call]
             node_pool = getattr(node and node.redis_connection, "connection_pool", None)
             if node_pool is not None:
+                node_connection: Any = None
                 try:
-                    connection = take_connection(node_pool)  # connects: nothing sent yet
+                    node_connection = take_connection(node_pool)  # connects: nothing sent yet
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-                    connection = None
-                if connection is not None:
+                    pass
+                if node_connection is not None:
                     try:
-                        return self.run_on(connection, name, base, *args)
+                        return self.run_on(node_connection, name, base, *args)
                     except (MovedError, AskError, ClusterDownError):
                         pass
                     finally:
-                        node_pool.release(connection)
+                        node_pool.release(node_connection)
         if (
             isinstance(target, redis.Redis)
             and not isinstance(target, redis.client.Pipeline)

@@ -202,12 +202,10 @@ local function not_owner(id, token)
   return -2
 end
 
--- Promote due delayed jobs, then take the next job for a worker: the body of
--- moveToActive.lua, also run by complete.lua and fail.lua when the worker
--- asks for its next job in the same call. Returns what moveToActive returns.
-local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
-  now = now or now_ms()
-
+-- Move delayed jobs due by `now` to waiting (at most 1000), in due order.
+-- Whatever else becomes ready in the same call goes after them: order of
+-- readiness is order of running.
+local function promote_due(now)
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
@@ -218,6 +216,14 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
       emit('waiting', id, { 'prev', 'delayed' })
     end
   end
+end
+
+-- Promote due delayed jobs, then take the next job for a worker: the body of
+-- moveToActive.lua, also run by complete.lua and fail.lua when the worker
+-- asks for its next job in the same call. Returns what moveToActive returns.
+local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
+  now = now or now_ms()
+  promote_due(now)
 
   local function next_delay()
     local nxt = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
@@ -225,7 +231,9 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     return -1
   end
 
-  if meta()[3] then return { 0, -1 } end
+  -- paused: due jobs were promoted above (they wait for the resume); the
+  -- worker still needs to know when to look again for the next ones
+  if meta()[3] then return { 0, next_delay() } end
 
   limit_max = tonumber(limit_max)
   local K_LIMITER = base .. 'limiter'
@@ -268,13 +276,21 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
-  if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0 then
-    emit('drained', false, {})
-  else
-    mark_ready()
-  end
+  -- jobs left to take: wake another idle worker
+  if redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0 then mark_ready() end
   -- the record as it now is (a later field of the same name wins)
   return { 1, id, append(rec, { 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token }) }
+end
+
+-- Emit `drained` when no job is waiting (plain or prioritized) and none is
+-- active: the work given to the queue is done, as BullMQ's users read it.
+-- Called when a job leaves active (and after any take in the same call);
+-- delayed jobs do not count, they are not ready yet.
+local function emit_if_drained()
+  if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0
+      and redis.call('ZCARD', K_ACTIVE) == 0 then
+    emit('drained', false, {})
+  end
 end
 
 -- The job that a take with `token` left locked by it, as take_next returns

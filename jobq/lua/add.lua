@@ -12,10 +12,29 @@
            (duplicated: 1 when a job with that custom id already existed; it
            is left as it was; added: the id of its `added` event, or '')
   Events   added, then waiting or delayed; duplicated for an existing id
+
+  Delayed jobs of one call due at the same moment (a bulk add with one
+  delay) are promoted in the order given: each is scored the next larger
+  double after the previous one (a quarter of a microsecond apart today),
+  not tied, which the sorted set would break by id string ("1", "10", "2").
+  Jobs of different calls are due at different microseconds of TIME.
 ]]
 -- attempts and retention (ARGV a+7 .. a+11), stored only when not the default
 local SETTINGS = { 'atts', 'kc', 'ka', 'kfc', 'kfa' }
 local DEFAULTS = { '1', '-1', '0', '-1', '0' }
+-- the last score given in this call to a due time: ties get the next double
+local last_score = {}
+local function delayed_score(run_at)
+  local score = last_score[run_at]
+  if score then
+    local _, e = math.frexp(score)
+    score = score + math.ldexp(1, e - 53)
+  else
+    score = run_at
+  end
+  last_score[run_at] = score
+  return score
+end
 local n = tonumber(ARGV[1])
 local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
@@ -54,7 +73,7 @@ for j = 0, n - 1 do
     redis.call('HSET', job_key(id), unpack(fields))
     added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
     if delay > 0 then
-      redis.call('ZADD', K_DELAYED, run_at, id)
+      redis.call('ZADD', K_DELAYED, delayed_score(run_at), id)
       redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
       emit('delayed', id, { 'delay', delay, 'run_at', run_at })
     else

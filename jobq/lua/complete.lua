@@ -14,7 +14,9 @@
            is the job the first call took with the same take token, if
            still locked by it); -1 job missing; -2 lock not held
   Events   completed, with the result when it is at most 16 KiB or the job
-           has a retention rule (else the result stays in the record only)
+           has a retention rule (else the result stays in the record only);
+           then those of the take when asked; then drained when no job is
+           left waiting or active
   Metrics  counts the job in metrics:completed (see record_metric)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
@@ -46,4 +48,6 @@ else
   end
 end
 emit('completed', id, fields)
-return and_take_next(1, 4, now)
+local reply = and_take_next(1, 4, now)
+emit_if_drained()
+return reply

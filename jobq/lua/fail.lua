@@ -14,7 +14,11 @@
            the next job (next as moveToActive.lua returns it); {0, now[, next]}
            already done by this token (a retried call, as complete.lua);
            -1 job missing; -2 lock not held
-  Events   retrying, then waiting or delayed; or failed (terminal only)
+  Events   retrying, then waiting or delayed; or failed (terminal only). A
+           retry at once first promotes the delayed jobs already due
+           (waiting, prev delayed, each), so they run before it. Then those
+           of the take when asked; then drained when no job is left waiting
+           or active
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
 ]]
 local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
@@ -40,12 +44,17 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
     emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'active' })
   else
+    promote_due(now)  -- delayed jobs already due were ready first: they run first
     push_ready(id, tonumber(f[3]) or 0, false)
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
   end
-  return and_take_next(2, 6, now)
+  local reply = and_take_next(2, 6, now)
+  emit_if_drained()
+  return reply
 end
 
 fail_for_good(id, reason, atm, now)
-return and_take_next(1, 6, now)
+local reply = and_take_next(1, 6, now)
+emit_if_drained()
+return reply

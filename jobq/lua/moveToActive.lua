@@ -12,10 +12,12 @@
            the job that take locked with the same token, if any, is
            returned as taken
   Returns  {1, id, {job hash field, value, ...}}  a job was taken
-           {0, ms}   nothing to take; ms until the next delayed job, or -1
+           {0, ms}   nothing to take, or the queue is paused; ms until
+                     the next delayed job, or -1 (a paused queue's due
+                     delayed jobs are promoted all the same)
            {2, ms}   rate limited for ms more
-  Events   waiting (prev delayed) per promoted job; active; drained when the
-           take leaves nothing waiting
+  Events   waiting (prev delayed) per promoted job; active (a take never
+           writes drained: the job it takes is active)
 ]]
 if ARGV[6] == '1' then
   local taken = taken_by(ARGV[1])

@@ -1,21 +1,27 @@
 #!lua
 --[[
-  Move finished jobs back to waiting, with a fresh set of attempts.
+  Move finished jobs back to waiting. They keep attempts_made, the stall
+  count and the stack traces of the attempts they count (as BullMQ does), so
+  a job that used up its attempts gets one more; asked to reset, they start
+  with a fresh set of attempts.
 
   KEYS[1]  queue base prefix
   ARGV[1]  state the jobs must be in: failed | completed
   ARGV[2]  batch size (when no ids are given)
-  ARGV[3..] job ids; none: the oldest jobs of that state, a batch
+  ARGV[3]  '1' resets attempts_made, the stall count and the stack traces;
+           '0' keeps them
+  ARGV[4..] job ids; none: the oldest jobs of that state, a batch
   Returns  number of jobs moved; -1 when a given id does not exist, -3 when
            it is not in that state (nothing is moved then)
   Events   waiting (prev: the state) per job
 ]]
 local state = ARGV[1]
 local set = base .. state
+local reset = ARGV[3] == '1'
 local now = now_ms()
 local ids = {}
-if #ARGV > 2 then
-  for i = 3, #ARGV do
+if #ARGV > 3 then
+  for i = 4, #ARGV do
     if redis.call('EXISTS', job_key(ARGV[i])) == 0 then return -1 end
     if not redis.call('ZSCORE', set, ARGV[i]) then return -3 end
     ids[#ids + 1] = ARGV[i]
@@ -27,8 +33,9 @@ for _, id in ipairs(ids) do
   local jk = job_key(id)
   redis.call('ZREM', set, id)
   local f = redis.call('HMGET', jk, 'priority', 'lifo')
-  redis.call('HDEL', jk, 'fr', 'st', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
-  redis.call('HSET', jk, 'atm', 0, 'stc', 0, 'state', 'waiting', 'rdy', now)
+  redis.call('HDEL', jk, 'fr', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
+  if reset then redis.call('HDEL', jk, 'atm', 'stc', 'st') end
+  redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
   push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
   emit('waiting', id, { 'prev', state })
 end

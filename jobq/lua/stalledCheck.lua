@@ -7,7 +7,8 @@
   ARGV[2]  guard, ms: when > 0, skip unless no check ran in that time
   ARGV[3]  at most this many jobs recovered per call
   Returns  the ids recovered (requeued or failed)
-  Events   stalled, then waiting (requeued first in line) or failed
+  Events   stalled, then waiting (requeued first in line) or failed; drained
+           when a job failed here and no job is left waiting or active
   Metrics  a failure counts in metrics:failed (see record_metric)
 ]]
 local guard = tonumber(ARGV[2])
@@ -18,6 +19,7 @@ local max_stalled = tonumber(ARGV[1])
 local limit = tonumber(ARGV[3])
 local now = now_ms()
 local out = {}
+local failed_any = false
 local ids = redis.call('ZRANGE', K_ACTIVE, 0, -1)
 for _, id in ipairs(ids) do
   if redis.call('EXISTS', lock_key(id)) == 0 then
@@ -30,6 +32,7 @@ for _, id in ipairs(ids) do
       emit('stalled', id, { 'attempt', atm + 1 })
       if stalled > max_stalled then
         fail_for_good(id, 'job stalled more than allowable limit', atm, now)
+        failed_any = true
       else
         push_ready(id, tonumber(f[2]) or 0, true)
         redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
@@ -40,4 +43,5 @@ for _, id in ipairs(ids) do
     if #out >= limit then break end
   end
 end
+if failed_any then emit_if_drained() end
 return out
