@@ -325,7 +325,9 @@ class Queue:
         """Remove jobs of ``state`` older than ``grace`` seconds; return their ids.
 
         Finished jobs are aged by when they finished, others by when they were
-        added. ``limit`` caps how many (0: no cap). Emits ``cleaned``.
+        added. ``limit`` caps how many (0: no cap). Emits ``removed`` per job
+        and ``cleaned`` per batch. Each script call looks at a bounded slice
+        of the state's jobs, so a long queue never blocks the server long.
         """
         if state not in ("completed", "failed", "delayed", "waiting"):
             raise ValueError(
@@ -335,15 +337,20 @@ class Queue:
             raise ValueError(f"limit must be an int >= 0, not {limit!r}")
         grace_ms = round(JobOptions.parse({"delay": grace}).delay * 1000)
         removed: list[str] = []
+        cursor = b""
         while True:
             batch = BATCH if not limit else min(BATCH, limit - len(removed))
-            ids = self._context.run("clean", state, grace_ms, batch)
+            ids, cursor = self._context.run("clean", state, grace_ms, batch, cursor)
             removed.extend(i.decode() for i in ids)
-            if len(ids) < batch or (limit and len(removed) >= limit):
+            if not cursor or (limit and len(removed) >= limit):
                 return removed
 
     def obliterate(self, force: bool = False) -> None:
-        """Delete the queue, its jobs, events and settings.
+        """Delete the queue's jobs, events, metrics and worker registry.
+
+        The queue's settings (event mode, ``max_events``) and its generated-id
+        counter stay, so the name keeps its mode and never reuses an id; the
+        paused flag is cleared. Emits ``obliterated`` once everything is gone.
 
         Raises:
             JobqError: the queue has active jobs and ``force`` is False.

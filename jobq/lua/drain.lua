@@ -1,12 +1,14 @@
-#!lua
+#!lua flags=allow-oom
 --[[
   Remove waiting jobs (and delayed ones when asked), a batch per call.
+  Allowed while the server is out of memory: it frees memory (its events
+  are trimmed with the stream, MAXLEN ~). Work per call: O(batch).
 
   KEYS[1]  queue base prefix
   ARGV[1]  '1' to remove delayed jobs too
   ARGV[2]  batch size
   Returns  number of jobs removed (less than the batch size: done)
-  Events   removed per job
+  Events   removed (prev: waiting | delayed) per job
 ]]
 local batch = tonumber(ARGV[2])
 local removed = 0

@@ -1,22 +1,30 @@
-#!lua
+#!lua flags=allow-oom
 --[[
-  Delete a queue and all its jobs, a batch of jobs per call.
+  Delete a queue and all its jobs, a batch of jobs per call. Allowed while
+  the server is out of memory: it frees memory. Work per call: O(batch),
+  plus, in the last call, the queue's bounded keys (event stream, metrics,
+  worker registry).
+
+  Kept, so that the queue's name stays usable as it was: its settings (event
+  mode, max_events; only the paused flag is cleared), the generated-id
+  counter (ids stay unique for the life of the queue's name), and the event
+  stream itself, emptied but not deleted (its last id stays, so a reader
+  blocked on it reads the `obliterated` event that follows).
 
   KEYS[1]  queue base prefix
   ARGV[1]  '1' to proceed even with active jobs
   ARGV[2]  batch size
   Returns  jobs deleted in this call (less than the batch size: the queue is
            gone); -4 when active jobs exist and force is not set
-  Events   none (the event stream is deleted with the queue)
+  Events   obliterated (no job id), once, by the last call, after every
+           job and key is gone: readers re-check whoever waits on a job
 ]]
 if ARGV[1] ~= '1' and redis.call('ZCARD', K_ACTIVE) > 0 then return -4 end
 local batch = tonumber(ARGV[2])
 local n = 0
-for _, key in ipairs({ K_WAIT }) do
-  for _, id in ipairs(redis.call('LPOP', key, batch) or {}) do
-    delete_job(id)
-    n = n + 1
-  end
+for _, id in ipairs(redis.call('LPOP', K_WAIT, batch) or {}) do
+  delete_job(id)
+  n = n + 1
 end
 for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED }) do
   if n >= batch then break end
@@ -31,9 +39,12 @@ if n < batch then
   for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', 0, -1)) do
     redis.call('DEL', base .. 'worker:' .. name)
   end
-  redis.call('DEL', K_WAIT, K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED, K_META,
-    K_EVENTS, K_MARKER, base .. 'id', base .. 'pc', base .. 'limiter', base .. 'stalled-check',
-    base .. 'workers', base .. 'metrics:completed', base .. 'metrics:completed:data',
+  redis.call('DEL', K_WAIT, K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED, K_MARKER,
+    base .. 'pc', base .. 'limiter', base .. 'stalled-check', base .. 'workers',
+    base .. 'metrics:completed', base .. 'metrics:completed:data',
     base .. 'metrics:failed', base .. 'metrics:failed:data')
+  redis.call('HDEL', K_META, 'paused')
+  if redis.call('EXISTS', K_EVENTS) == 1 then redis.call('XTRIM', K_EVENTS, 'MAXLEN', 0) end
+  emit('obliterated', false, {})
 end
 return n

@@ -1,19 +1,22 @@
-#!lua
+#!lua flags=allow-oom
 --[[
   Remove one job, whatever its state, unless it is active and locked.
+  Allowed while the server is out of memory: it frees memory (its one event
+  is trimmed with the stream, MAXLEN ~).
 
   KEYS[1]  queue base prefix
   ARGV[1]  job id
   Returns  1 removed; 0 no such job; -2 active with its lock held
   Events   removed (prev: the state it was in)
+  Cost     O(1), but for a waiting job one LREM that stops at the id (a scan
+           of the wait list from its newest end, in C)
 ]]
 local id = ARGV[1]
 local state = redis.call('HGET', job_key(id), 'state')
 if not state then return 0 end
 if state == 'active' and redis.call('EXISTS', lock_key(id)) == 1 then return -2 end
 if state == 'waiting' then
-  redis.call('LREM', K_WAIT, 0, id)
-  redis.call('ZREM', K_PRIO, id)
+  if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, 1, id) end
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
 elseif state == 'active' then
