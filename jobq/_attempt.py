@@ -26,7 +26,9 @@ class Attempt:
     attempt fails with instead of running (a record that cannot be read).
     """
 
-    __slots__ = ("job_id", "token", "record", "job", "deadline", "started", "claimed", "error")
+    __slots__ = (
+        "job_id", "token", "record", "job", "deadline", "started", "claimed", "error", "lost",
+    )
 
     def __init__(self, job_id: str, token: str, record: list[bytes]) -> None:
         self.job_id = job_id
@@ -37,6 +39,7 @@ class Attempt:
         self.started = time.monotonic()
         self.claimed = False  # finalised, or being finalised: exactly once
         self.error: BaseException | None = None
+        self.lost = False  # its lock is gone: renewed no more
 
     def cancel(self) -> None:
         """Tell a cooperative handler to stop (``job.cancelled``)."""
@@ -78,10 +81,11 @@ class AttemptTable:
             self._cond.notify_all()
 
     def held(self) -> list[Attempt]:
-        """Attempts whose lock is to be renewed: not finalised, not cancelled."""
+        """Attempts whose lock is to be renewed: all held whose lock is not
+        lost, those being finished included (a slow finishing call must not
+        let its job stall), until the finishing call returns."""
         with self._cond:
-            attempts = list(self._attempts.values())
-        return [a for a in attempts if not a.claimed and not a.cancelled()]
+            return [a for a in self._attempts.values() if not a.lost]
 
     def timed(self) -> list[Attempt]:
         """Unclaimed attempts that have a deadline."""

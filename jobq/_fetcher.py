@@ -88,6 +88,13 @@ class Fetcher:
         self._loop.stop()
         unblock(self._context.client, self._blocked_id)
 
+    def interrupt(self) -> None:
+        """Cut the fetch connection under a call that does not return (from
+        another thread, when stopping)."""
+        blocker = self._blocker
+        if blocker is not None:
+            close_client(blocker)
+
     def _connect(self) -> Any:
         if self._blocker is None:
             self._blocker = blocking_client(self._context.client, self._name)

@@ -195,9 +195,15 @@ def client_id(client: Client, key: str) -> Blocked | None:
     return kwargs.get("host", ""), kwargs.get("port", 0), int(client.client_id())
 
 
+#: Socket timeout of the one-off connection that sends CLIENT UNBLOCK: a
+#: close must not hang on a server that does not answer.
+UNBLOCK_TIMEOUT = 0.5
+
+
 def unblock(client: Client, blocked: Blocked | None) -> None:
     """Wake a connection blocked in BZPOPMIN / XREAD (it returns as if timed
-    out), so that a close need not wait for the block to end. Best effort."""
+    out), so that a close need not wait for the block to end. Best effort,
+    on a connection of its own that waits at most ``UNBLOCK_TIMEOUT``."""
     if blocked is None:
         return
     host, port, blocked_id = blocked
@@ -206,8 +212,17 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
             node = client.get_node(host=host, port=port)  # type: ignore[no-untyped-call]
             if node is None or node.redis_connection is None:
                 return
-            node.redis_connection.client_unblock(blocked_id)
-        else:
-            client.client_unblock(blocked_id)
-    except Exception:  # e.g. no permission: the block ends by itself
+            client = node.redis_connection
+        kwargs = dict(client.connection_pool.connection_kwargs)
+        kwargs.update(socket_timeout=UNBLOCK_TIMEOUT, socket_connect_timeout=UNBLOCK_TIMEOUT,
+                      retry=Retry(NoBackoff(), 0), client_name=None)
+        kwargs.pop("retry_on_timeout", None)
+        kwargs.pop("retry_on_error", None)
+        connection = client.connection_pool.connection_class(**kwargs)
+        try:
+            connection.send_command("CLIENT", "UNBLOCK", blocked_id)
+            connection.read_response()
+        finally:
+            connection.disconnect()
+    except Exception:  # e.g. no permission, or no answer: the block ends by itself
         pass

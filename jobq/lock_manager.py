@@ -53,9 +53,11 @@ class LockRenewer:
         if held:
             lost = self._scripts.extend_locks(self._lock_ms, [(a.job_id, a.token) for a in held])
             for attempt in held:
-                if attempt.token in lost and not attempt.claimed:
+                if attempt.token in lost:
+                    attempt.lost = True
                     attempt.cancel()
-                    self._on_lost(attempt)
+                    if not attempt.claimed:  # a finishing call reports it itself
+                        self._on_lost(attempt)
         return self._interval
 
 

@@ -57,7 +57,10 @@ class Queue:
         prefix: the first part of every key of the queue.
         event_mode: ``"stream"`` or ``"pubsub"``, stored with the queue; None
             follows the stored mode (stream when none is stored).
-        max_events: about how many events the event stream retains.
+        max_events: about how many events the event stream retains; stored
+            with the queue when given. None (the default) keeps the stored
+            value (10,000 when none is stored): a Queue made to look never
+            changes a setting.
         default_job_options: options applied to every ``add`` unless given.
         max_payload_bytes: largest msgpack-encoded ``data`` that ``add``
             accepts (default 1 MiB); None for no limit but the server's.
@@ -70,13 +73,15 @@ class Queue:
         connection: object = None,
         prefix: str = "jobq",
         event_mode: str | None = None,
-        max_events: int = DEFAULT_MAX_EVENTS,
+        max_events: int | None = None,
         default_job_options: Mapping[str, Any] | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         if event_mode is not None and event_mode not in EVENT_MODES:
             raise ValueError(f"event_mode must be 'stream' or 'pubsub', not {event_mode!r}")
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+        if max_events is not None and (
+            isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1
+        ):
             raise ValueError(f"max_events must be a positive int, not {max_events!r}")
         self.max_payload_bytes = byte_limit("max_payload_bytes", max_payload_bytes)
         defaults = dict(default_job_options or {})
@@ -84,15 +89,14 @@ class Queue:
         self._defaults = defaults
         self._default_options: tuple[JobOptions, dict[str, Any], bytes] | None = None
         self._context = QueueContext(name, connection, prefix)
-        self.max_events = max_events
         try:
-            self._setup_meta(event_mode)
+            self._setup_meta(event_mode, max_events)
         except BaseException:
             self._context.close()
             raise
         warn_if_evicting(self._context.client)
 
-    def _setup_meta(self, event_mode: str | None) -> None:
+    def _setup_meta(self, event_mode: str | None, max_events: int | None) -> None:
         meta = self._context.keys.meta
         client = self._context.client
         client.sadd(queues_key(self.prefix), self.name)  # for `jobq info` with no queue
@@ -105,8 +109,10 @@ class Queue:
                 f"queue {self.name!r} uses event mode {stored!r}, not {event_mode!r}"
             )
         self.event_mode = stored
-        if int(stored_max or DEFAULT_MAX_EVENTS) != self.max_events:
-            client.hset(meta, "maxev", self.max_events)
+        self.max_events = int(stored_max or DEFAULT_MAX_EVENTS)
+        if max_events is not None and max_events != self.max_events:
+            client.hset(meta, "maxev", max_events)
+            self.max_events = max_events
 
     @property
     def name(self) -> str:

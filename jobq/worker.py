@@ -397,8 +397,14 @@ class Worker:
             roles.maintenance.loop.thread,
             *(t for t in roles.runner.threads if not roles.runner.in_user_code(t)),
         ]
-        if not join_all([t for t in threads if t is not None], until - time.monotonic()):
-            logger.warning("worker %r: some threads did not end in time", self.name)
+        threads = [t for t in threads if t is not None]
+        if not join_all(threads, until - time.monotonic()):
+            # threads still in a call to a server that does not answer: cut
+            # their connections (a shutdown socket wakes a blocked read)
+            close_client(self._context.client)
+            roles.fetcher.interrupt()
+            if not join_all(threads, JOIN_GRACE):
+                logger.warning("worker %r: some threads did not end in time", self.name)
         events, self._events = self._events, None
         if events is not None:
             events.close(max(0.0, until - time.monotonic()))

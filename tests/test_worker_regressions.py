@@ -1,0 +1,461 @@
+"""Regression tests of the Worker: each names the bug it pins down.
+
+Tests that need a misbehaving server or network (a lost reply, a held-back
+command, a long-running script, DEBUG SLEEP) run on a private server of
+their own, through tests/proxy.py where the network must misbehave; the
+others use the session server.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from jobq import Job, JobFailedError, Queue, QueueEvents, Worker
+from jobq.cli import main as cli_main
+from jobq.scripts import _compiled
+from jobq.testing import RedisServer, find_server_binary
+from tests.polling import until
+from tests.proxy import Proxy
+from tests.test_worker import INTERVAL, LOCK, WAIT, Recorder, make_worker
+
+CLUSTER = os.environ.get("JOBQ_TEST_CLUSTER") == "1"
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[RedisServer]:
+    """A server of this module's own: the tests here stall or busy it."""
+    server = RedisServer(find_server_binary()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def proxy(private_server: RedisServer) -> Iterator[Proxy]:
+    with private_server.client() as client:
+        port = client.connection_pool.connection_kwargs["port"]
+    with Proxy(("127.0.0.1", port)) as p:
+        yield p
+
+
+def _sha(script: str, server: RedisServer) -> bytes:
+    """The SHA1 of a script, loaded on ``server`` first: a rule matching its
+    first EVALSHA must meet a call that runs, not a NOSCRIPT refusal."""
+    source, sha = _compiled(script)
+    with server.client() as client:
+        client.script_load(source)
+    return sha.encode()
+
+
+def _calls(sha: bytes, job_id: str) -> Any:
+    """Match a chunk that calls the script of ``sha`` for ``job_id``."""
+    return lambda chunk: sha in chunk and job_id.encode() in chunk
+
+
+# -- 1. nothing a handler raises kills a pool thread --------------------------------
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ raised")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ raised")
+
+
+def test_an_exception_whose_str_raises_fails_its_job_and_the_worker_goes_on(
+    queue: Queue, redis_url: str
+) -> None:
+    def handler(job: Job) -> str:
+        if job.name == "nasty":
+            raise _Unprintable()
+        return job.name
+
+    nasty = queue.add("nasty")
+    fine = [queue.add(f"fine-{i}") for i in range(3)]
+    with make_worker(queue.name, redis_url, handler, concurrency=1):
+        with pytest.raises(JobFailedError) as failed:
+            nasty.wait_until_finished(timeout=WAIT)
+        assert [j.wait_until_finished(timeout=WAIT) for j in fine] == [
+            "fine-0", "fine-1", "fine-2"
+        ]
+    assert "_Unprintable" in (failed.value.failed_reason or "")
+
+
+def test_exponential_backoff_past_attempt_1024_does_not_kill_the_worker(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # 2 ** 1026 overflows a float: the backoff is capped instead
+    job = queue.add("fails", attempts=1030, backoff={"type": "exponential", "delay": 0})
+    redis_client.hset(queue._context.keys.job(job.id), "atm", 1026)
+    after = queue.add("after")
+
+    def handler(job: Job) -> str:
+        if job.name == "fails":
+            raise ValueError("boom")
+        return "ok"
+
+    with make_worker(queue.name, redis_url, handler, concurrency=1):
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(timeout=WAIT)
+        assert after.wait_until_finished(timeout=WAIT) == "ok"
+    assert job.refresh().attempts_made == 1030
+
+
+# -- 2. a slow local listener never makes a job stall -----------------------------
+
+
+def test_a_slow_completed_listener_does_not_stall_the_next_job(
+    queue: Queue, redis_url: str
+) -> None:
+    first, second = queue.add("first"), queue.add("second")
+    slow = threading.Event()
+
+    def listener(job: Job, result: Any) -> None:
+        if job.name == "first":
+            slow.wait(3 * LOCK)  # longer than a lock lasts
+
+    worker = make_worker(queue.name, redis_url, lambda job: job.name, concurrency=1,
+                         max_stalled_count=0)
+    worker.on("completed", listener)
+    with worker:
+        assert first.wait_until_finished(timeout=WAIT) == "first"
+        # taken along with the first job's completion, under lock renewal at once
+        assert second.wait_until_finished(timeout=WAIT) == "second"
+        slow.set()
+    assert second.refresh().stalled_counter == 0
+
+
+# -- 3. a lost reply of a finish that took the next job -----------------------------
+
+
+def test_a_lost_reply_of_a_finish_that_took_the_next_job_loses_no_job(
+    proxy: Proxy, private_server: RedisServer
+) -> None:
+    with Queue("lost-reply", connection=private_server.url) as queue:
+        queue.obliterate(force=True)
+        first = queue.add("first", job_id="first-job")
+        second = queue.add("second", job_id="second-job")
+        dropped = proxy.drop_reply(_calls(_sha("complete", private_server), "first-job"))
+        worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
+                        lock_duration=5, stalled_interval=INTERVAL)
+        with worker:
+            assert first.wait_until_finished(timeout=WAIT) == "first"
+            # without the fix the second job sits locked by nobody until its
+            # lock expires, and runs as stalled
+            assert second.wait_until_finished(timeout=3) == "second"
+        assert dropped.is_set()
+        assert second.refresh().stalled_counter == 0
+        assert second.attempts_made == 1
+
+
+# -- 4. BUSY and other "try again" replies are transient ---------------------------
+
+_BUSY_SCRIPT = """
+local s = redis.call('TIME')
+repeat
+  local n = redis.call('TIME')
+until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > tonumber(ARGV[1])
+return 1
+"""
+
+
+def test_a_completion_refused_with_busy_is_retried_not_dropped(
+    private_server: RedisServer,
+) -> None:
+    runs: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        runs.append(job.id)
+        started.set()
+        assert release.wait(WAIT)
+        return "done"
+
+    with private_server.client() as admin, Queue("busy", connection=private_server.url) as q:
+        q.obliterate(force=True)
+        admin.config_set("busy-reply-threshold", 100)
+        try:
+            job = q.add("x")
+            with make_worker(q.name, private_server.url, handler, lock_duration=2):
+                assert started.wait(WAIT)
+                busy = threading.Thread(
+                    target=lambda: private_server.client().eval(_BUSY_SCRIPT, 0, 1_500_000),
+                    name="test-busy",
+                )
+                busy.start()
+                with private_server.client(socket_timeout=5) as probe:
+                    until(lambda: _is_busy(probe), timeout=WAIT)
+                release.set()  # the completion now meets BUSY
+                assert job.wait_until_finished(timeout=WAIT) == "done"
+                busy.join(WAIT)
+        finally:
+            admin.config_set("busy-reply-threshold", 5000)
+    assert runs == [job.id]
+
+
+def _is_busy(client: redis.Redis) -> bool:
+    try:
+        client.ping()
+    except redis.exceptions.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    return False
+
+
+# -- 5. a worker name CLIENT SETNAME would refuse ----------------------------------
+
+
+def test_a_worker_named_with_spaces_and_accents_takes_jobs(
+    queue: Queue, redis_url: str
+) -> None:
+    job = queue.add("x")
+    with make_worker(queue.name, redis_url, lambda job: job.processed_by,
+                     name="worker one é"):
+        assert job.wait_until_finished(timeout=WAIT) == "worker one é"
+
+
+def test_a_worker_name_with_control_characters_is_refused(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="worker name"):
+        Worker("q", lambda job: None, connection=redis_url, name="bad\nname")
+
+
+# -- 6. a corrupt record fails its job, never the worker ---------------------------
+
+
+@pytest.mark.parametrize("field, value", [("priority", "high"), ("atm", "abc"),
+                                          ("ts", "yesterday"), ("opts", "\xc1")])
+def test_corrupt_records_fail_their_jobs_and_leak_no_slot(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, field: str, value: str
+) -> None:
+    bad = [queue.add(f"bad-{i}") for i in range(3)]
+    for job in bad:
+        redis_client.hset(queue._context.keys.job(job.id), field, value)
+    good = queue.add("good")
+    with make_worker(queue.name, redis_url, lambda job: "ok", concurrency=2):
+        assert good.wait_until_finished(timeout=WAIT) == "ok"
+        for job in bad:
+            with pytest.raises(JobFailedError):
+                job.wait_until_finished(timeout=WAIT)
+        # every slot is free again: as many jobs as the pool run at once
+        more = [queue.add(f"more-{i}") for i in range(4)]
+        assert [j.wait_until_finished(timeout=WAIT) for j in more] == ["ok"] * 4
+
+
+# -- 7. one add() makes one job, whatever the client's retry policy ----------------
+
+
+def test_an_add_whose_reply_times_out_is_not_sent_twice(
+    private_server: RedisServer,
+) -> None:
+    host, port = "127.0.0.1", private_server.client().connection_pool.connection_kwargs["port"]
+    # redis-py's own defaults: a retry policy that resends on a timeout
+    client = redis.Redis(host=host, port=port, socket_timeout=0.3)
+    sleeper = threading.Thread(
+        target=lambda: private_server.client().execute_command("DEBUG", "SLEEP", "1"),
+        name="test-sleep",
+    )
+    try:
+        with Queue("once", connection=client) as queue:
+            queue.obliterate(force=True)
+            sleeper.start()
+            with private_server.client(socket_timeout=0.05, retry=Retry(NoBackoff(), 0)) as probe:
+                until(lambda: _times_out(probe), timeout=WAIT)
+            with pytest.raises((redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+                queue.add("x")
+            sleeper.join(WAIT)
+            assert until(lambda: queue.get_job_counts()["waiting"], timeout=WAIT) == 1
+    finally:
+        client.close()
+
+
+def _times_out(client: redis.Redis) -> bool:
+    try:
+        client.ping()
+    except redis.exceptions.TimeoutError:
+        return True
+    return False
+
+
+# -- 10. reading never writes a setting ---------------------------------------------
+
+
+def test_looking_at_a_queue_keeps_its_max_events(
+    queue_name: str, redis_url: str, redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with Queue(queue_name, connection=redis_url, max_events=50) as queue:
+        meta = queue._context.keys.meta
+        with Queue(queue_name, connection=redis_url) as look:
+            assert look.max_events == 50
+        assert cli_main(["--url", redis_url, "info", queue_name]) == 0
+        assert redis_client.hget(meta, "maxev") == b"50"
+        queue.obliterate(force=True)
+    capsys.readouterr()
+
+
+# -- 11. one deadline for the whole close -------------------------------------------
+
+
+def test_close_with_a_timeout_keeps_to_it_while_the_server_is_paused(
+    private_server: RedisServer,
+) -> None:
+    started = threading.Event()
+
+    def handler(job: Job) -> None:
+        started.set()
+        job.cancelled.wait(WAIT)  # a cooperative handler: ends once abandoned
+
+    with Queue("close-deadline", connection=private_server.url) as queue:
+        queue.obliterate(force=True)
+        queue.add("stuck")
+        worker = make_worker(queue.name, private_server.url, handler, lock_duration=2)
+        worker.on("drained", lambda: None)  # an event subscription to close too
+        worker.start()
+        assert started.wait(WAIT)
+        with private_server.client() as admin:
+            admin.execute_command("CLIENT", "PAUSE", 8000, "ALL")
+            began = time.monotonic()
+            worker.close(timeout=1)
+            took = time.monotonic() - began
+            admin.execute_command("CLIENT", "UNPAUSE")
+    # 1 s for the job, then the join grace for threads told to stop, then
+    # the same again for threads whose connections it had to cut
+    assert took < 5.0, f"close(timeout=1) took {took:.1f} s"
+    assert not worker.is_running()
+
+
+# -- 13. a worker never takes the application's connections -------------------------
+
+
+@pytest.mark.skipif(CLUSTER, reason="cluster clients have a pool per node, unbounded")
+def test_a_worker_takes_no_connection_from_the_applications_pool(
+    queue: Queue, redis_url: str
+) -> None:
+    pool = redis.ConnectionPool.from_url(redis_url, max_connections=20)
+    app = redis.Redis(connection_pool=pool)
+    errors: list[BaseException] = []
+    try:
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(50)])
+        with Worker(queue.name, lambda job: job.data, connection=app, concurrency=16,
+                    lock_duration=LOCK, stalled_interval=INTERVAL):
+            assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(50))
+            assert pool._created_connections == 0  # type: ignore[attr-defined]
+
+            # and the application's own threads get every connection they need
+            with Queue(queue.name, connection=app) as mine:
+                def adds() -> None:
+                    try:
+                        for _ in range(20):
+                            mine.add("y", 1)
+                    except BaseException as exc:
+                        errors.append(exc)
+
+                threads = [threading.Thread(target=adds, name="test-adds") for _ in range(16)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(WAIT)
+        assert errors == []
+    finally:
+        app.close()
+        pool.disconnect()
+
+
+# -- 14. lock renewal never waits behind a timeout ----------------------------------
+
+
+def test_a_slow_timeout_failure_does_not_hold_back_lock_renewal(
+    proxy: Proxy, private_server: RedisServer
+) -> None:
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.name == "times-out":
+            job.cancelled.wait(WAIT)
+            return "late"
+        assert release.wait(WAIT)
+        return "long"
+
+    with Queue("renewal", connection=private_server.url) as queue:
+        queue.obliterate(force=True)
+        long = queue.add("long", job_id="long-job")
+        held = proxy.delay(_calls(_sha("fail", private_server), "short-job"), 3 * LOCK)
+        short = queue.add("times-out", job_id="short-job", timeout=0.2)
+        worker = Worker(queue.name, handler, connection=proxy.url, concurrency=2,
+                        lock_duration=LOCK, stalled_interval=INTERVAL, max_stalled_count=0)
+        with worker:
+            assert held.wait(WAIT)  # the timeout's failure is held back on the network
+            with pytest.raises(JobFailedError, match="timed out"):
+                short.wait_until_finished(timeout=WAIT)
+            release.set()
+            # its lock was renewed all along: not failed as stalled
+            assert long.wait_until_finished(timeout=WAIT) == "long"
+
+
+# -- 15. listeners attached before start() hear every later event --------------------
+
+
+def test_a_drained_listener_attached_before_start_hears_the_first_drain(
+    queue_name: str, redis_url: str
+) -> None:
+    for round_ in range(5):
+        name = f"{queue_name}-{round_}"
+        with Queue(name, connection=redis_url) as queue:
+            jobs = [queue.add("x", i) for i in range(3)]
+            worker = make_worker(name, redis_url, lambda job: job.data)
+            rec = Recorder().attach(worker, "drained")
+            with worker:
+                assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [0, 1, 2]
+                assert rec.wait("drained", 1, timeout=WAIT), f"round {round_}: no drained"
+            queue.obliterate(force=True)
+
+
+# -- fork: a running worker is not running in the child -----------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_worker_running_in_the_parent_is_not_running_in_a_forked_child(
+    queue: Queue, redis_url: str
+) -> None:
+    job = queue.add("x", 2)
+    with make_worker(queue.name, redis_url, lambda job: job.data * 2) as worker:
+        assert job.wait_until_finished(timeout=WAIT) == 4
+        worker.pause()  # the child's job is for the child's worker
+        pid = os.fork()
+        if pid == 0:  # the child: check, run a job of its own, and leave at once
+            code = 1
+            try:
+                if not worker.is_running():
+                    worker.resume()
+                    worker.start()
+                    with Queue(queue.name, connection=redis_url) as mine:
+                        child_job = mine.add("x", 5)
+                        ok = child_job.wait_until_finished(timeout=WAIT) == 10
+                    worker.close(timeout=WAIT)
+                    code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 3 * WAIT
+        status = 0
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            threading.Event().wait(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child did not end")
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert worker.is_running()  # the parent's worker is untouched
+        worker.resume()
