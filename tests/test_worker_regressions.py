@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobq import Job, JobFailedError, Queue, QueueEvents, Worker
+from jobq import Job, JobFailedError, Queue, Worker
 from jobq.cli import main as cli_main
 from jobq.scripts import _compiled
 from jobq.testing import RedisServer, find_server_binary
