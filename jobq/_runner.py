@@ -45,9 +45,15 @@ Emit = Callable[..., None]
 
 
 def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+    """``text`` cut to ``limit`` characters, and encodable as UTF-8 (a lone
+    surrogate, as from ``os.fsdecode``, becomes a backslash escape)."""
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -132,7 +138,7 @@ class Finisher:
                     f"return value encodes to {len(packed)} bytes, over the worker's "
                     f"max_result_bytes={limit}"
                 )
-        except Exception as exc:  # an unencodable or oversized result fails the attempt
+        except BaseException as exc:  # an unencodable or oversized result fails the attempt
             return self.fail(attempt, exc, format_trace(exc), conn, chain)
         reply, taken = self._call(
             attempt, conn, chain,

@@ -116,6 +116,37 @@ class ListenerRegistry:
             call_safely(callback, event, *args)
 
 
+class ListenerMethods:
+    """``on`` / ``once`` / ``off`` / ``listener_count`` over ``self._listeners``,
+    for a class whose events go to local listeners (see SPEC for the events
+    and their arguments)."""
+
+    _listeners: ListenerRegistry
+
+    def _listener_added(self, event: str) -> None:
+        """Called after a listener of ``event`` was added."""
+
+    def on(self, event: str, callback: Listener) -> Listener:
+        """Call ``callback`` on each ``event``; return it."""
+        self._listeners.on(event, callback)
+        self._listener_added(event)
+        return callback
+
+    def once(self, event: str, callback: Listener) -> Listener:
+        """Call ``callback`` on the next ``event`` only; return it."""
+        self._listeners.once(event, callback)
+        self._listener_added(event)
+        return callback
+
+    def off(self, event: str, callback: Listener) -> bool:
+        """Remove a listener; False if it was not registered."""
+        return self._listeners.off(event, callback)
+
+    def listener_count(self, event: str | None = None) -> int:
+        """Listeners of ``event`` (every listener when None)."""
+        return self._listeners.count(event)
+
+
 def call_safely(callback: Listener, event: str, *args: Any) -> None:
     """Call a listener; log whatever it raises (BaseException included)."""
     try:

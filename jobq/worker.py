@@ -27,22 +27,17 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
-from ._fetcher import Fetcher
-from ._maintenance import Maintenance
-from ._runner import Finisher, Runner
+from ._roles import Roles, Settings
 from ._signals import StopSignals
-from ._threads import join_all, start_thread
+from ._threads import start_thread
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
-from .errors import ClosedError, LockLostError, UnrecoverableError
+from .errors import ClosedError, UnrecoverableError
 from .events import Event
 from .job import Job
-from .listeners import Listener, ListenerDispatcher, ListenerRegistry
-from .lock_manager import LockRenewer, TimeoutWatch
+from .listeners import ListenerMethods, ListenerRegistry
 from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
 from .scripts import TakeArgs
@@ -89,6 +84,45 @@ def _worker_name(name: Any) -> str:
     return name
 
 
+def _routes(
+    processor: Processor | Mapping[str, Processor],
+) -> tuple[dict[str, Processor] | None, Processor | None]:
+    """(routes by job name, or None; the one processor, or None)."""
+    if isinstance(processor, Mapping):
+        bad = [k for k, v in processor.items() if not isinstance(k, str) or not callable(v)]
+        if bad or not processor:
+            raise TypeError("processor dict must map job names to callables")
+        return dict(processor), None
+    if callable(processor):
+        return None, processor
+    raise TypeError("processor must be a callable or a dict of callables")
+
+
+def _settings(
+    name: str, *, concurrency: Any, lock_duration: Any, stalled_interval: Any,
+    max_stalled_count: Any, drain_delay: Any, heartbeat_ttl: Any,
+    limiter: Mapping[str, float] | None, max_result_bytes: int | None,
+) -> Settings:
+    """Validate a Worker's arguments (ValueError naming the bad one)."""
+    limit = (0, 0)
+    if limiter is not None:
+        unknown = set(limiter) - {"max", "duration"}
+        count = limiter.get("max")
+        if unknown or isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError("limiter must be {'max': int >= 1, 'duration': seconds}")
+        duration = _positive("limiter duration", limiter.get("duration"))
+        limit = (count, max(1, round(duration * 1000)))
+    return Settings(
+        name=name, concurrency=_count("concurrency", concurrency, 1),
+        lock_duration=_positive("lock_duration", lock_duration),
+        stalled_interval=_positive("stalled_interval", stalled_interval),
+        max_stalled_count=_count("max_stalled_count", max_stalled_count, 0),
+        drain_delay=_positive("drain_delay", drain_delay),
+        heartbeat_ttl=_positive("heartbeat_ttl", heartbeat_ttl),
+        max_result_bytes=byte_limit("max_result_bytes", max_result_bytes), limit=limit,
+    )
+
+
 class Lifecycle(enum.Enum):
     """Where a Worker is in its life; it only ever moves forward."""
 
@@ -98,26 +132,10 @@ class Lifecycle(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass
-class _Roles:
-    """The objects of one run of a Worker, built by ``start()``."""
-
-    gate: TakeGate
-    table: AttemptTable
-    abandoned: threading.Event
-    dispatcher: ListenerDispatcher
-    finisher: Finisher
-    runner: Runner
-    fetcher: Fetcher
-    renewer: LockRenewer
-    timeouts: TimeoutWatch
-    maintenance: Maintenance
-
-
 _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
-class Worker:
+class Worker(ListenerMethods):
     """Run a queue's jobs in a pool of ``concurrency`` threads.
 
     Args:
@@ -162,34 +180,20 @@ class Worker:
         max_result_bytes: int | None = 1024 * 1024,
         heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
     ) -> None:
-        if isinstance(processor, Mapping):
-            bad = [k for k, v in processor.items() if not isinstance(k, str) or not callable(v)]
-            if bad or not processor:
-                raise TypeError("processor dict must map job names to callables")
-            self._routes: dict[str, Processor] | None = dict(processor)
-            self._processor: Processor | None = None
-        elif callable(processor):
-            self._routes, self._processor = None, processor
-        else:
-            raise TypeError("processor must be a callable or a dict of callables")
-        self.concurrency = _count("concurrency", concurrency, 1)
-        self.max_stalled_count = _count("max_stalled_count", max_stalled_count, 0)
-        self._lock_duration = _positive("lock_duration", lock_duration)
-        self._stalled_interval = _positive("stalled_interval", stalled_interval)
-        self._drain_delay = _positive("drain_delay", drain_delay)
-        self._heartbeat_ttl = _positive("heartbeat_ttl", heartbeat_ttl)
-        self._limit = (0, 0)
-        if limiter is not None:
-            unknown = set(limiter) - {"max", "duration"}
-            count = limiter.get("max")
-            if unknown or isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError("limiter must be {'max': int >= 1, 'duration': seconds}")
-            duration = _positive("limiter duration", limiter.get("duration"))
-            self._limit = (count, max(1, round(duration * 1000)))
-        self.max_result_bytes = byte_limit("max_result_bytes", max_result_bytes)
+        self._routes, self._processor = _routes(processor)
         self.name = _worker_name(name)
+        self._settings = settings = _settings(
+            self.name, concurrency=concurrency, lock_duration=lock_duration,
+            stalled_interval=stalled_interval, max_stalled_count=max_stalled_count,
+            drain_delay=drain_delay, heartbeat_ttl=heartbeat_ttl, limiter=limiter,
+            max_result_bytes=max_result_bytes,
+        )
+        self.concurrency = settings.concurrency
+        self.max_stalled_count = settings.max_stalled_count
+        self.max_result_bytes = settings.max_result_bytes
         self._context = QueueContext(
-            queue_name, self._own_client(connection), prefix, "worker", owned=True
+            queue_name, _own_client(connection, self.name, self.concurrency), prefix, "worker",
+            owned=True,
         )
         self._announced_queues: tuple[str, ...] = (queue_name,)  # the CLI names all it serves
         self._listeners = ListenerRegistry()
@@ -198,26 +202,13 @@ class Worker:
         self._paused = False
         self._force = False  # set by close(force=True) or a second signal; read, never waited
         self._signals: StopSignals | None = None
-        self._roles: _Roles | None = None
+        self._roles: Roles | None = None
         self._events: QueueEvents | None = None
         self._token_base = uuid.uuid4().hex[:16]
         self._token_seq = itertools.count()
         _LIVE.add(self)
         if autorun:
             self.start()
-
-    def _own_client(self, connection: object) -> Any:
-        """A client with a pool of the worker's own: its pool threads keep a
-        connection each, and handlers call through it too."""
-        client, owned = resolve(connection)
-        if not hasattr(client, "connection_pool"):  # a cluster: pools per node, unbounded
-            return client if owned else clone_client(client, f"jobq-worker-{self.name}")
-        own = clone_client(
-            client, f"jobq-worker-{self.name}", max_connections=2 * self.concurrency + 8
-        )
-        if owned:
-            close_client(client)
-        return own
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -252,58 +243,13 @@ class Worker:
                 return self
             if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
                 self._ensure_events(wait=True)
-            roles = self._roles = self._build()
+            roles = self._roles = Roles.build(
+                self._context, self._settings, self._listeners, paused=self._paused,
+                handler_for=self._handler_for, take_args=self._take_args, status=self._status,
+            )
             self._state = Lifecycle.RUNNING
-            roles.dispatcher.start()
-            roles.runner.start()
-            for loop in (roles.renewer.loop, roles.timeouts.loop, roles.maintenance.loop):
-                loop.start()
-            roles.fetcher.start()
+            roles.start()
         return self
-
-    def _build(self) -> _Roles:
-        table = AttemptTable(on_deadline=lambda: roles.timeouts.loop.wake())
-        gate = TakeGate()
-        gate.set_paused(self._paused)
-        slots = threading.Semaphore(self.concurrency)
-        abandoned = threading.Event()
-        dispatcher = ListenerDispatcher(self._listeners, f"jobq-listeners-{self.queue_name}")
-        emit = dispatcher.emit
-        finisher = Finisher(
-            self._context, table=table, gate=gate, take_args=self._take_args,
-            lock_duration=self._lock_duration, max_result_bytes=self.max_result_bytes,
-            abandoned=abandoned, emit=emit,
-        )
-        runner = Runner(
-            self._context, concurrency=self.concurrency, worker_name=self.name, table=table,
-            slots=slots, finisher=finisher, handler_for=self._handler_for, emit=emit,
-            has_listener=self._listeners.has,
-        )
-        on_error = self._error_reporter(emit)
-        roles = _Roles(
-            gate=gate, table=table, abandoned=abandoned, dispatcher=dispatcher,
-            finisher=finisher, runner=runner,
-            fetcher=Fetcher(
-                self._context, worker_name=self.name, gate=gate, slots=slots, table=table,
-                hand_off=runner.submit, take_args=self._take_args,
-                drain_delay=self._drain_delay, on_ready=lambda: emit("ready"),
-                on_error=on_error,
-            ),
-            renewer=LockRenewer(
-                self._context, table, self._lock_duration, on_lost=self._lock_lost(emit),
-                on_error=on_error,
-            ),
-            timeouts=TimeoutWatch(
-                self._context, table, on_timeout=runner.timed_out, on_error=on_error
-            ),
-            maintenance=Maintenance(
-                self._context, worker_name=self.name, heartbeat_ttl=self._heartbeat_ttl,
-                stalled_interval=self._stalled_interval,
-                max_stalled_count=self.max_stalled_count, status=self._status,
-                on_error=on_error,
-            ),
-        )
-        return roles
 
     def run(self) -> None:
         """Run until ``close()``. In the main thread, SIGINT / SIGTERM close
@@ -349,6 +295,7 @@ class Worker:
         with self._cond:
             if force:
                 self._force = True
+            roles = self._roles
             if self._state is Lifecycle.NEW:
                 self._state = Lifecycle.CLOSED
                 self._cond.notify_all()
@@ -357,8 +304,10 @@ class Worker:
             else:
                 self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
                 return
-        if roles is None:
+        if roles is None:  # never started
+            self._listeners.emit("closing")
             self._context.close()
+            self._listeners.emit("closed")
             return
         try:
             self._shutdown(roles, deadline)
@@ -371,40 +320,10 @@ class Worker:
         signals = self._signals
         return self._force or (signals is not None and signals.forced)
 
-    def _shutdown(self, roles: _Roles, deadline: float | None) -> None:
+    def _shutdown(self, roles: Roles, deadline: float | None) -> None:
         emit = roles.dispatcher.emit
         emit("closing")
-        roles.gate.shut()
-        roles.fetcher.stop()
-        roles.gate.wait_idle(deadline)
-        if not roles.table.wait_empty(deadline, give_up=self._forced):
-            left = roles.table.abandon()
-            roles.abandoned.set()
-            for attempt in left:
-                attempt.cancel()
-            logger.warning(
-                "worker %r closed with %d job(s) in flight; they will be recovered as stalled",
-                self.name, len(left),
-            )
-        for loop in (roles.renewer.loop, roles.timeouts.loop, roles.maintenance.loop):
-            loop.stop()
-        roles.runner.stop()
-        until = time.monotonic() + JOIN_GRACE
-        if deadline is not None:
-            until = max(until, deadline)
-        threads = [
-            roles.fetcher.thread, roles.renewer.loop.thread, roles.timeouts.loop.thread,
-            roles.maintenance.loop.thread,
-            *(t for t in roles.runner.threads if not roles.runner.in_user_code(t)),
-        ]
-        threads = [t for t in threads if t is not None]
-        if not join_all(threads, until - time.monotonic()):
-            # threads still in a call to a server that does not answer: cut
-            # their connections (a shutdown socket wakes a blocked read)
-            close_client(self._context.client)
-            roles.fetcher.interrupt()
-            if not join_all(threads, JOIN_GRACE):
-                logger.warning("worker %r: some threads did not end in time", self.name)
+        until = roles.stop(self.name, deadline, self._forced, self._context.client)
         events, self._events = self._events, None
         if events is not None:
             events.close(max(0.0, until - time.monotonic()))
@@ -476,27 +395,11 @@ class Worker:
         """Whether this worker is paused (see ``pause``)."""
         return self._paused
 
-    # -- listeners ----------------------------------------------------------
+    # -- listeners (on / once / off / listener_count: ListenerMethods) -----------
 
-    def on(self, event: str, callback: Listener) -> Listener:
-        """Call ``callback`` on each local ``event``; see SPEC for their arguments."""
-        self._listeners.on(event, callback)
-        self._maybe_events(event)
-        return callback
-
-    def once(self, event: str, callback: Listener) -> Listener:
-        """Call ``callback`` on the next local ``event`` only."""
-        self._listeners.once(event, callback)
-        self._maybe_events(event)
-        return callback
-
-    def off(self, event: str, callback: Listener) -> bool:
-        """Remove a listener; False if it was not registered."""
-        return self._listeners.off(event, callback)
-
-    def listener_count(self, event: str | None = None) -> int:
-        """Listeners of ``event`` (every listener when None)."""
-        return self._listeners.count(event)
+    def _listener_added(self, event: str) -> None:
+        if event in _CHANNEL_EVENTS and self._state is Lifecycle.RUNNING:
+            self._ensure_events(wait=False)
 
     def _emit(self, event: str, *args: Any) -> None:
         roles = self._roles
@@ -505,29 +408,12 @@ class Worker:
         else:
             self._listeners.emit(event, *args)
 
-    def _maybe_events(self, event: str) -> None:
-        if event in _CHANNEL_EVENTS and self._state is Lifecycle.RUNNING:
-            self._ensure_events(wait=False)
-
     def _ensure_events(self, wait: bool) -> None:
         """Subscribe to the queue's event channel for ``drained`` / ``stalled``."""
-        from .queue_events import QueueEvents
-
         with self._cond:
-            if self._events is not None:
-                return
-            events = self._events = QueueEvents(
-                self.queue_name, connection=self._context.client, prefix=self._context.prefix
-            )
-
-        def forward(event: Event) -> None:
-            if event.name == "drained":
-                self._emit("drained")
-            else:
-                self._emit("stalled", event.job_id)
-
-        events.on("drained", forward)
-        events.on("stalled", forward)
+            if self._events is None:
+                self._events = _channel_events(self._context, self._emit)
+            events = self._events
         if wait and not events.wait_until_ready(EVENTS_READY_TIMEOUT):
             logger.warning("worker %r: the queue's event channel is not readable yet; "
                            "drained / stalled listeners may miss events", self.name)
@@ -544,9 +430,10 @@ class Worker:
         return handler
 
     def _take_args(self) -> TakeArgs:
-        limit_max, limit_ms = self._limit
+        limit_max, limit_ms = self._settings.limit
         token = f"{self._token_base}{next(self._token_seq):x}"
-        return TakeArgs(token, round(self._lock_duration * 1000), self.name, limit_max, limit_ms)
+        lock_ms = round(self._settings.lock_duration * 1000)
+        return TakeArgs(token, lock_ms, self.name, limit_max, limit_ms)
 
     def _status(self) -> dict[str, Any]:
         roles = self._roles
@@ -557,16 +444,35 @@ class Worker:
             "active": len(roles.table) if roles else 0, "paused": self._paused,
         }
 
-    def _error_reporter(self, emit: Callable[..., None]) -> Callable[[Exception], None]:
-        return lambda exc: emit("error", exc)
 
-    def _lock_lost(self, emit: Callable[..., None]) -> Callable[[Attempt], None]:
-        def lost(attempt: Attempt) -> None:
-            error = LockLostError(f"lock of job {attempt.job_id!r} was lost")
-            logger.warning("%s", error)
-            emit("error", error)
+def _own_client(connection: object, name: str, concurrency: int) -> Any:
+    """A client with a pool of the worker's own: its pool threads keep a
+    connection each, and handlers call through it too."""
+    client, owned = resolve(connection)
+    if not hasattr(client, "connection_pool"):  # a cluster: pools per node, unbounded
+        return client if owned else clone_client(client, f"jobq-worker-{name}")
+    own = clone_client(client, f"jobq-worker-{name}", max_connections=2 * concurrency + 8)
+    if owned:
+        close_client(client)
+    return own
 
-        return lost
+
+def _channel_events(context: QueueContext, emit: Callable[..., None]) -> QueueEvents:
+    """A reader of the queue's event channel that forwards ``drained`` and
+    ``stalled`` to a worker's local listeners."""
+    from .queue_events import QueueEvents
+
+    events = QueueEvents(context.name, connection=context.client, prefix=context.prefix)
+
+    def forward(event: Event) -> None:
+        if event.name == "drained":
+            emit("drained")
+        else:
+            emit("stalled", event.job_id)
+
+    events.on("drained", forward)
+    events.on("stalled", forward)
+    return events
 
 
 def _after_fork_in_child() -> None:

@@ -269,7 +269,7 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
 
   local atm = 0
   for i = 1, #rec, 2 do
-    if rec[i] == 'atm' then atm = tonumber(rec[i + 1]) break end
+    if rec[i] == 'atm' then atm = tonumber(rec[i + 1]) or 0 break end
   end
   local pon = string.format('%.17g', now)
   redis.call('ZADD', K_ACTIVE, now, id)

@@ -1,0 +1,174 @@
+"""The roles of one run of a Worker, wired together, started and stopped as one.
+
+``Roles.build`` makes them from the worker's settings; ``start`` starts
+their threads; ``stop`` stops taking, waits for jobs in flight (or abandons
+them), stops every loop and joins every thread but those inside user code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._attempt import Attempt, AttemptTable, TakeGate
+from ._context import QueueContext
+from ._fetcher import Fetcher
+from ._maintenance import Maintenance
+from ._runner import Finisher, Runner
+from ._threads import join_all
+from .connection import BLOCK_CAP, close_client
+from .errors import LockLostError
+from .job import Job
+from .listeners import ListenerDispatcher, ListenerRegistry
+from .lock_manager import LockRenewer, TimeoutWatch
+from .scripts import TakeArgs
+
+logger = logging.getLogger(__name__)
+
+#: Least time the threads of a stopping run get to end once told to.
+JOIN_GRACE = BLOCK_CAP + 0.5
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the roles need of a Worker's configuration."""
+
+    name: str
+    concurrency: int
+    lock_duration: float
+    stalled_interval: float
+    max_stalled_count: int
+    drain_delay: float
+    heartbeat_ttl: float
+    max_result_bytes: int | None
+    limit: tuple[int, int]  # rate limit: max jobs per window (0: none), window ms
+
+
+@dataclass
+class Roles:
+    """The objects of one run of a Worker."""
+
+    gate: TakeGate
+    table: AttemptTable
+    abandoned: threading.Event
+    dispatcher: ListenerDispatcher
+    finisher: Finisher
+    runner: Runner
+    fetcher: Fetcher
+    renewer: LockRenewer
+    timeouts: TimeoutWatch
+    maintenance: Maintenance
+
+    @classmethod
+    def build(
+        cls,
+        context: QueueContext,
+        settings: Settings,
+        listeners: ListenerRegistry,
+        *,
+        paused: bool,
+        handler_for: Callable[[Job], Callable[[Job], Any]],
+        take_args: Callable[[], TakeArgs],
+        status: Callable[[], Mapping[str, Any]],
+    ) -> Roles:
+        """Wire the roles of one run (nothing starts yet)."""
+        s = settings
+        table = AttemptTable(on_deadline=lambda: timeouts.loop.wake())
+        gate = TakeGate()
+        gate.set_paused(paused)
+        slots = threading.Semaphore(s.concurrency)
+        abandoned = threading.Event()
+        dispatcher = ListenerDispatcher(listeners, f"jobq-listeners-{context.name}")
+        emit = dispatcher.emit
+
+        def on_error(exc: Exception) -> None:
+            emit("error", exc)
+
+        def on_lost(attempt: Attempt) -> None:
+            error = LockLostError(f"lock of job {attempt.job_id!r} was lost")
+            logger.warning("%s", error)
+            emit("error", error)
+
+        finisher = Finisher(
+            context, table=table, gate=gate, take_args=take_args,
+            lock_duration=s.lock_duration, max_result_bytes=s.max_result_bytes,
+            abandoned=abandoned, emit=emit,
+        )
+        runner = Runner(
+            context, concurrency=s.concurrency, worker_name=s.name, table=table, slots=slots,
+            finisher=finisher, handler_for=handler_for, emit=emit, has_listener=listeners.has,
+        )
+        timeouts = TimeoutWatch(context, table, on_timeout=runner.timed_out, on_error=on_error)
+        return cls(
+            gate=gate, table=table, abandoned=abandoned, dispatcher=dispatcher,
+            finisher=finisher, runner=runner,
+            fetcher=Fetcher(
+                context, worker_name=s.name, gate=gate, slots=slots, table=table,
+                hand_off=runner.submit, take_args=take_args, drain_delay=s.drain_delay,
+                on_ready=lambda: emit("ready"), on_error=on_error,
+            ),
+            renewer=LockRenewer(
+                context, table, s.lock_duration, on_lost=on_lost, on_error=on_error
+            ),
+            timeouts=timeouts,
+            maintenance=Maintenance(
+                context, worker_name=s.name, heartbeat_ttl=s.heartbeat_ttl,
+                stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
+                status=status, on_error=on_error,
+            ),
+        )
+
+    def start(self) -> None:
+        """Start every thread; the fetcher last, once the others can serve it."""
+        self.dispatcher.start()
+        self.runner.start()
+        for loop in (self.renewer.loop, self.timeouts.loop, self.maintenance.loop):
+            loop.start()
+        self.fetcher.start()
+
+    def stop(
+        self, worker: str, deadline: float | None, give_up: Callable[[], bool],
+        client: Any,
+    ) -> float:
+        """Stop taking; wait for jobs in flight until ``deadline`` or
+        ``give_up()``, then abandon what is left; stop and join the threads
+        (those inside user code excepted), cutting the connections of any
+        stuck in a call past the deadline. Returns the time (monotonic) by
+        which the rest of the close should be over."""
+        self.gate.shut()
+        self.fetcher.stop()
+        self.gate.wait_idle(deadline)
+        if not self.table.wait_empty(deadline, give_up=give_up):
+            left = self.table.abandon()
+            self.abandoned.set()
+            for attempt in left:
+                attempt.cancel()
+            logger.warning(
+                "worker %r closed with %d job(s) in flight; they will be recovered as stalled",
+                worker, len(left),
+            )
+        for loop in (self.renewer.loop, self.timeouts.loop, self.maintenance.loop):
+            loop.stop()
+        self.runner.stop()
+        until = time.monotonic() + JOIN_GRACE
+        if deadline is not None:
+            until = max(until, deadline)
+        threads = [
+            t for t in (
+                self.fetcher.thread, self.renewer.loop.thread, self.timeouts.loop.thread,
+                self.maintenance.loop.thread,
+            ) if t is not None
+        ]
+        threads += [t for t in self.runner.threads if not self.runner.in_user_code(t)]
+        if not join_all(threads, until - time.monotonic()):
+            # threads still in a call to a server that does not answer: cut
+            # their connections (a shut-down socket wakes a blocked read)
+            close_client(client)
+            self.fetcher.interrupt()
+            if not join_all(threads, JOIN_GRACE):
+                logger.warning("worker %r: some threads did not end in time", worker)
+        return until
