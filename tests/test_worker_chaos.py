@@ -11,9 +11,9 @@ nothing stalls, and the worker still takes a job at the end.
 The seed is printed in every assertion message; replay a run with
 ``JOBQ_CHAOS_SEED=<seed>``.
 
-Failure modes found by this test that the worker still gets wrong are
-excluded from the main test and pinned by ``xfail(strict=True)`` tests at the
-end of this file.
+Three failure modes this test found (a non-numeric attempt count, a lone
+surrogate in a message, a result whose encoding raises a BaseException)
+have a pinned test each at the end of this file.
 """
 
 from __future__ import annotations
@@ -180,7 +180,6 @@ _FLAVOURS = ["plain", "é✓ünï", "日本語", "tab\tnew\nline", ""]
 
 
 def _message(rng: random.Random, i: int) -> str:
-    # valid unicode only: lone surrogates are pinned by an xfail test below
     return f"chaos-{i}-{rng.choice(_FLAVOURS)}"
 
 
@@ -645,12 +644,6 @@ class _EncodingExits(dict[str, int]):
         raise SystemExit("cannot list my items")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="moveToActive (lua/_common.lua:272) does `atm + 1` on tonumber('abc') = nil after "
-    "it wrote the lock and the active entry; taken along a finishing call, that call errors: "
-    "the finished job's local listener is skipped and the corrupt job stalls",
-)
 def test_corrupt_attempt_count_fails_the_job_not_the_finishing_call(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -670,12 +663,6 @@ def test_corrupt_attempt_count_fails_the_job_not_the_finishing_call(
     assert "stalled" not in stream_names(redis_client, queue.name, corrupt.id)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Finisher.fail (_runner.py:165) encodes the stack trace outside any guard: a lone "
-    "surrogate in a message raises SerializationError, the attempt is given up as stalled "
-    "(_runner.py:343) and runs again; the reason (_runner.py:162) would not encode either",
-)
 def test_message_with_a_lone_surrogate_fails_the_job_with_its_reason(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -690,12 +677,6 @@ def test_message_with_a_lone_surrogate_fails_the_job_with_its_reason(
     assert stream_names(redis_client, queue.name, job.id).count("active") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Finisher.complete (_runner.py:135) catches Exception only around encoding the "
-    "result: a BaseException from it escapes to Runner._serve (_runner.py:343), which gives "
-    "the attempt up as stalled instead of failing it",
-)
 def test_result_whose_encoding_raises_a_base_exception_fails_the_attempt(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
