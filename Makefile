@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k worker -x'
 PYTEST_ARGS ?=
 
-.PHONY: all install demo test test-all lint examples clean bench bench-quick
+.PHONY: all install demo test test-oldest test-all lint examples clean bench bench-quick
 
 all: lint test
 
@@ -29,6 +29,20 @@ CLUSTER_RUN = -m "not cluster and not fault and not slow and not load and not se
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	JOBQ_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CLUSTER_RUN) $(PYTEST_ARGS)
+
+# The default selection with the oldest redis-py that setup.cfg allows: the
+# scripts' fast path and the worker's own connections use redis-py internals.
+OLDEST_REDIS ?= redis==5.0.0
+OLDEST_VENV ?= .venv-oldest
+$(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install -e '.[test]' '$(OLDEST_REDIS)'
+	touch $@
+
+test-oldest: $(OLDEST_VENV)/.installed
+	$(OLDEST_VENV)/bin/python -c 'import redis; print("redis-py", redis.__version__)'
+	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Every tier, slow, load and fault included.
 test-all: $(VENV)/.installed
@@ -59,5 +73,5 @@ bench-quick: $(VENV)/.installed
 	timeout 600 $(BIN)/python bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

@@ -459,3 +459,48 @@ def test_a_worker_running_in_the_parent_is_not_running_in_a_forked_child(
         assert os.waitstatus_to_exitcode(status) == 0
         assert worker.is_running()  # the parent's worker is untouched
         worker.resume()
+
+
+# -- issue 12: pause waits for jobs in flight; listeners see finished_on -----------
+
+
+def test_pause_waits_for_the_jobs_in_flight(queue: Queue, redis_url: str) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        assert release.wait(WAIT)
+        return "done"
+
+    job = queue.add("x")
+    with make_worker(queue.name, redis_url, handler) as worker:
+        assert started.wait(WAIT)
+        pausing = threading.Thread(target=worker.pause, name="test-pause")
+        pausing.start()
+        pausing.join(0.3)
+        assert pausing.is_alive(), "pause() returned with a job in flight"
+        release.set()
+        pausing.join(WAIT)
+        assert not pausing.is_alive()
+        assert queue.get_job_state(job.id) == "completed"
+        assert worker.is_paused()
+
+
+def test_listeners_get_jobs_with_finished_on(queue: Queue, redis_url: str) -> None:
+    def handler(job: Job) -> str:
+        if job.name == "bad":
+            raise ValueError("no")
+        return "ok"
+
+    good, bad = queue.add("good"), queue.add("bad")
+    worker = make_worker(queue.name, redis_url, handler)
+    rec = Recorder().attach(worker, "completed", "failed")
+    with worker:
+        assert good.wait_until_finished(timeout=WAIT) == "ok"
+        with pytest.raises(JobFailedError):
+            bad.wait_until_finished(timeout=WAIT)
+        assert rec.wait("completed") and rec.wait("failed")
+    for event, job in (("completed", good), ("failed", bad)):
+        seen = rec.of(event)[0][0]
+        assert seen.finished_on is not None
+        assert seen.finished_on == pytest.approx(job.refresh().finished_on, abs=0.002)
