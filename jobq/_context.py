@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from . import _fork
 from . import connection as _connection
 from .errors import ClosedError
 from .keys import QueueKeys, validate_name
@@ -33,6 +34,14 @@ class QueueContext:
         self._events: QueueEvents | None = None
         self._lock = threading.Lock()
         self.closed = False
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held
+        it). The shared reader resets itself; a client jobq created has its
+        pool reset (see _fork), a caller's resets itself (redis-py's pools
+        check the process id)."""
+        self._lock = threading.Lock()
 
     @property
     def redis(self) -> Any:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
+
+from . import _fork
 
 # A redis.Redis or a RedisCluster. redis-py types every reply as a union of
 # bytes and str (it depends on decode_responses, which jobq refuses), so
@@ -41,6 +44,14 @@ BLOCK_CAP = 1.0
 BLOCKING_SOCKET_TIMEOUT = BLOCK_CAP + 9.0
 
 
+_DECODING = (
+    "jobq needs a client that does not decode responses (decode_responses=False, "
+    "also in a URL): payloads and results are binary msgpack"
+)
+#: The retry policy of jobq's own bounded calls: none (the caller's loop retries).
+NO_RETRY = Retry(NoBackoff(), 0)
+
+
 def resolve(connection: object) -> tuple[Client, bool]:
     """Return ``(client, owned)`` for a ``connection=`` argument.
 
@@ -54,15 +65,19 @@ def resolve(connection: object) -> tuple[Client, bool]:
         connection = os.environ.get("JOBQ_REDIS_URL") or DEFAULT_URL
     if isinstance(connection, str):
         scheme, sep, rest = connection.partition("://")
+        client: Client
         if sep and scheme in CLUSTER_SCHEMES:
-            return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}"), True
-        return redis.Redis.from_url(connection), True
+            client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+        else:
+            client = redis.Redis.from_url(connection)
+        if client.get_encoder().decode_responses:  # e.g. ?decode_responses=True
+            close_client(client)
+            raise ValueError(_DECODING)
+        _fork.track_client(client)
+        return client, True
     if isinstance(connection, (redis.Redis, RedisCluster)):
         if connection.get_encoder().decode_responses:
-            raise ValueError(
-                "jobq needs a client built with decode_responses=False: "
-                "payloads and results are binary msgpack"
-            )
+            raise ValueError(_DECODING)
         return connection, False
     raise TypeError(
         "connection must be None, a redis://, rediss://, unix://, redis+cluster:// or "
@@ -167,6 +182,57 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
                 return
             node.redis_connection.client_unblock(blocked_id)
         else:
-            client.client_unblock(blocked_id)
-    except Exception:  # e.g. no permission: the block ends by itself
+            call_once(client, lambda conn: command(conn, "CLIENT", "UNBLOCK", blocked_id))
+    except Exception:  # e.g. no permission, or the server is away: the block ends by itself
         pass
+
+
+def command(connection: Any, *args: Any) -> Any:
+    """Send one command on a connection and read its reply."""
+    connection.send_command(*args)
+    return connection.read_response()
+
+
+def call_once(
+    client: Client, on_connection: Callable[[Any], Any], otherwise: Callable[[], Any] | None = None
+) -> Any:
+    """Run ``on_connection(connection)`` on a connection of a plain client's
+    pool, with no retry (redis-py's default retries back off for seconds,
+    longer than the timeouts of jobq's own calls). A cluster client, or one
+    bound to a single connection, runs ``otherwise()`` instead, with the
+    client's own retry policy.
+
+    A failure drops the connection (the next use reconnects) and is raised.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(client, redis.Redis) or client.connection is not None or pool is None:
+        if otherwise is None:
+            raise TypeError("call_once needs a fallback for this client")
+        return otherwise()
+    connection = take_connection(pool)
+    saved = connection.retry
+    connection.retry = NO_RETRY  # held by this thread alone until released
+    try:
+        return on_connection(connection)
+    except redis.exceptions.ResponseError:
+        raise
+    except BaseException:
+        connection.disconnect()
+        raise
+    finally:
+        connection.retry = saved
+        pool.release(connection)
+
+
+def stream_entries(reply: Any) -> list[Any]:
+    """The entries of an XREAD reply for one stream: a list of
+    ``[key, entries]`` pairs in RESP2, a map of key to entries in RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        value = next(iter(reply.values()))
+        # redis-py wraps RESP3's entries in one more list
+        if value and isinstance(value[0], list):
+            value = value[0]
+        return list(value)
+    return list(reply[0][1])

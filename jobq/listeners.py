@@ -34,6 +34,10 @@ class ListenerRegistry:
         self._entries: dict[str, list[_Entry]] = {}
         self._seq = itertools.count()
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held it)."""
+        self._lock = threading.Lock()
+
     def on(self, event: str, callback: Listener) -> Listener:
         """Call ``callback`` on every ``event``; return it."""
         return self._add(event, callback, once=False)
