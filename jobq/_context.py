@@ -32,6 +32,7 @@ class QueueContext:
         self.keys = QueueKeys(self.prefix, self.name)
         self.scripts = Scripts(self.client)
         self._events: QueueEvents | None = None
+        self._bounded: Any = None
         self._lock = threading.Lock()
         self.closed = False
         _fork.track(self)
@@ -98,6 +99,26 @@ class QueueContext:
         if connection is not None:
             self.client.connection_pool.release(connection)
 
+    @property
+    def bounded(self) -> Any:
+        """A client without retries, for calls that keep to a caller's
+        timeout (see ``connection.bounded_client``), made on first use."""
+        if self._bounded is None:
+            with self._lock:
+                if self._bounded is None:
+                    self._bounded = _connection.bounded_client(self.client)
+        return self._bounded
+
+    def run_bounded(self, script: str, *args: Any) -> Any:
+        """Run one of the queue's scripts once, without the client's retries.
+
+        Raises:
+            ClosedError: the owner was closed.
+        """
+        if self.closed:
+            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        return self.scripts.run(script, self.keys.base, *args, client=self.bounded)
+
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""
         with self._lock:
@@ -120,5 +141,7 @@ class QueueContext:
             events, self._events = self._events, None
         if events is not None:
             events.close()
+        if self._bounded is not None and self._bounded is not self.client:
+            _connection.close_client(self._bounded)
         if self._owned:
             _connection.close_client(self.client)

@@ -165,17 +165,11 @@ class EventReader:
         if self.mode == "pubsub":
             try:  # a checkpoint marker nobody waits for: every reader ignores it
                 message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
-                _connection.call_once(
-                    self._context.client,
-                    lambda conn: _connection.command(
-                        conn, "SPUBLISH", self._context.keys.events, message
-                    ),
-                    lambda: self._context.client.spublish(self._context.keys.events, message),
-                )
+                self._context.bounded.spublish(self._context.keys.events, message)
             except Exception:  # the block ends by itself within a second
                 pass
         else:
-            _connection.unblock(self._context.client, self._blocked)
+            _connection.unblock(self._context.bounded, self._blocked)
 
     # -- the loop ---------------------------------------------------------
 

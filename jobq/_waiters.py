@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import connection as _connection
 from . import events as _events
 from . import serializer
 from ._context import QueueContext
@@ -289,13 +288,8 @@ class WaiterTable:
         """
         # thousands of threads starting to wait at once must not take a pooled
         # connection each (redis-py's pools hold 100 by default)
-        args = (waiter.job_id, waiter.run or "")
         with self._slots:
-            reply = _connection.call_once(
-                self._context.client,
-                lambda conn: self._context.run_on(conn, "getOutcome", *args),
-                lambda: self._context.run("getOutcome", *args),
-            )
+            reply = self._context.run_bounded("getOutcome", waiter.job_id, waiter.run or "")
         state, value, reason, stacktrace, checkpoint, final = reply
         if state == b"completed":
             waiter.resolve(Completed(serializer.decode(value, "return value")))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -182,46 +181,27 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
                 return
             node.redis_connection.client_unblock(blocked_id)
         else:
-            call_once(client, lambda conn: command(conn, "CLIENT", "UNBLOCK", blocked_id))
+            client.client_unblock(blocked_id)
     except Exception:  # e.g. no permission, or the server is away: the block ends by itself
         pass
 
 
-def command(connection: Any, *args: Any) -> Any:
-    """Send one command on a connection and read its reply."""
-    connection.send_command(*args)
-    return connection.read_response()
-
-
-def call_once(
-    client: Client, on_connection: Callable[[Any], Any], otherwise: Callable[[], Any] | None = None
-) -> Any:
-    """Run ``on_connection(connection)`` on a connection of a plain client's
-    pool, with no retry (redis-py's default retries back off for seconds,
-    longer than the timeouts of jobq's own calls). A cluster client, or one
-    bound to a single connection, runs ``otherwise()`` instead, with the
-    client's own retry policy.
-
-    A failure drops the connection (the next use reconnects) and is raised.
-    """
-    pool = getattr(client, "connection_pool", None)
-    if not isinstance(client, redis.Redis) or client.connection is not None or pool is None:
-        if otherwise is None:
-            raise TypeError("call_once needs a fallback for this client")
-        return otherwise()
-    connection = take_connection(pool)
-    saved = connection.retry
-    connection.retry = NO_RETRY  # held by this thread alone until released
-    try:
-        return on_connection(connection)
-    except redis.exceptions.ResponseError:
-        raise
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        connection.retry = saved
-        pool.release(connection)
+def bounded_client(client: Client) -> Client:
+    """A client for jobq's own short calls that must keep to a caller's
+    timeout (a wait's record checks, unblocking a reader): the same server
+    and settings as ``client`` but no retries, whose backoff (redis-py's
+    default: 10 attempts) would outlast those timeouts. A cluster client, or
+    one bound to a single connection, is returned as it is."""
+    if not isinstance(client, redis.Redis) or client.connection is not None:
+        return client
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    kwargs["retry"] = NO_RETRY
+    kwargs.pop("retry_on_timeout", None)
+    kwargs.pop("retry_on_error", None)
+    pool = redis.ConnectionPool(connection_class=client.connection_pool.connection_class, **kwargs)
+    bounded = redis.Redis(connection_pool=pool)
+    _fork.track_client(bounded)
+    return bounded
 
 
 def stream_entries(reply: Any) -> list[Any]:

@@ -33,6 +33,10 @@ __all__ = ["Queue"]
 
 EVENT_MODES = ("stream", "pubsub")
 DEFAULT_MAX_EVENTS = 10_000
+#: Seconds a result that may outlive its job's record stays readable (a
+#: result over 16 KiB of a job with a retention rule; in pub/sub mode, any
+#: result of a job removed on completion): see complete.lua.
+DEFAULT_RESULT_TTL = 60.0
 #: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Jobs per script call for bulk adds and batched admin operations.
@@ -61,6 +65,11 @@ class Queue:
         default_job_options: options applied to every ``add`` unless given.
         max_payload_bytes: largest msgpack-encoded ``data`` that ``add``
             accepts (default 1 MiB); None for no limit but the server's.
+        result_ttl: seconds a result kept apart from its job's record stays
+            readable by late waiters (stored with the queue, like
+            ``max_events``): a result over 16 KiB of a job with a retention
+            rule, and in pub/sub mode any result of a job removed on
+            completion.
     """
 
     def __init__(
@@ -73,12 +82,22 @@ class Queue:
         max_events: int = DEFAULT_MAX_EVENTS,
         default_job_options: Mapping[str, Any] | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        result_ttl: float = DEFAULT_RESULT_TTL,
     ) -> None:
         if event_mode is not None and event_mode not in EVENT_MODES:
             raise ValueError(f"event_mode must be 'stream' or 'pubsub', not {event_mode!r}")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive int, not {max_events!r}")
         self.max_payload_bytes = byte_limit("max_payload_bytes", max_payload_bytes)
+        if (
+            isinstance(result_ttl, bool)
+            or not isinstance(result_ttl, (int, float))
+            or not 0.001 <= result_ttl <= 86_400 * 30
+        ):
+            raise ValueError(
+                f"result_ttl must be seconds from 0.001 to 30 days, not {result_ttl!r}"
+            )
+        self.result_ttl = float(result_ttl)
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
@@ -98,7 +117,7 @@ class Queue:
         client.sadd(queues_key(self.prefix), self.name)  # for `jobq info` with no queue
         if event_mode is not None:
             client.hsetnx(meta, "em", event_mode)
-        stored_mode, stored_max = client.hmget(meta, ["em", "maxev"])
+        stored_mode, stored_max, stored_ttl = client.hmget(meta, ["em", "maxev", "rttl"])
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:
             raise JobqError(
@@ -107,6 +126,9 @@ class Queue:
         self.event_mode = stored
         if int(stored_max or DEFAULT_MAX_EVENTS) != self.max_events:
             client.hset(meta, "maxev", self.max_events)
+        ttl_ms = round(self.result_ttl * 1000)
+        if int(stored_ttl or DEFAULT_RESULT_TTL * 1000) != ttl_ms:
+            client.hset(meta, "rttl", ttl_ms)
 
     @property
     def name(self) -> str:
