@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 RECENT_OUTCOMES = 10_000
 #: Waiters' record checks that may run at once (each holds a pooled connection).
 CONCURRENT_CHECKS = 16
+#: Calls of getOutcome.lua (2,000 events each) a check may make to scan a
+#: removed run's events: the whole stream at the default max_events.
+SCAN_CALLS = 100
 
 StreamId = tuple[int, int]
 
@@ -288,9 +291,17 @@ class WaiterTable:
         """
         # thousands of threads starting to wait at once must not take a pooled
         # connection each (redis-py's pools hold 100 by default)
+        cursor, anchored = "", ""
         with self._slots:
-            reply = self._context.run_bounded("getOutcome", waiter.job_id, waiter.run or "")
-        state, value, reason, stacktrace, checkpoint, final = reply
+            for _ in range(SCAN_CALLS):
+                reply = self._context.run_bounded(
+                    "getOutcome", waiter.job_id, waiter.run or "", cursor, anchored
+                )
+                if len(reply) < 7:
+                    break
+                # a long scan of the run's events goes on in another call
+                cursor, anchored = text(reply[6]) or "", "1" if reply[7] else ""
+        state, value, reason, stacktrace, checkpoint, final = reply[:6]
         if state == b"completed":
             waiter.resolve(Completed(serializer.decode(value, "return value")))
         elif state == b"failed":

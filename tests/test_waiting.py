@@ -182,6 +182,25 @@ def test_fresh_queue_add_remove_on_complete_then_wait_returns_the_result(
         assert again.wait_until_finished(timeout=WAIT) == "v" * size
 
 
+def test_bulk_add_remove_on_complete_then_waits_return_the_results(
+    queue_name: str, redis_url: str
+) -> None:
+    """Thousands of events lie between a job's `added` event and its
+    `completed`: the check scans them in several calls."""
+    n = 3000
+    with (
+        Queue(queue_name, connection=redis_url) as queue,
+        Worker(queue_name, echo, connection=redis_url, concurrency=8) as worker,
+    ):
+        cond, done = completed_counter(worker)
+        jobs = queue.add_bulk([{"name": "x", "data": i, "remove_on_complete": True}
+                               for i in range(n)])
+        with cond:
+            assert cond.wait_for(lambda: len(done) == n, 60)
+        for i in (0, 1, n // 2, n - 1):
+            assert jobs[i].wait_until_finished(timeout=WAIT) == i
+
+
 # -- 9: results kept apart from the stream ------------------------------------
 
 

@@ -8,15 +8,20 @@
   ARGV[1]  job id
   ARGV[2]  the run's token (its `added` event's id in stream mode), or ''
            for whatever run the record holds
+  ARGV[3]  optional: go on scanning the run's events after this id (the
+           cursor of the previous call), else from the run's `added` event
+  ARGV[4]  optional: '1' when the scan so far began at the `added` event
   Returns  {state or false, return value, failed reason, stack traces,
-            last event id or '', final}
+            last event id or '', final, cursor, anchored}
            The record answers when it is of that run. Else the result kept
            under result:<run> (see complete.lua); else, in stream mode, the
-           run's own events from its `added` event on (at most SCAN
-           entries): its completed or failed event answers, and final = 1
-           when its `removed` event was found or none of its events ended
-           it (it was deleted without one). final = false: the reader's
-           checkpoint decides.
+           run's own events from its `added` event on, SCAN entries per
+           call: its completed or failed event answers, and final = 1 when
+           its `removed` event was found or none of its events ended it (it
+           was deleted without one), the scan having begun at its `added`
+           event. A scan cut short returns the cursor to go on from (and
+           anchored = 1 when it began at the `added` event); final = false
+           and no cursor: the reader's checkpoint decides.
 ]]
 local SCAN = 2000
 local id, run = ARGV[1], ARGV[2] or ''
@@ -36,7 +41,10 @@ if kept then return { 'completed', kept, false, false, last, false } end
 if not stream or last == '' or not string.match(run, '^%d+%-%d+$') then
   return { false, false, false, false, last, false }
 end
-local entries = redis.call('XRANGE', K_EVENTS, run, last, 'COUNT', SCAN)
+local cursor = ARGV[3] or ''
+local start = run
+if cursor ~= '' then start = '(' .. cursor end
+local entries = redis.call('XRANGE', K_EVENTS, start, last, 'COUNT', SCAN)
 for _, entry in ipairs(entries) do
   local e = entry[2]
   -- every job event starts with ev, name, jid, id
@@ -54,5 +62,15 @@ for _, entry in ipairs(entries) do
     end
   end
 end
-local whole = entries[1] and entries[1][1] == run and entries[#entries][1] == last
+local anchored
+if cursor == '' then
+  anchored = entries[1] ~= nil and entries[1][1] == run
+else
+  anchored = ARGV[4] == '1'
+end
+local n = #entries
+if n == SCAN and entries[n][1] ~= last then
+  return { false, false, false, false, last, false, entries[n][1], anchored and 1 or false }
+end
+local whole = anchored and (n == 0 or entries[n][1] == last)
 return { false, false, false, false, last, whole and 1 or false }
