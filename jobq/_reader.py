@@ -32,7 +32,7 @@ from .connection import Client, blocking_client, close_client
 from .events import Event
 from .listeners import ListenerRegistry, call_safely
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
 
 ALL = "*"
 #: Events that end a run of a job (they carry the run's token).

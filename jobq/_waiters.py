@@ -24,7 +24,7 @@ from . import serializer
 from ._context import QueueContext
 from .errors import ClosedError, JobFailedError, JobNotFoundError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
 
 #: Outcomes of finished runs that the reader remembers, for waiters that
 #: register after the event was read (a job removed on completion).
