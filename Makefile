@@ -24,11 +24,15 @@ demo: $(VENV)/.installed
 	$(BIN)/python examples/quickstart.py
 
 # Default selection (setup.cfg), then the same tests again on a one-node
-# cluster, which checks that every script and pipeline stays in one slot.
+# cluster, which checks that every script and pipeline stays in one slot,
+# and again with RESP3 clients (redis.Redis(protocol=3): maps for XREAD,
+# pushes for pub/sub), which checks every reply jobq parses.
 CLUSTER_RUN = -m "not cluster and not fault and not slow and not load and not sentinel and not tls"
+RESP3_RUN = $(CLUSTER_RUN)
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	JOBQ_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CLUSTER_RUN) $(PYTEST_ARGS)
+	JOBQ_TEST_RESP3=1 $(BIN)/python -m pytest $(RESP3_RUN) $(PYTEST_ARGS)
 
 # The default selection with the oldest redis-py that setup.cfg allows: the
 # scripts' fast path and the worker's own connections use redis-py internals.

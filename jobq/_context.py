@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from . import _fork
 from . import connection as _connection
 from .errors import ClosedError
 from .keys import QueueKeys, validate_name
@@ -38,8 +39,17 @@ class QueueContext:
         self.keys = QueueKeys(self.prefix, self.name)
         self.scripts = Scripts(self.client)
         self._events: QueueEvents | None = None
+        self._bounded: Any = None
         self._lock = threading.Lock()
         self.closed = False
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held
+        it). The shared reader resets itself; a client jobq created has its
+        pool reset (see _fork), a caller's resets itself (redis-py's pools
+        check the process id)."""
+        self._lock = threading.Lock()
 
     @property
     def redis(self) -> Any:
@@ -96,6 +106,26 @@ class QueueContext:
         if connection is not None:
             self.client.connection_pool.release(connection)
 
+    @property
+    def bounded(self) -> Any:
+        """A client without retries, for calls that keep to a caller's
+        timeout (see ``connection.bounded_client``), made on first use."""
+        if self._bounded is None:
+            with self._lock:
+                if self._bounded is None:
+                    self._bounded = _connection.bounded_client(self.client)
+        return self._bounded
+
+    def run_bounded(self, script: str, *args: Any) -> Any:
+        """Run one of the queue's scripts once, without the client's retries.
+
+        Raises:
+            ClosedError: the owner was closed.
+        """
+        if self.closed:
+            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        return self.scripts.run(script, self.keys.base, *args, client=self.bounded)
+
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""
         with self._lock:
@@ -118,5 +148,7 @@ class QueueContext:
             events, self._events = self._events, None
         if events is not None:
             events.close()
+        if self._bounded is not None and self._bounded is not self.client:
+            _connection.close_client(self._bounded)
         if self._owned:
             _connection.close_client(self.client)

@@ -10,6 +10,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
+from . import _fork
+
 # A redis.Redis or a RedisCluster. redis-py types every reply as a union of
 # bytes and str (it depends on decode_responses, which jobq refuses), so
 # replies are handled as what they are here: bytes.
@@ -41,6 +43,14 @@ BLOCK_CAP = 1.0
 BLOCKING_SOCKET_TIMEOUT = BLOCK_CAP + 9.0
 
 
+_DECODING = (
+    "jobq needs a client that does not decode responses (decode_responses=False, "
+    "also in a URL): payloads and results are binary msgpack"
+)
+#: The retry policy of jobq's own bounded calls: none (the caller's loop retries).
+NO_RETRY = Retry(NoBackoff(), 0)
+
+
 def resolve(connection: object) -> tuple[Client, bool]:
     """Return ``(client, owned)`` for a ``connection=`` argument.
 
@@ -54,15 +64,19 @@ def resolve(connection: object) -> tuple[Client, bool]:
         connection = os.environ.get("JOBQ_REDIS_URL") or DEFAULT_URL
     if isinstance(connection, str):
         scheme, sep, rest = connection.partition("://")
+        client: Client
         if sep and scheme in CLUSTER_SCHEMES:
-            return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}"), True
-        return redis.Redis.from_url(connection), True
+            client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+        else:
+            client = redis.Redis.from_url(connection)
+        if client.get_encoder().decode_responses:  # e.g. ?decode_responses=True
+            close_client(client)
+            raise ValueError(_DECODING)
+        _fork.track_client(client)
+        return client, True
     if isinstance(connection, (redis.Redis, RedisCluster)):
         if connection.get_encoder().decode_responses:
-            raise ValueError(
-                "jobq needs a client built with decode_responses=False: "
-                "payloads and results are binary msgpack"
-            )
+            raise ValueError(_DECODING)
         return connection, False
     raise TypeError(
         "connection must be None, a redis://, rediss://, unix://, redis+cluster:// or "
@@ -226,3 +240,35 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
             connection.disconnect()
     except Exception:  # e.g. no permission, or no answer: the block ends by itself
         pass
+
+
+def bounded_client(client: Client) -> Client:
+    """A client for jobq's own short calls that must keep to a caller's
+    timeout (a wait's record checks, unblocking a reader): the same server
+    and settings as ``client`` but no retries, whose backoff (redis-py's
+    default: 10 attempts) would outlast those timeouts. A cluster client, or
+    one bound to a single connection, is returned as it is."""
+    if not isinstance(client, redis.Redis) or client.connection is not None:
+        return client
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    kwargs["retry"] = NO_RETRY
+    kwargs.pop("retry_on_timeout", None)
+    kwargs.pop("retry_on_error", None)
+    pool = redis.ConnectionPool(connection_class=client.connection_pool.connection_class, **kwargs)
+    bounded = redis.Redis(connection_pool=pool)
+    _fork.track_client(bounded)
+    return bounded
+
+
+def stream_entries(reply: Any) -> list[Any]:
+    """The entries of an XREAD reply for one stream: a list of
+    ``[key, entries]`` pairs in RESP2, a map of key to entries in RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        value = next(iter(reply.values()))
+        # redis-py wraps RESP3's entries in one more list
+        if value and isinstance(value[0], list):
+            value = value[0]
+        return list(value)
+    return list(reply[0][1])

@@ -73,7 +73,8 @@ class Job:
         self.processed_by: str | None = None
         self.cancelled = threading.Event()
         self._token: str | None = None
-        # id of the job's `added` event, when this process added it
+        # the token of this run of the job (the id of its `added` event in
+        # stream mode), from `add` or the record: waits answer for it alone
         self._added_event: str | None = None
         # Set by a worker: its local ``progress`` listeners.
         self._on_progress: Callable[[Job, Any], None] | None = None
@@ -104,6 +105,7 @@ class Job:
         self.processed_on = _f(get(b"pon"))
         self.finished_on = _f(get(b"fon"))
         self.processed_by = _s(get(b"pb"))
+        self._added_event = _s(get(b"run")) or self._added_event
 
     def __repr__(self) -> str:
         return f"<Job {self.id!r} name={self.name!r} queue={self._context.name!r}>"
@@ -238,7 +240,16 @@ class Job:
     # -- waiting ----------------------------------------------------------
 
     def _events(self, queue_events: QueueEvents | None) -> QueueEvents:
-        return queue_events if queue_events is not None else self._context.shared_events()
+        if queue_events is None:
+            return self._context.shared_events()
+        if (queue_events.name, queue_events.prefix) != (self._context.name, self._context.prefix):
+            # ids are per queue: another queue's reader would answer for its own job
+            raise ValueError(
+                f"job {self.id!r} of queue {self._context.name!r} (prefix "
+                f"{self._context.prefix!r}) cannot be waited for through the QueueEvents of "
+                f"queue {queue_events.name!r} (prefix {queue_events.prefix!r})"
+            )
+        return queue_events
 
     def wait_until_finished(
         self, queue_events: QueueEvents | None = None, *, timeout: float | None = None
@@ -255,10 +266,11 @@ class Job:
             JobNotFoundError: the job does not exist or was removed.
             WaitUntilFinishedTimeoutError: ``timeout`` elapsed first.
             ClosedError: the QueueEvents was closed during the wait.
+            ValueError: ``queue_events`` follows another queue (or prefix).
         """
         return self._events(queue_events).wait_for(self.id, timeout, self._added_event)
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""
-        return self._events(queue_events).future_for(self.id)
+        return self._events(queue_events).future_for(self.id, self._added_event)
 

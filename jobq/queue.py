@@ -33,6 +33,10 @@ __all__ = ["Queue"]
 
 EVENT_MODES = ("stream", "pubsub")
 DEFAULT_MAX_EVENTS = 10_000
+#: Seconds a result that may outlive its job's record stays readable (a
+#: result over 16 KiB of a job with a retention rule; in pub/sub mode, any
+#: result of a job removed on completion): see complete.lua.
+DEFAULT_RESULT_TTL = 60.0
 #: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Jobs per script call for bulk adds and batched admin operations.
@@ -64,6 +68,11 @@ class Queue:
         default_job_options: options applied to every ``add`` unless given.
         max_payload_bytes: largest msgpack-encoded ``data`` that ``add``
             accepts (default 1 MiB); None for no limit but the server's.
+        result_ttl: seconds a result kept apart from its job's record stays
+            readable by late waiters (stored with the queue when given, like
+            ``max_events``; 60 when none is stored): a result over 16 KiB of
+            a job with a retention rule, and in pub/sub mode any result of a
+            job removed on completion.
     """
 
     def __init__(
@@ -76,6 +85,7 @@ class Queue:
         max_events: int | None = None,
         default_job_options: Mapping[str, Any] | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        result_ttl: float | None = None,
     ) -> None:
         if event_mode is not None and event_mode not in EVENT_MODES:
             raise ValueError(f"event_mode must be 'stream' or 'pubsub', not {event_mode!r}")
@@ -84,25 +94,35 @@ class Queue:
         ):
             raise ValueError(f"max_events must be a positive int, not {max_events!r}")
         self.max_payload_bytes = byte_limit("max_payload_bytes", max_payload_bytes)
+        if result_ttl is not None and (
+            isinstance(result_ttl, bool)
+            or not isinstance(result_ttl, (int, float))
+            or not 0.001 <= result_ttl <= 86_400 * 30
+        ):
+            raise ValueError(
+                f"result_ttl must be seconds from 0.001 to 30 days, not {result_ttl!r}"
+            )
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
         self._default_options: tuple[JobOptions, dict[str, Any], bytes] | None = None
         self._context = QueueContext(name, connection, prefix)
         try:
-            self._setup_meta(event_mode, max_events)
+            self._setup_meta(event_mode, max_events, result_ttl)
         except BaseException:
             self._context.close()
             raise
         warn_if_evicting(self._context.client)
 
-    def _setup_meta(self, event_mode: str | None, max_events: int | None) -> None:
+    def _setup_meta(
+        self, event_mode: str | None, max_events: int | None, result_ttl: float | None
+    ) -> None:
         meta = self._context.keys.meta
         client = self._context.client
         client.sadd(queues_key(self.prefix), self.name)  # for `jobq info` with no queue
         if event_mode is not None:
             client.hsetnx(meta, "em", event_mode)
-        stored_mode, stored_max = client.hmget(meta, ["em", "maxev"])
+        stored_mode, stored_max, stored_ttl = client.hmget(meta, ["em", "maxev", "rttl"])
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:
             raise JobqError(
@@ -113,6 +133,10 @@ class Queue:
         if max_events is not None and max_events != self.max_events:
             client.hset(meta, "maxev", max_events)
             self.max_events = max_events
+        self.result_ttl = int(stored_ttl or DEFAULT_RESULT_TTL * 1000) / 1000.0
+        if result_ttl is not None and round(result_ttl * 1000) != round(self.result_ttl * 1000):
+            client.hset(meta, "rttl", round(result_ttl * 1000))
+            self.result_ttl = float(result_ttl)
 
     @property
     def name(self) -> str:

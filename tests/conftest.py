@@ -95,6 +95,7 @@ def _describe_server() -> str:
 def pytest_report_header(config: pytest.Config) -> str:
     """Name the Redis-compatible server the tests run against."""
     mode = " (one-node cluster)" if os.environ.get("JOBQ_TEST_CLUSTER") == "1" else ""
+    mode += " (RESP3 clients)" if _resp3() else ""
     return f"jobq test server: {_describe_server()}{mode}"
 
 
@@ -149,16 +150,25 @@ def _one_node_cluster(server: RedisServer) -> ClusterServer:
     return ClusterServer(server)
 
 
+def _resp3() -> bool:
+    """Whether the run uses RESP3 clients (``JOBQ_TEST_RESP3=1``, a pass of
+    ``make test``): the fixtures' URLs and clients ask for protocol 3."""
+    return os.environ.get("JOBQ_TEST_RESP3") == "1"
+
+
 @pytest.fixture(scope="session")
 def redis_url(redis_server: ServerHandle) -> str:
-    """The session server's URL."""
-    return redis_server.url
+    """The session server's URL (with ``protocol=3`` in the RESP3 pass)."""
+    url = redis_server.url
+    if _resp3():
+        url += ("&" if "?" in url else "?") + "protocol=3"
+    return url
 
 
 @pytest.fixture
 def redis_client(redis_server: ServerHandle) -> Iterator[redis.Redis]:
     """A fresh client to the session server (bytes responses), closed after the test."""
-    client = redis_server.client()
+    client = redis_server.client(**({"protocol": 3} if _resp3() else {}))
     try:
         yield client
     finally:

@@ -319,7 +319,7 @@ def test_removed_duplicated_paused_resumed_cleaned(
     assert dup.fields == {}
     removed = [e for e in rec.snapshot() if e.name == "removed"]
     assert [(e.job_id, e.prev) for e in removed] == [
-        ("custom-1", "waiting"), (delayed.id, "delayed")
+        ("custom-1", "waiting"), (delayed.id, "delayed"), (done.id, "completed")
     ]
     paused, resumed = rec.first("paused"), rec.first("resumed")
     assert paused.job_id is None and resumed.job_id is None
@@ -329,7 +329,9 @@ def test_removed_duplicated_paused_resumed_cleaned(
     assert cleaned.job_id is None
     order = [e.name for e in rec.snapshot() if e.name in ("duplicated", "removed", "paused",
                                                           "resumed", "cleaned")]
-    assert order == ["duplicated", "removed", "removed", "paused", "resumed", "cleaned"]
+    # clean writes `removed` for each job it removes, then `cleaned`
+    assert order == ["duplicated", "removed", "removed", "paused", "resumed", "removed",
+                     "cleaned"]
 
 
 def test_every_spec_event_name_is_observed(queue: Queue, qe: QueueEvents,
@@ -700,7 +702,7 @@ def test_close_releases_blocked_waiter_with_closed_error(queue: Queue, redis_url
         assert qe.wait_until_ready(WAIT)
         thread.start()
         assert registered.wait(WAIT)
-        assert until(lambda: job.id in qe._waiters)  # it is blocked in the wait
+        assert until(lambda: qe._table.waiting_on(job.id))  # it is blocked in the wait
         start = time.monotonic()
         qe.close()
         thread.join(5)
@@ -953,7 +955,7 @@ def test_removed_while_waited_raises_not_found(queue: Queue, qe: QueueEvents) ->
     thread = threading.Thread(target=wait)
     thread.start()
     try:
-        assert until(lambda: job.id in qe._waiters)
+        assert until(lambda: qe._table.waiting_on(job.id))
         assert job.remove() is True
         thread.join(WAIT)
         assert not thread.is_alive()
@@ -997,7 +999,7 @@ def test_timeout_raises_wait_until_finished_timeout_error(queue: Queue,
     assert job.id in str(info.value) and "0.3" in str(info.value)
     with pytest.raises(WaitUntilFinishedTimeoutError):
         job.wait_until_finished(qe, timeout=0)
-    assert qe._waiters == {}
+    assert qe._table.empty()
 
 
 @pytest.mark.parametrize("size", [10, BIG], ids=["small", "big"])
@@ -1019,7 +1021,7 @@ def test_remove_on_complete_returns_value(queue: Queue, qe: QueueEvents, redis_u
             job.wait_until_finished(qe, timeout=WAIT)))
         thread.start()
         try:
-            assert until(lambda: job.id in qe._waiters)
+            assert until(lambda: qe._table.waiting_on(job.id))
             release.set()
             thread.join(WAIT)
         finally:
@@ -1072,7 +1074,7 @@ def test_thousand_threads_wait_on_one_reader(queue: Queue, redis_url: str,
         threads = [threading.Thread(target=wait, args=(i,)) for i in range(n)]
         for thread in threads:
             thread.start()
-        assert until(lambda: len(qe._waiters) == n, timeout=20)
+        assert until(lambda: qe._table.jobs() == n, timeout=20)
         assert len(reader_clients(redis_client, queue.name)) == 1
         with Worker(queue.name, echo, connection=redis_url, concurrency=8):
             for thread in threads:
@@ -1080,7 +1082,7 @@ def test_thousand_threads_wait_on_one_reader(queue: Queue, redis_url: str,
         assert not any(t.is_alive() for t in threads)
         assert errors == []
         assert results == {i: i for i in range(n)}
-        assert qe._waiters == {}
+        assert qe._table.empty()
 
 
 def test_as_future_with_wait_and_as_completed(queue: Queue, qe: QueueEvents,
@@ -1114,7 +1116,7 @@ def test_as_future_with_wait_and_as_completed(queue: Queue, qe: QueueEvents,
             jobs[13].as_future(qe).result(WAIT)
     with pytest.raises(JobNotFoundError):
         qe.future_for("missing-job").result(WAIT)
-    assert until(lambda: qe._waiters == {})
+    assert until(lambda: qe._table.empty())
 
 
 def test_as_future_on_lazily_started_events(queue_name: str, redis_url: str) -> None:
@@ -1144,8 +1146,8 @@ def test_waiters_are_deregistered(queue: Queue, qe: QueueEvents, redis_url: str)
             qe.wait_for("nope", timeout=WAIT)
         with pytest.raises(WaitUntilFinishedTimeoutError):
             queue.add("pending", delay=60).wait_until_finished(qe, timeout=0.01)
-    assert qe._waiters == {}
-    assert not qe._pending
+    assert qe._table.empty()
+    assert qe._table.settled()
 
 
 def test_queue_events_is_shared_and_lazy(queue_name: str, redis_url: str,
@@ -1230,7 +1232,7 @@ def test_reader_recovers_after_server_restart(own_server: RedisServer, queue_nam
         thread.start()
         try:
             assert registered.wait(WAIT)
-            assert until(lambda: doomed.id in qe._waiters)
+            assert until(lambda: qe._table.waiting_on(doomed.id))
             own_server.restart()
             start = time.monotonic()
             thread.join(8)
@@ -1280,7 +1282,7 @@ def test_big_result_of_a_job_removed_by_retention_before_its_event_is_read(
         thread = threading.Thread(target=wait)
         thread.start()
         try:
-            assert until(lambda: a.id in qe._waiters)
+            assert until(lambda: qe._table.waiting_on(a.id))
             assert len(kill_readers(redis_client, queue.name)) == 1
             go.set()
             # keep the reader away until B has completed (and so deleted A)

@@ -33,13 +33,13 @@ end
 local function job_key(id) return base .. 'job:' .. id end
 local function lock_key(id) return base .. 'lock:' .. id end
 
--- The queue's settings, read once per call: event mode, stream length and
--- the paused flag (no script both pauses and reads it).
+-- The queue's settings, read once per call: event mode, stream length, the
+-- paused flag (no script both pauses and reads it) and the result TTL in ms.
 local _meta = nil
 local function meta()
   if not _meta then
-    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused')
-    _meta = { m[1] or 'stream', tonumber(m[2]) or 10000, m[3] == '1' }
+    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl')
+    _meta = { m[1] or 'stream', tonumber(m[2]) or 10000, m[3] == '1', tonumber(m[4]) or 60000 }
   end
   return _meta
 end
@@ -55,18 +55,40 @@ local function netstrings(parts)
   return table.concat(out)
 end
 
+-- The run token of each job deleted by this call (see delete_job), for the
+-- events written after the record is gone.
+local _runs = {}
+
+-- Events that end a run of a job: they carry the run's token, so that a
+-- waiter never takes the outcome of an earlier or later run of the same id.
+local RUN_ENDS = { completed = true, failed = true, removed = true }
+
 -- Write one event: name, job id (or false) and a flat field/value list.
--- Returns the stream entry's id ('' in pub/sub mode).
+-- Returns the stream entry's id ('' in pub/sub mode). An `added` event
+-- starts a run of the job: its token (the entry's id; in pub/sub mode 'p'
+-- and a counter that obliterate keeps) is recorded as the job's `run` field
+-- and returned instead.
 local function emit(name, jid, fields)
   local m = meta()
+  if jid and RUN_ENDS[name] then
+    local run = _runs[jid] or redis.call('HGET', job_key(jid), 'run')
+    if run then
+      fields[#fields + 1] = 'run'
+      fields[#fields + 1] = run
+    end
+  end
+  local id = ''
   if m[1] == 'pubsub' then
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
     redis.call('SPUBLISH', K_EVENTS, netstrings(parts))
-    return ''
+    if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
+  else
+    id = redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
+      unpack(fields))
   end
-  return redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
-    unpack(fields))
+  if name == 'added' then redis.call('HSET', job_key(jid), 'run', id) end
+  return id
 end
 
 -- Wake blocked workers (their BZPOPMIN on the marker), once per call.
@@ -96,6 +118,8 @@ local function push_ready(id, priority, front)
 end
 
 local function delete_job(id)
+  local run = redis.call('HGET', job_key(id), 'run')
+  if run then _runs[id] = run end
   redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
 end
 
@@ -177,7 +201,8 @@ end
 -- in the failed set under its retention rule and emit `failed`.
 local function fail_for_good(id, reason, attempt, now)
   local jk = job_key(id)
-  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa')
+  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run')
+  if f[6] then _runs[id] = f[6] end
   local fields = append({ 'prev', 'active', 'failed_reason', reason },
     metrics(f[1], f[2], f[3], attempt, now))
   record_metric('failed', now, f[1], f[2])

@@ -13,10 +13,14 @@
            {0, now[, next]} already done by this token (a retried call; next
            is the job the first call took with the same take token, if
            still locked by it); -1 job missing; -2 lock not held
-  Events   completed, with the result when it is at most 16 KiB or the job
-           has a retention rule (else the result stays in the record only);
+  Events   completed, with the run's token and the result when it is at
+           most 16 KiB (else a `big` marker: the result is in the record);
            then those of the take when asked; then drained when no job is
            left waiting or active
+  Results  a result that may outlive its record is also written to
+           result:<run> for the queue's result TTL (meta rttl, ms): one over
+           16 KiB of a job with any retention rule, and in pub/sub mode (no
+           replay) any result of a job removed on completion
   Metrics  counts the job in metrics:completed (see record_metric)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
@@ -25,27 +29,34 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 4, now_ms()) end
 if refused then return refused end
 local now = now_ms()
-local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka')
+local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run')
 local atm = (tonumber(f[1]) or 0) + 1
+local run = f[7]
+if run then _runs[id] = run end
 redis.call('DEL', lock_key(id))
 redis.call('ZREM', K_ACTIVE, id)
 local fields = append({ 'prev', 'active' }, metrics(f[2], f[3], f[4], atm, now))
 record_metric('completed', now, f[2], f[3])
 local keep = tonumber(f[5]) or -1
+local removable = keep ~= -1 or (tonumber(f[6]) or 0) > 0
 if keep == 0 then
   delete_job(id)
-  append(fields, { 'result', result })
 else
   redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', now, 'atm', atm,
     'ftok', token)
   retain(K_COMPLETED, id, now, keep, tonumber(f[6]) or 0)
-  -- a job that a retention rule may remove before its event is read keeps
-  -- its result in the event, whatever its size
-  if string.len(result) <= 16384 or keep ~= -1 or (tonumber(f[6]) or 0) > 0 then
-    append(fields, { 'result', result })
-  else
-    append(fields, { 'big', '1' })
-  end
+end
+local big = string.len(result) > 16384
+if run and ((big and removable) or (keep == 0 and meta()[1] == 'pubsub')) then
+  -- the record may be gone before a waiter looks: keep the result a while
+  redis.call('SET', base .. 'result:' .. run, result, 'PX', meta()[4])
+elseif big and removable then
+  big = false  -- a job from before run tokens: the event must carry it
+end
+if big then
+  append(fields, { 'big', '1' })
+else
+  append(fields, { 'result', result })
 end
 emit('completed', id, fields)
 local reply = and_take_next(1, 4, now)

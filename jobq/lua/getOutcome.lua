@@ -1,17 +1,76 @@
 #!lua flags=no-writes
 --[[
-  Read what a waiter needs of a job, with the event checkpoint of the same
-  instant: every event written before this call has an id <= checkpoint.
+  Read what a waiter needs of one run of a job, with the event checkpoint of
+  the same instant: every event written before this call has an id <=
+  checkpoint.
 
   KEYS[1]  queue base prefix
   ARGV[1]  job id
+  ARGV[2]  the run's token (its `added` event's id in stream mode), or ''
+           for whatever run the record holds
+  ARGV[3]  optional: go on scanning the run's events after this id (the
+           cursor of the previous call), else from the run's `added` event
+  ARGV[4]  optional: '1' when the scan so far began at the `added` event
   Returns  {state or false, return value, failed reason, stack traces,
-            last event id or ''}
+            last event id or '', final, cursor, anchored}
+           The record answers when it is of that run. Else the result kept
+           under result:<run> (see complete.lua); else, in stream mode, the
+           run's own events from its `added` event on, SCAN entries per
+           call: its completed or failed event answers, and final = 1 when
+           its `removed` event was found or none of its events ended it (it
+           was deleted without one), the scan having begun at its `added`
+           event. A scan cut short returns the cursor to go on from (and
+           anchored = 1 when it began at the `added` event); final = false
+           and no cursor: the reader's checkpoint decides.
 ]]
-local f = redis.call('HMGET', job_key(ARGV[1]), 'state', 'rv', 'fr', 'st')
+local SCAN = 2000
+local id, run = ARGV[1], ARGV[2] or ''
+local f = redis.call('HMGET', job_key(id), 'state', 'rv', 'fr', 'st', 'run')
+local stream = meta()[1] ~= 'pubsub'
 local last = ''
-if meta()[1] ~= 'pubsub' then
+if stream then
   local e = redis.call('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', 1)
   if e[1] then last = e[1][1] end
 end
-return { f[1], f[2], f[3], f[4], last }
+if f[1] and (run == '' or not f[5] or f[5] == run) then
+  return { f[1], f[2], f[3], f[4], last, false }
+end
+if run == '' then return { false, false, false, false, last, false } end
+local kept = redis.call('GET', base .. 'result:' .. run)
+if kept then return { 'completed', kept, false, false, last, false } end
+if not stream or last == '' or not string.match(run, '^%d+%-%d+$') then
+  return { false, false, false, false, last, false }
+end
+local cursor = ARGV[3] or ''
+local start = run
+if cursor ~= '' then start = '(' .. cursor end
+local entries = redis.call('XRANGE', K_EVENTS, start, last, 'COUNT', SCAN)
+for _, entry in ipairs(entries) do
+  local e = entry[2]
+  -- every job event starts with ev, name, jid, id
+  if e[4] == id and RUN_ENDS[e[2]] then
+    local got = {}
+    for i = 5, #e, 2 do got[e[i]] = e[i + 1] end
+    if not got['run'] or got['run'] == run then
+      if e[2] == 'completed' and got['result'] then
+        return { 'completed', got['result'], false, false, last, false }
+      elseif e[2] == 'failed' then
+        return { 'failed', false, got['failed_reason'] or '', false, last, false }
+      end
+      -- removed, or a big result whose record and kept copy are gone
+      return { false, false, false, false, last, 1 }
+    end
+  end
+end
+local anchored
+if cursor == '' then
+  anchored = entries[1] ~= nil and entries[1][1] == run
+else
+  anchored = ARGV[4] == '1'
+end
+local n = #entries
+if n == SCAN and entries[n][1] ~= last then
+  return { false, false, false, false, last, false, entries[n][1], anchored and 1 or false }
+end
+local whole = anchored and (n == 0 or entries[n][1] == last)
+return { false, false, false, false, last, whole and 1 or false }

@@ -1,0 +1,383 @@
+"""The two threads of a QueueEvents: the reader of the queue's event channel,
+which resolves waiters, and the dispatcher, which runs everything a user
+wrote (listeners, futures' done-callbacks) so that none runs on the reader."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue as _queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import connection as _connection
+from . import events as _events
+from . import serializer
+from ._context import QueueContext
+from ._threads import RetryBackoff
+from ._waiters import (
+    CHECKPOINT,
+    MISSING,
+    Completed,
+    Failed,
+    Outcome,
+    StreamId,
+    WaiterTable,
+    sid,
+    valid_id,
+)
+from .connection import Client, blocking_client, close_client
+from .events import Event
+from .listeners import ListenerRegistry, call_safely
+
+logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
+
+ALL = "*"
+#: Events that end a run of a job (they carry the run's token).
+RUN_ENDS = frozenset({"completed", "failed", "removed"})
+_RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
+#: Seconds between two looks for a trimmed gap while events keep coming.
+GAP_CHECK_INTERVAL = 5.0
+
+
+class Dispatcher:
+    """The dispatcher thread: listeners in registration order, and the
+    futures' work (their checks and done-callbacks), each in a try/except."""
+
+    def __init__(
+        self,
+        listeners: ListenerRegistry,
+        stop: threading.Event,
+        recheck: Callable[[], None],
+        interval: float,
+    ) -> None:
+        self._listeners = listeners
+        self._stop = stop
+        self._recheck = recheck
+        self.interval = interval
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """Start afresh (a forked child has no dispatcher thread)."""
+        self._queue: _queue.SimpleQueue[Event | Callable[[], None] | None] = _queue.SimpleQueue()
+        self.dispatched_id: str | None = None
+
+    def put(self, event: Event) -> None:
+        """Queue an event for the listeners."""
+        self._queue.put(event)
+
+    def call_soon(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on the dispatcher thread."""
+        self._queue.put(action)
+
+    def wake(self) -> None:
+        """End a wait for work (close)."""
+        self._queue.put(None)
+
+    def idle(self) -> bool:
+        """Whether nothing is queued."""
+        return self._queue.empty()
+
+    def loop(self) -> None:
+        """The dispatcher thread's body, until the stop event is set."""
+        next_recheck = time.monotonic() + self.interval
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.5)
+            except _queue.Empty:
+                item = None
+            if time.monotonic() >= next_recheck:
+                next_recheck = time.monotonic() + self.interval
+                self._run(self._recheck)
+            if item is None:
+                continue
+            if not isinstance(item, Event):
+                self._run(item)
+                continue
+            channels = (item.name, f"{item.name}:{item.job_id}", ALL)
+            for channel, callback in self._listeners.take_many(channels):
+                call_safely(callback, channel, item)
+            if item.id is not None:
+                self.dispatched_id = item.id
+
+    @staticmethod
+    def _run(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except BaseException:  # the dispatcher must outlive any callback
+            logger.exception("a callback on the events dispatcher raised")
+
+
+class EventReader:
+    """The reader thread: reads the event channel on its own connection,
+    resolves waiters directly, and hands events to the dispatcher."""
+
+    def __init__(
+        self,
+        context: QueueContext,
+        start_id: str,
+        block: float,
+        stop: threading.Event,
+        dispatcher: Dispatcher,
+        listeners: ListenerRegistry,
+        lost: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        self._context = context
+        self._start_id = start_id
+        self._block = block
+        self._stop = stop
+        self._dispatcher = dispatcher
+        self._listeners = listeners
+        self._lost = lost  # events may have been lost: re-check every waiter
+        self._failed = failed
+        self.table: WaiterTable | None = None
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """Start afresh, as a new reader with the same start id would."""
+        self.ready = threading.Event()
+        self.mode = "stream"
+        self.read_id: StreamId | None = None
+        self.first_id: StreamId | None = None  # where reading began
+        self._gap_batch = 1000  # a read this long may follow a trimmed gap
+        self._next_gap_check = 0.0
+        self._blocked: _connection.Blocked | None = None
+
+    @property
+    def name(self) -> str:
+        return self._context.name
+
+    def follows(self, run: str | None) -> bool:
+        """Whether this reader sees every event of the run that began with
+        the ``added`` event ``run`` (it began before it, and has forgotten
+        nothing since)."""
+        if not run or self.mode != "stream" or self.first_id is None or not valid_id(run):
+            return False
+        added = sid(run)
+        evicted = self.table.evicted_upto if self.table is not None else (0, 0)
+        return added > self.first_id and added > evicted
+
+    def wake(self) -> None:
+        """Cut the reader's current block short, so that close is prompt."""
+        if self.mode == "pubsub":
+            try:  # a checkpoint marker nobody waits for: every reader ignores it
+                message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
+                self._context.bounded.spublish(self._context.keys.events, message)
+            except Exception:  # the block ends by itself within a second
+                pass
+        else:
+            _connection.unblock(self._context.bounded, self._blocked)
+
+    # -- the loop ---------------------------------------------------------
+
+    def loop(self) -> None:
+        """The reader thread's body, until the stop event is set."""
+        backoff = RetryBackoff()
+        client: Client | None = None
+        pubsub: Any = None
+        while not self._stop.is_set():
+            try:
+                if client is None:
+                    client = blocking_client(self._context.client, f"jobq-events-{self.name}")
+                    self._blocked = _connection.client_id(client, self._context.keys.events)
+                    pubsub = self._connect(client)
+                if pubsub is not None:
+                    self._read_pubsub(pubsub)
+                else:
+                    self._read_stream(client)
+                backoff.reset()
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                delay = backoff.next()
+                logger.warning(
+                    "events reader of %r failed (%s: %s); reconnecting in %.2f s",
+                    self.name, type(exc).__name__, exc, delay,
+                )
+                self._failed(exc)
+                _close_reader(client, pubsub)
+                client, pubsub = None, None
+                self._stop.wait(delay)
+        _close_reader(client, pubsub)
+
+    def _connect(self, client: Client) -> Any:
+        """(Re)connect: read the queue's mode, resolve the start id, subscribe."""
+        keys = self._context.keys
+        mode, max_events = client.hmget(keys.meta, ["em", "maxev"])
+        self.mode = "pubsub" if mode == b"pubsub" else "stream"
+        self._gap_batch = min(1000, int(max_events or 10_000))
+        reconnect = self.ready.is_set()
+        pubsub = None
+        if self.mode == "pubsub":
+            pubsub = client.pubsub()
+            pubsub.ssubscribe(keys.events)  # sharded: served by the queue's own node
+            deadline = time.monotonic() + 10.0
+            while True:  # wait for the subscription's confirmation
+                message = pubsub.get_sharded_message(timeout=self._block)
+                if message is not None and message["type"] == "ssubscribe":
+                    break
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    raise ConnectionError("no subscribe confirmation")
+        elif self.read_id is None:
+            if self._start_id == "$":
+                last = client.xrevrange(keys.events, "+", "-", count=1)
+                self.read_id = sid(_text(last[0][0])) if last else (0, 0)
+            else:
+                self.read_id = sid(self._start_id)
+            self.first_id = self.read_id
+        else:
+            self._detect_gap(client)
+        self.ready.set()
+        # after a reconnect events may have been lost; on the first connect,
+        # futures registered before the reader was ready get their first check
+        if reconnect or (self.table is not None and not self.table.empty()):
+            self._lost()
+        return pubsub
+
+    def _detect_gap(self, client: Client, since: StreamId | None = None) -> None:
+        """Warn and re-check every waiter when events after ``since`` (by
+        default the last id read) were trimmed before they were read."""
+        try:
+            info = client.xinfo_stream(self._context.keys.events)
+        except Exception:  # no stream yet: nothing was lost
+            return
+        since = since or self.read_id
+        if since is None:
+            return
+        # XTRIM / MAXLEN do not move max-deleted-entry-id (only XDEL does): a
+        # stream whose first entry is past the last id read lost that entry,
+        # and maybe more after it. Re-checking waiters is harmless if not.
+        first = info.get("first-entry")
+        # (0, 0) is "before everything" (a "$" resolved on an empty stream, or
+        # "0"), not an entry read: only an XDEL past it shows a loss then
+        marks = [info.get("max-deleted-entry-id"), first[0] if first and since != (0, 0) else None]
+        texts = [_text(m) for m in marks if m]
+        if any(sid(t) > since for t in texts if valid_id(t)):
+            logger.warning(
+                "events of %r were trimmed before they were read; re-checking waiters",
+                self.name,
+            )
+            self._lost()
+
+    def _read_stream(self, client: Client) -> None:
+        assert self.read_id is not None and self.table is not None
+        since = self.read_id
+        reply = _connection.xread(
+            client, self._context.keys.events, f"{since[0]}-{since[1]}", 1000,
+            int(self._block * 1000),
+        )
+        entries = _connection.stream_entries(reply)
+        listened = self._listeners.has_any()
+        for entry_id, raw in entries:
+            entry = _text(entry_id)
+            name = raw.get(b"ev")
+            if not listened and name not in _RUN_ENDS_RAW and name != b"obliterated":
+                # nobody listens and no waiter needs it: skip decoding
+                self.read_id = sid(entry)
+                continue
+            try:
+                event = _events.from_stream(entry, raw)
+            except Exception:
+                logger.exception("skipping undecodable event %s of %r", entry, self.name)
+                event = None
+            if event is not None:
+                self._handle(event)
+            self.read_id = sid(entry)  # only after its outcome is recorded
+        self.table.settle()
+        # XREAD cannot tell that entries after ``since`` were trimmed (a reader
+        # stopped, starved or far behind): the stream's first id can. Trimming
+        # keeps at least max_events entries, so a loss shows as a read of
+        # min(1000, max_events) entries or more; a manual trim_events to less
+        # is caught by a look every few seconds.
+        now = time.monotonic()
+        if entries and (len(entries) >= self._gap_batch or now >= self._next_gap_check):
+            self._next_gap_check = now + GAP_CHECK_INTERVAL
+            self._detect_gap(client, since)
+
+    def _read_pubsub(self, pubsub: Any) -> None:
+        assert self.table is not None
+        message = pubsub.get_sharded_message(timeout=self._block)
+        if message is None:
+            return
+        kind = _text(message["type"])
+        if kind == "ssubscribe":  # a silent reconnect resubscribed
+            self._lost()
+            return
+        if kind == "sunsubscribe":  # the slot moved: subscribe again
+            raise ConnectionError("the server ended the sharded subscription")
+        if kind != "smessage":
+            return
+        try:
+            event = _events.from_pubsub(message["data"])
+        except Exception:
+            logger.exception("skipping undecodable event message of %r", self.name)
+            return
+        if event.name == CHECKPOINT:
+            self.table.settle(event.job_id)
+            return
+        self._handle(event)
+
+    def _handle(self, event: Event) -> None:
+        """Resolve the waiters of a run that ended, then queue the event for
+        listeners."""
+        assert self.table is not None
+        job_id = event.job_id
+        if event.name in RUN_ENDS and job_id is not None:
+            run = event.fields.get("run")
+            run = run if isinstance(run, str) else None
+            outcome, event = self._outcome(event, run)
+            at = sid(event.id) if event.id else (0, 0)
+            for waiter in self.table.record(job_id, run, outcome, at):
+                waiter.resolve(outcome)
+        elif event.name == "obliterated":
+            # every record is gone: each waiter learns it from its own check
+            self._lost()
+        if self._listeners.has_any():
+            self._dispatcher.put(event)
+        elif event.id is not None and self._dispatcher.idle():
+            self._dispatcher.dispatched_id = event.id
+
+    def _outcome(self, event: Event, run: str | None) -> tuple[Outcome, Event]:
+        """How the run ended, and the event as listeners should see it (with
+        a result too big for the stream read back in)."""
+        if event.name == "failed":
+            return Failed(event.fields.get("failed_reason")), event
+        if event.name != "completed":
+            return MISSING, event
+        if "result" in event.fields:
+            return Completed(event.fields["result"]), event
+        # a big result: in the record if it is of this run, else kept a while
+        # under its run's key (see complete.lua)
+        assert event.job_id is not None
+        client = self._context.client
+        state, value, record_run = client.hmget(
+            self._context.keys.job(event.job_id), ["state", "rv", "run"]
+        )
+        raw = None
+        same_run = run is None or record_run is None or _text(record_run) == run
+        if state == b"completed" and same_run:
+            raw = value
+        elif run is not None:
+            raw = client.get(f"{self._context.keys.base}result:{run}")
+        if raw is None:
+            return MISSING, event
+        result = serializer.decode(raw, "return value")
+        fields = {**event.fields, "result": result}
+        return Completed(result), dataclasses.replace(event, fields=fields)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _close_reader(client: Client | None, pubsub: Any) -> None:
+    if pubsub is not None:
+        try:
+            pubsub.close()
+        except Exception:  # closing is best effort
+            pass
+    if client is not None:
+        close_client(client)

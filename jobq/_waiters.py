@@ -1,0 +1,355 @@
+"""Callers waiting for jobs: their outcomes, their registry, and the checks
+of the jobs' records that resolve them.
+
+A job id may be used by several runs over time (a custom id reused after its
+job was removed). Every run has a token: the id of its ``added`` event in
+stream mode, ``p<n>`` in pub/sub mode. The token is recorded in the job's
+record and carried by the events that end the run (``completed``,
+``failed``, ``removed``), so that a waiter is only ever answered by the run
+it waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import events as _events
+from . import serializer
+from ._context import QueueContext
+from .errors import ClosedError, JobFailedError, JobNotFoundError
+
+logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
+
+#: Outcomes of finished runs that the reader remembers, for waiters that
+#: register after the event was read (a job removed on completion).
+RECENT_OUTCOMES = 10_000
+#: Waiters' record checks that may run at once (each holds a pooled connection).
+CONCURRENT_CHECKS = 16
+#: Calls of getOutcome.lua (2,000 events each) a check may make to scan a
+#: removed run's events: the whole stream at the default max_events.
+SCAN_CALLS = 100
+
+StreamId = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The run completed with ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The run failed for good; ``stacktrace`` None when it must be read."""
+
+    reason: str | None
+    stacktrace: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """The run does not exist, or was removed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The QueueEvents was closed during the wait."""
+
+
+Outcome = Completed | Failed | Missing | Closed
+MISSING = Missing()
+CLOSED = Closed()
+
+
+def sid(value: str) -> StreamId:
+    """Parse a stream id ("ms-seq" or "ms") into a comparable tuple."""
+    ms, _, seq = value.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def valid_id(value: str) -> bool:
+    """Whether ``value`` parses as a stream id."""
+    try:
+        sid(value)
+    except ValueError:
+        return False
+    return True
+
+
+def text(value: bytes | None) -> str | None:
+    """Decode a reply's bytes, None staying None."""
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+class Waiter:
+    """One caller (or future) waiting for one run of one job."""
+
+    __slots__ = ("job_id", "run", "event", "outcome", "callback", "checkpoint", "_lock")
+
+    def __init__(
+        self,
+        job_id: str,
+        run: str | None = None,
+        callback: Callable[[Waiter, Outcome], None] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.run = run  # None: whatever run the record holds (a Job built by hand)
+        self.event = threading.Event()
+        self.outcome: Outcome | None = None
+        self.callback = callback
+        # Set when the record was found missing: resolve "missing" once the
+        # reader has passed this point without seeing the run end.
+        self.checkpoint: StreamId | str | None = None
+        self._lock = threading.Lock()
+
+    def matches(self, run: str | None) -> bool:
+        """Whether an outcome of ``run`` (None: unknown) answers this waiter."""
+        return run is None or self.run is None or run == self.run
+
+    def resolve(self, outcome: Outcome) -> None:
+        """Set the outcome; the first one wins (the reader and a check race)."""
+        with self._lock:
+            if self.outcome is not None:
+                return
+            self.outcome = outcome
+        self.event.set()
+        if self.callback is not None:
+            self.callback(self, outcome)
+
+    def poke(self) -> None:
+        """Wake the waiting thread so that it checks the record again."""
+        self.event.set()
+
+
+def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
+    """The value of a completed run, or the error its outcome stands for."""
+    if isinstance(outcome, Completed):
+        return outcome.value
+    if isinstance(outcome, Failed):
+        raise JobFailedError(job_id, outcome.reason, outcome.stacktrace or [])
+    if isinstance(outcome, Missing):
+        raise JobNotFoundError(job_id)
+    raise ClosedError(f"{what} closed during the wait for {job_id!r}")
+
+
+class ReaderPosition(Protocol):
+    """What the waiter table needs to know of the reader."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def read_id(self) -> StreamId | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Remembered:
+    outcome: Outcome
+    run: str | None
+    at: StreamId
+
+
+class WaiterTable:
+    """The registered waiters of one QueueEvents, by job id, with the
+    reader's memory of recent outcomes and the checks of jobs' records."""
+
+    def __init__(self, context: QueueContext, reader: ReaderPosition) -> None:
+        self._context = context
+        self._reader = reader
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._by_job: dict[str, list[Waiter]] = {}
+        self._pending: set[Waiter] = set()
+        self._recent: OrderedDict[str, _Remembered] = OrderedDict()
+        self.evicted_upto: StreamId = (0, 0)
+        self._closed = False
+        self._slots = threading.BoundedSemaphore(CONCURRENT_CHECKS)
+
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's waiters (their threads are
+        not here) and everything the parent's reader read."""
+        closed = self._closed
+        self._reset()
+        self._closed = closed
+
+    # -- registry ---------------------------------------------------------
+
+    def register(self, waiter: Waiter, follows: bool = False) -> bool:
+        """Register a waiter. With ``follows`` (the reader sees every event
+        of its run), return True when no outcome of that run is known yet:
+        the reader will deliver it, so the record need not be read."""
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._by_job.setdefault(waiter.job_id, []).append(waiter)
+                known = self._recent.get(waiter.job_id)
+                unseen = follows and (known is None or not waiter.matches(known.run))
+        if closed:
+            waiter.resolve(CLOSED)
+            return True
+        return unseen
+
+    def unregister(self, waiter: Waiter) -> None:
+        """Forget a waiter (idempotent)."""
+        with self._lock:
+            waiters = self._by_job.get(waiter.job_id)
+            if waiters is not None:
+                try:
+                    waiters.remove(waiter)
+                except ValueError:
+                    pass
+                if not waiters:
+                    del self._by_job[waiter.job_id]
+            self._pending.discard(waiter)
+
+    def waiting_on(self, job_id: str) -> bool:
+        """Whether any waiter waits on ``job_id``."""
+        return job_id in self._by_job
+
+    def empty(self) -> bool:
+        """Whether no waiter is registered."""
+        return not self._by_job
+
+    def jobs(self) -> int:
+        """How many jobs are waited on."""
+        return len(self._by_job)
+
+    def settled(self) -> bool:
+        """Whether no waiter awaits a checkpoint."""
+        return not self._pending
+
+    def snapshot(self) -> list[Waiter]:
+        """Every registered waiter."""
+        with self._lock:
+            return [w for ws in self._by_job.values() for w in ws]
+
+    def close(self) -> list[Waiter]:
+        """Refuse new waiters; return the registered ones, forgotten."""
+        with self._lock:
+            self._closed = True
+            waiters = [w for ws in self._by_job.values() for w in ws]
+            self._by_job.clear()
+            self._pending.clear()
+        return waiters
+
+    # -- the reader's side ------------------------------------------------
+
+    def record(self, job_id: str, run: str | None, outcome: Outcome, at: StreamId) -> list[Waiter]:
+        """Remember how a run ended; return the waiters it answers."""
+        with self._lock:
+            self._recent[job_id] = _Remembered(outcome, run, at)
+            self._recent.move_to_end(job_id)
+            if len(self._recent) > RECENT_OUTCOMES:
+                _, evicted = self._recent.popitem(last=False)
+                self.evicted_upto = max(self.evicted_upto, evicted.at)
+            return [w for w in self._by_job.get(job_id, ()) if w.matches(run)]
+
+    def remembered(self, waiter: Waiter) -> Outcome | None:
+        """The remembered outcome of the waiter's run, if any."""
+        found = self._recent.get(waiter.job_id)
+        if found is None or not waiter.matches(found.run):
+            return None
+        return found.outcome
+
+    def settle(self, token: str | None = None) -> None:
+        """Resolve waiters whose checkpoint the reader has passed: with
+        their run's remembered outcome, else "missing"."""
+        if not self._pending:
+            return
+        read_id = self._reader.read_id
+        settled = []
+        with self._lock:
+            for waiter in list(self._pending):
+                mark = waiter.checkpoint
+                if isinstance(mark, str):
+                    passed = mark == token
+                else:
+                    passed = mark is not None and read_id is not None and read_id >= mark
+                if passed:
+                    self._pending.discard(waiter)
+                    settled.append(waiter)
+        for waiter in settled:
+            waiter.resolve(self.remembered(waiter) or MISSING)
+
+    # -- checking records -------------------------------------------------
+
+    def check(self, waiter: Waiter) -> None:
+        """Resolve the waiter from its run's record, if it is final or gone.
+
+        Raises:
+            redis.exceptions.ConnectionError (and other transient errors):
+                the server could not be asked; try again later.
+        """
+        # thousands of threads starting to wait at once must not take a pooled
+        # connection each (redis-py's pools hold 100 by default)
+        cursor, anchored = "", ""
+        with self._slots:
+            for _ in range(SCAN_CALLS):
+                reply = self._context.run_bounded(
+                    "getOutcome", waiter.job_id, waiter.run or "", cursor, anchored
+                )
+                if len(reply) < 7:
+                    break
+                # a long scan of the run's events goes on in another call
+                cursor, anchored = text(reply[6]) or "", "1" if reply[7] else ""
+        state, value, reason, stacktrace, checkpoint, final = reply[:6]
+        if state == b"completed":
+            waiter.resolve(Completed(serializer.decode(value, "return value")))
+        elif state == b"failed":
+            trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None
+            traces = list(trace) if isinstance(trace, list) else None
+            waiter.resolve(Failed(text(reason), traces))
+        elif state is None and final:
+            waiter.resolve(MISSING)
+        elif state is None:
+            self._await_checkpoint(waiter, text(checkpoint) or "")
+
+    def _await_checkpoint(self, waiter: Waiter, checkpoint: str) -> None:
+        """The run's record is missing: removed, or finished and removed
+        before we looked. Decide once the reader has read past this instant."""
+        outcome = None
+        with self._lock:
+            outcome = self.remembered(waiter)
+            if outcome is None and self._reader.mode == "stream":
+                mark = sid(checkpoint) if checkpoint else (0, 0)
+                read_id = self._reader.read_id
+                if read_id is not None and read_id >= mark:
+                    outcome = MISSING
+                else:
+                    waiter.checkpoint = mark
+                    self._pending.add(waiter)
+            elif outcome is None:
+                waiter.checkpoint = uuid.uuid4().hex
+                self._pending.add(waiter)
+        if outcome is not None:
+            waiter.resolve(outcome)
+        elif isinstance(waiter.checkpoint, str):
+            # in pub/sub mode the checkpoint is a marker we publish ourselves
+            message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
+            self._context.client.spublish(self._context.keys.events, message)
+
+    def stacktrace(self, waiter: Waiter) -> list[str]:
+        """The stack traces of the waiter's failed run, from its record."""
+        try:
+            raw, run = self._context.client.hmget(
+                self._context.keys.job(waiter.job_id), ["st", "run"]
+            )
+            if not waiter.matches(text(run)):
+                return []
+            value = serializer.decode(raw, "stack trace")
+        except Exception:  # the failure itself is what matters
+            return []
+        return list(value) if isinstance(value, list) else []
+
+
+#: Name of the marker events a pub/sub reader publishes to itself.
+CHECKPOINT = "__jobq_checkpoint__"

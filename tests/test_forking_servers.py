@@ -1,0 +1,127 @@
+"""Real forking servers: a Flask app and a Django app (tests/forking_apps)
+under gunicorn with ``--preload`` (the Queue and its reader are set up in
+the master, before it forks two workers), sync and gthread workers, served
+by a jobq worker process and hit with a few hundred concurrent requests over
+loopback; every response is checked.
+
+Every wait is bounded; the servers and the worker are stopped (killed at
+worst) whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.polling import until
+
+pytest.importorskip("gunicorn")
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUESTS = 240
+CONCURRENCY = 16
+APPS = {
+    "flask": ("tests.forking_apps.flask_app:app", "/add"),
+    "django": ("tests.forking_apps.django_app:application", "/add/"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> str:
+    """Stop a process (killed after 15 s); return its stderr."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        _, err = process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate(timeout=15)
+    return err or ""
+
+
+@pytest.fixture
+def env(redis_url: str, queue_name: str) -> dict[str, str]:
+    env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_TEST_QUEUE=queue_name,
+               PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+@pytest.fixture
+def worker(env: dict[str, str], redis_url: str, queue_name: str) -> Iterator[None]:
+    """A jobq worker process serving the test's queue."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jobq", "worker", "tests.forking_apps.tasks:add",
+         "--queue", queue_name, "--url", redis_url, "--concurrency", "8"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        yield
+    finally:
+        err = _stop(process)
+        assert process.returncode == 0, err
+
+
+def _get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, {"error": exc.read().decode("utf-8", "replace")[:500]}
+
+
+@pytest.mark.parametrize("worker_class", ["sync", "gthread"])
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_app_under_gunicorn_preload(
+    app: str, worker_class: str, env: dict[str, str], worker: None
+) -> None:
+    target, route = APPS[app]
+    port = _free_port()
+    command = [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2",
+               "--worker-class", worker_class, "--bind", f"127.0.0.1:{port}",
+               "--timeout", "30", "--graceful-timeout", "5", "--log-level", "warning"]
+    if worker_class == "gthread":
+        command += ["--threads", "8"]
+    server = subprocess.Popen([*command, target], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        until(lambda: server.poll() is not None or _accepts(port), timeout=30)
+        assert server.poll() is None, _stop(server)
+        base = f"http://127.0.0.1:{port}{route}"
+        with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
+            answers = list(pool.map(lambda n: _get(f"{base}?a={n}&b={2 * n}"), range(REQUESTS)))
+    finally:
+        err = _stop(server)
+    assert server.returncode == 0, err
+    bad = [(n, status, body) for n, (status, body) in enumerate(answers)
+           if status != 200 or body.get("result") != 3 * n or body.get("a") != n]
+    assert not bad, bad[:5]
+    pids = {body["pid"] for _, body in answers}
+    assert server.pid not in pids  # served by the forked workers, not the master
+    assert 1 <= len(pids) <= 2

@@ -1,0 +1,391 @@
+"""Waits you can trust: runs of reused ids, the quick-start pattern, results
+kept apart from the event stream, futures' callbacks off the reader, a wait
+through the wrong queue's reader, URLs that decode, removal by any path and
+waits under an outage.
+
+Real server, bounded waits, no sleep as synchronisation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import (
+    Job,
+    JobNotFoundError,
+    Queue,
+    QueueEvents,
+    WaitUntilFinishedTimeoutError,
+    Worker,
+)
+from jobq.testing import RedisServer, find_server_binary
+from tests.polling import until
+from tests.test_events import kill_readers
+
+WAIT = 10.0
+BIG = 16 * 1024 + 100
+LUA = Path(__file__).resolve().parent.parent / "jobq" / "lua"
+
+
+def waiting_on(qe: QueueEvents, job_id: str) -> bool:
+    table = getattr(qe, "_table", None)
+    return table.waiting_on(job_id) if table is not None else job_id in qe._waiters  # type: ignore[attr-defined]
+
+
+def echo(job: Job) -> Any:
+    return job.data
+
+
+@pytest.fixture
+def qe(queue: Queue, redis_url: str) -> Iterator[QueueEvents]:
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as events:
+        assert events.wait_until_ready(WAIT)
+        yield events
+
+
+class ReaderKiller:
+    """Keeps a queue's event reader disconnected while active (it reconnects
+    with a backoff, and is killed again), so that it lags behind."""
+
+    def __init__(self, client: redis.Redis, queue_name: str) -> None:
+        self._client = client
+        self._name = queue_name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-reader-killer")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            kill_readers(self._client, self._name)
+
+    def __enter__(self) -> ReaderKiller:
+        kill_readers(self._client, self._name)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+
+
+def completed_counter(worker: Worker) -> tuple[threading.Condition, list[Any]]:
+    cond = threading.Condition()
+    done: list[Any] = []
+
+    def on_completed(job: Job, result: Any) -> None:
+        with cond:
+            done.append(result)
+            cond.notify_all()
+
+    worker.on("completed", on_completed)
+    return cond, done
+
+
+# -- 1: a reused custom id -------------------------------------------------
+
+
+def test_reused_id_never_returns_the_previous_runs_value(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with Worker(queue.name, echo, connection=redis_url) as worker:
+        cond, done = completed_counter(worker)
+        first = queue.add("x", "run-1", job_id="order-1", remove_on_complete=True)
+        assert first.wait_until_finished(qe, timeout=WAIT) == "run-1"  # qe remembers run 1
+        with ReaderKiller(redis_client, queue.name):
+            second = queue.add("x", "run-2", job_id="order-1", remove_on_complete=True)
+            with cond:
+                assert cond.wait_for(lambda: "run-2" in done, WAIT)
+            assert queue.get_job("order-1") is None
+            # the reader has not read run 2's end: the wait must not take run 1's
+            assert second.wait_until_finished(qe, timeout=WAIT) == "run-2"
+
+
+def test_reused_ids_under_load_each_wait_gets_its_own_run(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    with Worker(queue.name, echo, connection=redis_url, concurrency=4):
+        for i in range(60):
+            job = queue.add("x", i, job_id=f"key-{i % 3}", remove_on_complete=True)
+            assert job.wait_until_finished(qe, timeout=WAIT) == i
+
+
+def test_big_result_of_an_earlier_run_is_not_read_from_a_later_runs_record(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Run 1 completes with a big result (kept in its record only), is
+    removed, and run 2 of the same id completes, all before the reader reads
+    run 1's `completed`: run 1's waiter must not get run 2's result."""
+    go = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.data == "1":
+            assert go.wait(WAIT)
+        return job.data * BIG
+
+    outcome: list[Any] = []
+    with Worker(queue.name, handler, connection=redis_url) as worker:
+        cond, done = completed_counter(worker)
+        first = queue.add("x", "1", job_id="same")
+        thread = threading.Thread(target=lambda: _capture(outcome, first, qe))
+        thread.start()
+        try:
+            assert until(lambda: waiting_on(qe, "same"))
+            with ReaderKiller(redis_client, queue.name):
+                go.set()
+                with cond:
+                    assert cond.wait_for(lambda: len(done) == 1, WAIT)
+                assert queue.remove("same")
+                queue.add("x", "2", job_id="same")
+                with cond:
+                    assert cond.wait_for(lambda: len(done) == 2, WAIT)
+            thread.join(WAIT)
+        finally:
+            go.set()
+            thread.join(WAIT)
+    assert len(outcome) == 1
+    assert outcome[0] == "1" * BIG or isinstance(outcome[0], JobNotFoundError), outcome[0]
+
+
+def _capture(outcome: list[Any], job: Job, qe: QueueEvents | None) -> None:
+    try:
+        outcome.append(job.wait_until_finished(qe, timeout=WAIT))
+    except BaseException as exc:
+        outcome.append(exc)
+
+
+# -- 8: the quick-start pattern ---------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
+@pytest.mark.parametrize("size", [10, BIG], ids=["small", "big"])
+def test_fresh_queue_add_remove_on_complete_then_wait_returns_the_result(
+    queue_name: str, redis_url: str, mode: str, size: int
+) -> None:
+    with (
+        Queue(queue_name, connection=redis_url, event_mode=mode) as queue,
+        Worker(queue_name, lambda job: "v" * size, connection=redis_url) as worker,
+    ):
+        cond, done = completed_counter(worker)
+        job = queue.add("x", remove_on_complete=True)
+        with cond:  # done and gone before the shared reader starts
+            assert cond.wait_for(lambda: len(done) == 1, WAIT)
+        assert queue.get_job(job.id) is None
+        assert job.wait_until_finished(timeout=WAIT) == "v" * size
+        again = queue.add("x", remove_on_complete=True)
+        assert again.wait_until_finished(timeout=WAIT) == "v" * size
+
+
+def test_bulk_add_remove_on_complete_then_waits_return_the_results(
+    queue_name: str, redis_url: str
+) -> None:
+    """Thousands of events lie between a job's `added` event and its
+    `completed`: the check scans them in several calls."""
+    n = 3000
+    with (
+        Queue(queue_name, connection=redis_url) as queue,
+        Worker(queue_name, echo, connection=redis_url, concurrency=8) as worker,
+    ):
+        cond, done = completed_counter(worker)
+        jobs = queue.add_bulk([{"name": "x", "data": i, "remove_on_complete": True}
+                               for i in range(n)])
+        with cond:
+            assert cond.wait_for(lambda: len(done) == n, 60)
+        for i in (0, 1, n // 2, n - 1):
+            assert jobs[i].wait_until_finished(timeout=WAIT) == i
+
+
+# -- 9: results kept apart from the stream ------------------------------------
+
+
+def test_big_results_of_removed_jobs_stay_out_of_the_stream(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    size = 100_000
+    with (
+        Queue(queue_name, connection=redis_url, result_ttl=30) as queue,
+        Worker(queue_name, lambda job: "r" * size, connection=redis_url, concurrency=4),
+    ):
+        assert queue.events.wait_until_ready(WAIT)
+        jobs = queue.add_bulk([{"name": "x", "remove_on_complete": True} for _ in range(20)])
+        for job in jobs:
+            assert job.wait_until_finished(timeout=WAIT) == "r" * size
+        late = queue.add("x", remove_on_complete=True)
+        until(lambda: queue.get_job_counts("completed", "active", "waiting")["waiting"] == 0
+              and queue.get_job(late.id) is None)
+        assert late.wait_until_finished(timeout=WAIT) == "r" * size
+        stream = f"jobq:{{{queue_name}}}:events"
+        entries = redis_client.xrange(stream)
+        assert max(sum(len(v) for v in fields.values()) for _, fields in entries) < 4096
+        assert redis_client.memory_usage(stream) < 200_000  # 21 results of 100 KB: 2 MB
+        kept = redis_client.keys(f"jobq:{{{queue_name}}}:result:*")
+        assert len(kept) == 21
+        assert 0 < redis_client.pttl(kept[0]) <= 30_000
+
+
+def test_result_ttl_is_validated(queue_name: str, redis_url: str) -> None:
+    for bad in (0, -1, "60", True):
+        with pytest.raises(ValueError, match="result_ttl"):
+            Queue(queue_name, connection=redis_url, result_ttl=bad)
+
+
+# -- 4: futures' callbacks never run on the reader ------------------------------
+
+
+def test_as_future_callbacks_run_off_the_reader_and_never_delay_a_wait(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    release = threading.Event()
+    threads: list[str] = []
+
+    def slow_callback(future: Future[Any]) -> None:
+        threads.append(threading.current_thread().name)
+        release.wait(WAIT)
+
+    gate = threading.Event()
+
+    def handler(job: Job) -> Any:
+        if job.data == "second":
+            assert gate.wait(WAIT)
+        return job.data
+
+    try:
+        with Worker(queue.name, handler, connection=redis_url, concurrency=2):
+            slow = queue.add("x", "first").as_future(qe)
+            slow.add_done_callback(slow_callback)
+            second = queue.add("x", "second")
+            assert until(lambda: threads)  # the slow callback is running
+            gate.set()
+            # the reader must not be stuck in that callback
+            assert second.wait_until_finished(qe, timeout=3) == "second"
+    finally:
+        release.set()
+    assert slow.result(WAIT) == "first"
+    assert not threads[0].startswith("jobq-events-"), threads
+
+
+# -- 10: a wait through another queue's reader --------------------------------
+
+
+def test_job_refuses_a_queue_events_of_another_queue_or_prefix(
+    queue: Queue, queue_name: str, redis_url: str
+) -> None:
+    job = queue.add("x")
+    with (
+        Queue(queue_name + "-b", connection=redis_url) as other,
+        QueueEvents(queue_name, connection=redis_url, prefix="other", autorun=False) as foreign,
+    ):
+        other.add("x")  # job "1" of queue B
+        for events in (other.events, foreign):
+            with pytest.raises(ValueError, match="cannot be waited for"):
+                job.wait_until_finished(events, timeout=1)
+            with pytest.raises(ValueError, match="cannot be waited for"):
+                job.as_future(events)
+
+
+# -- 7: URLs that decode responses ------------------------------------------
+
+
+def test_url_with_decode_responses_is_refused_before_anything_is_written(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    if "+cluster" in redis_url:
+        url = redis_url + "/?decode_responses=True"
+    else:
+        url = redis_url + ("&" if "?" in redis_url else "?") + "decode_responses=True"
+    with pytest.raises(ValueError, match="decode"):
+        Queue(queue_name, connection=url)
+    assert not redis_client.keys(f"jobq:{{{queue_name}}}:*")
+    assert not redis_client.sismember("jobq:queues", queue_name)
+
+
+# -- 5: removal by any path ---------------------------------------------------
+
+
+def _waiting_thread(job: Job, qe: QueueEvents, outcome: list[Any]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: _capture(outcome, job, qe))
+    thread.start()
+    assert until(lambda: waiting_on(qe, job.id))
+    return thread
+
+
+def test_remove_ends_a_wait_promptly(queue: Queue, qe: QueueEvents) -> None:
+    job = queue.add("x")
+    outcome: list[Any] = []
+    thread = _waiting_thread(job, qe, outcome)
+    start = time.monotonic()
+    assert queue.remove(job.id)
+    thread.join(WAIT)
+    assert isinstance(outcome[0], JobNotFoundError)
+    assert time.monotonic() - start < 5  # the periodic re-check comes after 10 s
+
+
+@pytest.mark.skipif("'removed'" not in (LUA / "clean.lua").read_text(),
+                    reason="clean.lua does not emit a per-job removed event yet")
+def test_clean_ends_a_wait_promptly(queue: Queue, qe: QueueEvents) -> None:
+    job = queue.add("x", delay=60)
+    outcome: list[Any] = []
+    thread = _waiting_thread(job, qe, outcome)
+    start = time.monotonic()
+    assert queue.clean(0, state="delayed") == [job.id]
+    thread.join(WAIT)
+    assert isinstance(outcome[0], JobNotFoundError)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.skipif("obliterated" not in (LUA / "obliterate.lua").read_text(),
+                    reason="obliterate.lua does not emit an obliterated event yet")
+def test_obliterate_ends_waits_promptly(queue: Queue, qe: QueueEvents) -> None:
+    jobs = [queue.add("x"), queue.add("x", delay=60)]
+    outcomes: list[list[Any]] = [[], []]
+    threads = [_waiting_thread(job, qe, out) for job, out in zip(jobs, outcomes, strict=True)]
+    start = time.monotonic()
+    queue.obliterate()
+    for thread in threads:
+        thread.join(WAIT)
+    assert all(isinstance(out[0], JobNotFoundError) for out in outcomes), outcomes
+    assert time.monotonic() - start < 5
+
+
+# -- waits and close under an outage, whatever the client's retries -------------
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    try:
+        binary = find_server_binary()
+    except RuntimeError:
+        pytest.skip("no server binary to start a private server")
+    with RedisServer(binary) as server:
+        yield server
+
+
+def test_wait_and_close_keep_their_own_time_with_a_retrying_client(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    host, port = "127.0.0.1", own_server.port
+    client = redis.Redis(host, port)  # redis-py's default: 10 retries with backoff
+    try:
+        queue = Queue(queue_name, connection=client)
+        try:
+            assert queue.events.wait_until_ready(WAIT)
+            job = queue.add("x")
+            own_server.stop()
+            start = time.monotonic()
+            with pytest.raises(WaitUntilFinishedTimeoutError):
+                job.wait_until_finished(timeout=1)
+            waited = time.monotonic() - start
+        finally:
+            start = time.monotonic()
+            queue.close()
+            closing = time.monotonic() - start
+        assert waited < 3.0, waited  # redis-py's retries alone took 4.5 s
+        assert closing < 3.0, closing
+    finally:
+        client.close()
