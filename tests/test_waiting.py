@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +31,6 @@ from tests.test_events import kill_readers
 
 WAIT = 10.0
 BIG = 16 * 1024 + 100
-LUA = Path(__file__).resolve().parent.parent / "jobq" / "lua"
 
 
 def waiting_on(qe: QueueEvents, job_id: str) -> bool:
@@ -326,8 +324,6 @@ def test_remove_ends_a_wait_promptly(queue: Queue, qe: QueueEvents) -> None:
     assert time.monotonic() - start < 5  # the periodic re-check comes after 10 s
 
 
-@pytest.mark.skipif("'removed'" not in (LUA / "clean.lua").read_text(),
-                    reason="clean.lua does not emit a per-job removed event yet")
 def test_clean_ends_a_wait_promptly(queue: Queue, qe: QueueEvents) -> None:
     job = queue.add("x", delay=60)
     outcome: list[Any] = []
@@ -339,8 +335,6 @@ def test_clean_ends_a_wait_promptly(queue: Queue, qe: QueueEvents) -> None:
     assert time.monotonic() - start < 5
 
 
-@pytest.mark.skipif("obliterated" not in (LUA / "obliterate.lua").read_text(),
-                    reason="obliterate.lua does not emit an obliterated event yet")
 def test_obliterate_ends_waits_promptly(queue: Queue, qe: QueueEvents) -> None:
     jobs = [queue.add("x"), queue.add("x", delay=60)]
     outcomes: list[list[Any]] = [[], []]
