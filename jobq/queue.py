@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -10,19 +10,16 @@ import redis
 from . import serializer
 from ._checks import warn_if_evicting
 from ._context import QueueContext
+from ._queue_ops import BATCH, QueueAdmin, QueueReading
 from .errors import (
-    ACTIVE_JOBS,
     JobqError,
     PayloadTooLarge,
     RedisOOMError,
     SerializationError,
-    script_error,
 )
-from .job import STATES, Job
+from .job import Job
 from .keys import queues_key
-from .metrics import Metrics, read_metrics
 from .options import JobOptions, byte_limit
-from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -39,8 +36,6 @@ DEFAULT_MAX_EVENTS = 10_000
 DEFAULT_RESULT_TTL = 60.0
 #: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-#: Jobs per script call for bulk adds and batched admin operations.
-BATCH = 1000
 #: Longest job name, in characters.
 MAX_JOB_NAME = 200
 
@@ -51,7 +46,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue:
+class Queue(QueueReading, QueueAdmin):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -253,192 +248,6 @@ class Queue:
                 result.append(job)
         return result
 
-    # -- reading ----------------------------------------------------------
-
-    def get_job(self, job_id: str) -> Job | None:
-        """The job with that id, or None."""
-        record = self._context.redis.hgetall(self._context.keys.job(job_id))
-        if not record:
-            return None
-        return Job.from_record(self._context, job_id, record)
-
-    def get_job_state(self, job_id: str) -> str:
-        """One of waiting, delayed, active, completed, failed, or unknown."""
-        state = self._context.redis.hget(self._context.keys.job(job_id), "state")
-        return state.decode() if state else "unknown"
-
-    def get_job_result(self, job_id: str, default: Any = None) -> Any:
-        """The return value of a completed job, else ``default``."""
-        state, value = self._context.redis.hmget(self._context.keys.job(job_id), ["state", "rv"])
-        if state != b"completed":
-            return default
-        return serializer.decode(value, "return value")
-
-    def get_job_counts(self, *states: str) -> dict[str, int]:
-        """Jobs per state (every state when none is named), zeros included."""
-        for state in states:
-            if state not in STATES:
-                raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
-        counts = self._context.run("getCounts")
-        everything = {state: int(counts[i]) for i, state in enumerate(STATES)}
-        return {state: everything[state] for state in (states or STATES)}
-
-    def count(self) -> int:
-        """Jobs waiting or delayed."""
-        counts = self.get_job_counts("waiting", "delayed")
-        return counts["waiting"] + counts["delayed"]
-
-    def get_jobs(
-        self, states: str | Sequence[str], start: int = 0, end: int = -1, asc: bool = False
-    ) -> list[Job]:
-        """Jobs in the given state(s), newest first (oldest first when ``asc``).
-
-        Waiting jobs come in the order they will run when ``asc`` (the
-        reverse otherwise). ``start`` and ``end`` index each state's jobs
-        inclusively, like LRANGE.
-        """
-        # each state once, in the order first named
-        names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
-        keys = self._context.keys
-        client = self._context.redis
-        ids: list[bytes] = []
-        for state in names:
-            if state not in STATES:
-                raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
-            if state == "waiting":
-                # in the order they will run: the wait list from its right
-                # end, then prioritized jobs, most urgent first
-                waiting = client.lrange(keys.wait, 0, -1)[::-1]
-                waiting += client.zrange(keys.prioritized, 0, -1)
-                ordered = waiting if asc else waiting[::-1]
-                ids.extend(_slice(ordered, start, end))
-            else:
-                key = getattr(keys, state)
-                ids.extend(client.zrange(key, start, end, desc=not asc))
-        pipe = client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(keys.job(job_id.decode()))
-        jobs = []
-        for job_id, record in zip(ids, pipe.execute(), strict=True):
-            if record:
-                jobs.append(Job.from_record(self._context, job_id.decode(), record))
-        return jobs
-
-    # -- administering ----------------------------------------------------
-
-    def pause(self) -> None:
-        """Pause the queue for every worker (durable); emits ``paused``."""
-        self._context.run("pause", "1")
-
-    def resume(self) -> None:
-        """Resume the queue; emits ``resumed``."""
-        self._context.run("pause", "0")
-
-    def is_paused(self) -> bool:
-        """Whether the queue is paused."""
-        return bool(self._context.redis.hget(self._context.keys.meta, "paused") == b"1")
-
-    def remove(self, job_id: str) -> bool:
-        """Remove a job; False if there is none or it is active with its lock held."""
-        return int(self._context.run("remove", job_id)) == 1
-
-    def drain(self, delayed: bool = False) -> int:
-        """Remove every waiting job (and delayed ones when asked); return how many."""
-        total = 0
-        while True:
-            removed = int(self._context.run("drain", "1" if delayed else "0", BATCH))
-            total += removed
-            if removed < BATCH:
-                return total
-
-    def clean(self, grace: float, limit: int = 0, state: str = "completed") -> list[str]:
-        """Remove jobs of ``state`` older than ``grace`` seconds; return their ids.
-
-        Finished jobs are aged by when they finished, others by when they were
-        added. ``limit`` caps how many (0: no cap). Emits ``removed`` per job
-        and ``cleaned`` per batch. Each script call looks at a bounded slice
-        of the state's jobs, so a long queue never blocks the server long.
-        """
-        if state not in ("completed", "failed", "delayed", "waiting"):
-            raise ValueError(
-                f"clean takes state completed, failed, delayed or waiting, not {state!r}"
-            )
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"limit must be an int >= 0, not {limit!r}")
-        grace_ms = round(JobOptions.parse({"delay": grace}).delay * 1000)
-        removed: list[str] = []
-        cursor = b""
-        while True:
-            batch = BATCH if not limit else min(BATCH, limit - len(removed))
-            ids, cursor = self._context.run("clean", state, grace_ms, batch, cursor)
-            removed.extend(i.decode() for i in ids)
-            if not cursor or (limit and len(removed) >= limit):
-                return removed
-
-    def obliterate(self, force: bool = False) -> None:
-        """Delete the queue's jobs, events, metrics and worker registry.
-
-        The queue's settings (event mode, ``max_events``) and its generated-id
-        counter stay, so the name keeps its mode and never reuses an id; the
-        paused flag is cleared. Emits ``obliterated`` once everything is gone.
-
-        Raises:
-            JobqError: the queue has active jobs and ``force`` is False.
-        """
-        while True:
-            deleted = int(self._context.run("obliterate", "1" if force else "0", BATCH))
-            if deleted == ACTIVE_JOBS:
-                raise script_error(deleted, action="obliterate")
-            if deleted < BATCH:
-                self._context.redis.srem(queues_key(self.prefix), self.name)
-                return
-
-    def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
-        """Move every failed (or completed) job back to waiting; return how many.
-
-        Each job keeps its attempts and stall count as ``Job.retry`` does
-        (one more attempt), unless ``reset_attempts`` is True.
-        """
-        if state not in ("failed", "completed"):
-            raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
-        reset = "1" if reset_attempts else "0"
-        # bounded by what is there now, so jobs failing again are not retried twice
-        remaining = int(self._context.redis.zcard(getattr(self._context.keys, state)))
-        total = 0
-        while remaining > 0:
-            moved = int(self._context.run("retry", state, min(BATCH, remaining), reset))
-            if moved <= 0:
-                break
-            total += moved
-            remaining -= moved
-        return total
-
-    # -- operating --------------------------------------------------------
-
-    def get_workers(self) -> list[WorkerInfo]:
-        """The live workers of this queue (heartbeat not expired), by name."""
-        return live_workers(self._context)
-
-    def get_metrics(self, kind: str, start: int = 0, end: int = -1) -> Metrics:
-        """Counts of finished jobs per minute, newest first (BullMQ's getMetrics).
-
-        Args:
-            kind: ``"completed"``, or ``"failed"`` (terminal failures).
-            start, end: which minutes, inclusive, like LRANGE: 0 is the minute
-                in progress, 1 the one before; -1 the oldest kept (a day).
-
-        Returns:
-            A Metrics: ``count`` (all time), ``data`` (per minute),
-            ``waited_for`` and ``ran_for`` (seconds, summed over ``count``).
-        """
-        return read_metrics(self._context, kind, start, end)
-
-    def trim_events(self, max_len: int) -> int:
-        """Trim the event stream to about ``max_len`` entries; return how many went."""
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
-            raise ValueError(f"max_len must be an int >= 0, not {max_len!r}")
-        return int(self._context.redis.xtrim(self._context.keys.events, maxlen=max_len))
-
     def emit(self, event: str, **fields: Any) -> None:
         """Publish a custom event to every QueueEvents of this queue.
 
@@ -473,13 +282,3 @@ class Queue:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _slice(items: list[bytes], start: int, end: int) -> list[bytes]:
-    """Inclusive LRANGE-style slice of a Python list."""
-    n = len(items)
-    if start < 0:
-        start = max(0, n + start)
-    if end < 0:
-        end = n + end
-    return items[start : end + 1]
