@@ -9,6 +9,7 @@ import redis
 
 from . import _fork
 from . import connection as _connection
+from .calls import QueueScripts
 from .errors import ClosedError
 from .keys import QueueKeys, validate_name
 from .scripts import Scripts
@@ -38,6 +39,8 @@ class QueueContext:
             self._owned = owned
         self.keys = QueueKeys(self.prefix, self.name)
         self.scripts = Scripts(self.client)
+        #: the scripts' typed front end, over ``run``
+        self.calls = QueueScripts(self.run)
         self._events: QueueEvents | None = None
         self._bounded: Any = None
         self._lock = threading.Lock()

@@ -18,8 +18,8 @@ from ._attempt import Attempt, AttemptTable, TakeGate
 from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._threads import BackgroundLoop
+from .calls import TakeArgs, WorkerScripts
 from .connection import BLOCK_CAP, Blocked, blocking_client, client_id, close_client, unblock
-from .scripts import TakeArgs, WorkerScripts
 
 logger = logging.getLogger(__name__)
 

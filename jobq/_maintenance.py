@@ -10,8 +10,8 @@ from typing import Any
 
 from ._context import QueueContext
 from ._threads import BackgroundLoop
+from .calls import WorkerScripts
 from .registry import announce
-from .scripts import WorkerScripts
 
 logger = logging.getLogger(__name__)
 

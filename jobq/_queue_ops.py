@@ -51,8 +51,8 @@ class QueueReading:
         for state in states:
             if state not in STATES:
                 raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
-        counts = self._context.run("getCounts")
-        everything = {state: int(counts[i]) for i, state in enumerate(STATES)}
+        counts = self._context.calls.get_counts()
+        everything = {state: counts[i] for i, state in enumerate(STATES)}
         return {state: everything[state] for state in (states or STATES)}
 
     def count(self) -> int:
@@ -109,11 +109,11 @@ class QueueAdmin:
 
     def pause(self) -> None:
         """Pause the queue for every worker (durable); emits ``paused``."""
-        self._context.run("pause", "1")
+        self._context.calls.pause(True)
 
     def resume(self) -> None:
         """Resume the queue; emits ``resumed``."""
-        self._context.run("pause", "0")
+        self._context.calls.pause(False)
 
     def is_paused(self) -> bool:
         """Whether the queue is paused."""
@@ -121,13 +121,13 @@ class QueueAdmin:
 
     def remove(self, job_id: str) -> bool:
         """Remove a job; False if there is none or it is active with its lock held."""
-        return int(self._context.run("remove", job_id)) == 1
+        return self._context.calls.remove(job_id) == 1
 
     def drain(self, delayed: bool = False) -> int:
         """Remove every waiting job (and delayed ones when asked); return how many."""
         total = 0
         while True:
-            removed = int(self._context.run("drain", "1" if delayed else "0", BATCH))
+            removed = self._context.calls.drain(delayed, BATCH)
             total += removed
             if removed < BATCH:
                 return total
@@ -151,8 +151,8 @@ class QueueAdmin:
         cursor = b""
         while True:
             batch = BATCH if not limit else min(BATCH, limit - len(removed))
-            ids, cursor = self._context.run("clean", state, grace_ms, batch, cursor)
-            removed.extend(i.decode() for i in ids)
+            ids, cursor = self._context.calls.clean(state, grace_ms, batch, cursor)
+            removed.extend(ids)
             if not cursor or (limit and len(removed) >= limit):
                 return removed
 
@@ -167,7 +167,7 @@ class QueueAdmin:
             JobqError: the queue has active jobs and ``force`` is False.
         """
         while True:
-            deleted = int(self._context.run("obliterate", "1" if force else "0", BATCH))
+            deleted = self._context.calls.obliterate(force, BATCH)
             if deleted == ACTIVE_JOBS:
                 raise script_error(deleted, action="obliterate")
             if deleted < BATCH:
@@ -182,12 +182,11 @@ class QueueAdmin:
         """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
-        reset = "1" if reset_attempts else "0"
         # bounded by what is there now, so jobs failing again are not retried twice
         remaining = int(self._context.redis.zcard(getattr(self._context.keys, state)))
         total = 0
         while remaining > 0:
-            moved = int(self._context.run("retry", state, min(BATCH, remaining), reset))
+            moved = self._context.calls.retry(state, min(BATCH, remaining), reset_attempts)
             if moved <= 0:
                 break
             total += moved

@@ -20,12 +20,12 @@ from ._fetcher import Fetcher
 from ._maintenance import Maintenance
 from ._runner import Finisher, Runner
 from ._threads import join_all
+from .calls import TakeArgs
 from .connection import BLOCK_CAP, close_client
 from .errors import LockLostError
 from .job import Job
 from .listeners import ListenerDispatcher, ListenerRegistry
 from .lock_manager import LockRenewer, TimeoutWatch
-from .scripts import TakeArgs
 
 logger = logging.getLogger(__name__)
 

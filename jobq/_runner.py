@@ -22,6 +22,7 @@ from . import serializer
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
 from ._threads import RetryBackoff, start_thread
+from .calls import FinishReply, TakeArgs, WorkerScripts
 from .connection import is_transient
 from .errors import (
     JobqError,
@@ -33,7 +34,6 @@ from .errors import (
 )
 from .job import MAX_STACKTRACES, Job
 from .options import Backoff
-from .scripts import FinishReply, TakeArgs, WorkerScripts
 
 logger = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from . import events as _events
 from . import serializer
 from ._context import QueueContext
+from .calls import QueueScripts
 from .errors import ClosedError, JobFailedError, JobNotFoundError
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
@@ -291,27 +292,26 @@ class WaiterTable:
         """
         # thousands of threads starting to wait at once must not take a pooled
         # connection each (redis-py's pools hold 100 by default)
-        cursor, anchored = "", ""
+        calls = QueueScripts(self._context.run_bounded)
+        cursor, anchored = "", False
         with self._slots:
             for _ in range(SCAN_CALLS):
-                reply = self._context.run_bounded(
-                    "getOutcome", waiter.job_id, waiter.run or "", cursor, anchored
-                )
-                if len(reply) < 7:
+                reply = calls.get_outcome(waiter.job_id, waiter.run or "", cursor, anchored)
+                if reply.cursor is None:
                     break
                 # a long scan of the run's events goes on in another call
-                cursor, anchored = text(reply[6]) or "", "1" if reply[7] else ""
-        state, value, reason, stacktrace, checkpoint, final = reply[:6]
-        if state == b"completed":
-            waiter.resolve(Completed(serializer.decode(value, "return value")))
-        elif state == b"failed":
+                cursor, anchored = reply.cursor, reply.anchored
+        if reply.state == "completed":
+            waiter.resolve(Completed(serializer.decode(reply.value, "return value")))
+        elif reply.state == "failed":
+            stacktrace = reply.stacktrace
             trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None
             traces = list(trace) if isinstance(trace, list) else None
-            waiter.resolve(Failed(text(reason), traces))
-        elif state is None and final:
+            waiter.resolve(Failed(reply.reason, traces))
+        elif reply.state is None and reply.final:
             waiter.resolve(MISSING)
-        elif state is None:
-            self._await_checkpoint(waiter, text(checkpoint) or "")
+        elif reply.state is None:
+            self._await_checkpoint(waiter, reply.checkpoint or "")
 
     def _await_checkpoint(self, waiter: Waiter, checkpoint: str) -> None:
         """The run's record is missing: removed, or finished and removed

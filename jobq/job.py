@@ -145,15 +145,14 @@ class Job:
 
     # -- changing ---------------------------------------------------------
 
-    def _run(self, script: str, *args: Any, action: str) -> int:
-        code = int(self._context.run(script, self.id, *args))
+    def _checked(self, code: int, action: str) -> int:
         if code < 0:
             raise script_error(code, self.id, action)
         return code
 
     def remove(self) -> bool:
         """Remove the job; False if it is gone already or active with its lock held."""
-        return int(self._context.run("remove", self.id)) == 1
+        return self._context.calls.remove(self.id) == 1
 
     def retry(self, state: str = "failed", *, reset_attempts: bool = False) -> None:
         """Move a failed (or completed) job back to waiting.
@@ -168,11 +167,7 @@ class Job:
         """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
-        # retry.lua takes the state first and the job ids last (it also serves retry_jobs)
-        reset = "1" if reset_attempts else "0"
-        code = int(self._context.run("retry", state, 1, reset, self.id))
-        if code < 0:
-            raise script_error(code, self.id, "retry")
+        self._checked(self._context.calls.retry(state, 1, reset_attempts, [self.id]), "retry")
 
     def promote(self) -> None:
         """Run a delayed job now.
@@ -180,7 +175,7 @@ class Job:
         Raises:
             JobNotFoundError: no such job.  JobqError: the job is not delayed.
         """
-        self._run("promote", action="promote")
+        self._checked(self._context.calls.promote(self.id), "promote")
         self.delay = 0.0
 
     def change_delay(self, delay: float) -> None:
@@ -190,7 +185,8 @@ class Job:
             JobNotFoundError: no such job.  JobqError: the job is not delayed.
         """
         opts = JobOptions.parse({"delay": delay})
-        self._run("changeDelay", round(opts.delay * 1000), action="change_delay")
+        code = self._context.calls.change_delay(self.id, round(opts.delay * 1000))
+        self._checked(code, "change_delay")
         self.delay = opts.delay
 
     def change_priority(self, priority: int = 0, *, lifo: bool = False) -> None:
@@ -200,7 +196,8 @@ class Job:
             JobNotFoundError: no such job.
         """
         JobOptions.parse({"priority": priority, "lifo": lifo})
-        self._run("changePriority", priority, "1" if lifo else "0", action="change_priority")
+        code = self._context.calls.change_priority(self.id, priority, lifo)
+        self._checked(code, "change_priority")
         self.priority = priority
 
     def update_data(self, data: Any) -> None:
@@ -211,7 +208,7 @@ class Job:
             JobNotFoundError: no such job.
         """
         packed = serializer.encode(data, "data")
-        self._run("updateJob", "data", packed, 0, action="update_data")
+        self._checked(self._context.calls.update_job(self.id, "data", packed), "update_data")
         self.data = data
 
     def update_progress(self, value: Any) -> None:
@@ -222,7 +219,8 @@ class Job:
             JobNotFoundError: no such job.
         """
         packed = serializer.encode(value, "progress")
-        self._run("updateJob", "progress", packed, 0, action="update_progress")
+        code = self._context.calls.update_job(self.id, "progress", packed)
+        self._checked(code, "update_progress")
         self.progress = value
         if self._on_progress is not None:
             self._on_progress(self, value)
@@ -235,7 +233,7 @@ class Job:
         """
         if not isinstance(message, str):
             raise TypeError(f"log message must be a str, not {type(message).__name__}")
-        return self._run("updateJob", "log", message, keep, action="log")
+        return self._checked(self._context.calls.update_job(self.id, "log", message, keep), "log")
 
     # -- waiting ----------------------------------------------------------
 

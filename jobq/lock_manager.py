@@ -16,7 +16,7 @@ from typing import Any
 from ._attempt import Attempt, AttemptTable
 from ._context import QueueContext
 from ._threads import BackgroundLoop
-from .scripts import WorkerScripts
+from .calls import WorkerScripts
 
 logger = logging.getLogger(__name__)
 

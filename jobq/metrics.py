@@ -78,8 +78,8 @@ def read_metrics(context: QueueContext, kind: str, start: int = 0, end: int = -1
     for name, value in (("start", start), ("end", end)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    now_ms, count, wait_ms, run_ms, minute, mbase, finished = context.run("getMetrics", kind)
-    now_minute = int(now_ms) // 60_000
+    now_ms, count, wait_ms, run_ms, minute, mbase, finished = context.calls.get_metrics(kind)
+    now_minute = now_ms // 60_000
     data: list[int] = []
     if minute is not None:
         gap = max(0, now_minute - int(minute))

@@ -11,6 +11,7 @@ from . import serializer
 from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
+from .calls import NewJob
 from .errors import (
     JobqError,
     PayloadTooLarge,
@@ -166,7 +167,9 @@ class Queue(QueueReading, QueueAdmin):
             self._default_options = parsed
         return parsed
 
-    def _prepare(self, name: Any, data: Any, options: Mapping[str, Any]) -> tuple[Any, ...]:
+    def _prepare(
+        self, name: Any, data: Any, options: Mapping[str, Any]
+    ) -> tuple[NewJob, dict[str, Any]]:
         opts, plain, packed_opts = self._options(options)
         packed = serializer.encode(data, "job data")
         if self.max_payload_bytes is not None and len(packed) > self.max_payload_bytes:
@@ -177,19 +180,19 @@ class Queue(QueueReading, QueueAdmin):
             )
         complete_count, complete_age = opts.remove_on_complete.to_script()
         fail_count, fail_age = opts.remove_on_fail.to_script()
-        return (
-            opts.job_id or "",
-            _job_name(name),
-            packed,
-            packed_opts,
-            round(opts.delay * 1000),
-            opts.priority,
-            "1" if opts.lifo else "0",
-            opts.attempts,
-            complete_count,
-            complete_age,
-            fail_count,
-            fail_age,
+        return NewJob(
+            job_id=opts.job_id or "",
+            name=_job_name(name),
+            data=packed,
+            opts=packed_opts,
+            delay_ms=round(opts.delay * 1000),
+            priority=opts.priority,
+            lifo=opts.lifo,
+            attempts=opts.attempts,
+            keep_completed_count=complete_count,
+            keep_completed_age_ms=complete_age,
+            keep_failed_count=fail_count,
+            keep_failed_age_ms=fail_age,
         ), plain
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
@@ -213,7 +216,7 @@ class Queue(QueueReading, QueueAdmin):
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
-        prepared: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
+        prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
         for spec in jobs:
             if not isinstance(spec, Mapping):
                 raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
@@ -225,26 +228,21 @@ class Queue(QueueReading, QueueAdmin):
         result: list[Job] = []
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
-            argv: list[Any] = [len(chunk)]
-            for args, _, _ in chunk:
-                argv.extend(args)
             try:
-                reply = self._context.run("add", *argv)
+                timestamp, added = self._context.calls.add([new for new, _, _ in chunk])
             except redis.exceptions.OutOfMemoryError as exc:
                 raise RedisOOMError(
                     f"Redis is out of memory and refused the add (used_memory > maxmemory, "
                     f"maxmemory-policy noeviction): {exc}"
                 ) from exc
-            timestamp = float(reply[0]) / 1000.0
-            for i, (args, opts, data) in enumerate(chunk):
-                job_id = reply[1 + 3 * i].decode()
-                if int(reply[2 + 3 * i]):
+            for (new, opts, data), (job_id, duplicated, run) in zip(chunk, added, strict=True):
+                if duplicated:
                     existing = self.get_job(job_id)
                     if existing is not None:
                         result.append(existing)
                         continue
-                job = Job(self._context, job_id, args[1], data, opts, timestamp)
-                job._added_event = reply[3 + 3 * i].decode() or None
+                job = Job(self._context, job_id, new.name, data, opts, timestamp)
+                job._added_event = run
                 result.append(job)
         return result
 
@@ -256,12 +254,12 @@ class Queue(QueueReading, QueueAdmin):
         """
         if not isinstance(event, str) or not event or ":" in event:
             raise ValueError(f"event name must be a non-empty str without ':', not {event!r}")
-        argv: list[Any] = [event]
+        packed: list[tuple[str, bytes]] = []
         for key, value in fields.items():
             if key in ("ev", "jid", "c", "ts"):
                 raise SerializationError(f"event field name {key!r} is reserved")
-            argv.extend((key, serializer.encode(value, f"event field {key!r}")))
-        self._context.run("emit", *argv)
+            packed.append((key, serializer.encode(value, f"event field {key!r}")))
+        self._context.calls.emit(event, packed)
 
     @property
     def events(self) -> QueueEvents:

@@ -72,24 +72,22 @@ def announce(
     records the queue's name in the list of known queues."""
     if first:
         context.redis.sadd(queues_key(context.prefix), context.name)
-    context.run(
-        "heartbeat", name, max(1, round(ttl * 1000)),
+    context.calls.heartbeat(name, max(1, round(ttl * 1000)), (
         "host", socket.gethostname(), "pid", os.getpid(),
         "queues", serializer.encode(list(queues), "queue names"),
         "concurrency", concurrency, "done", done, "failed", failed,
         "active", active, "paused", 1 if paused else 0,
-    )
+    ))
 
 
 def withdraw(context: QueueContext, name: str) -> None:
     """Remove a worker from the registry (it is closing)."""
-    context.run("heartbeat", name, 0)
+    context.calls.heartbeat(name, 0)
 
 
 def live_workers(context: QueueContext) -> list[WorkerInfo]:
     """The workers of a queue whose heartbeat has not expired, by name."""
-    reply = context.run("getWorkers")
-    workers = [_info(name.decode("utf-8", "replace"), flat) for name, flat in reply[1:]]
+    workers = [_info(name, flat) for name, flat in context.calls.get_workers()]
     return sorted(workers, key=lambda w: w.name)
 
 

@@ -1,7 +1,8 @@
 """The Lua scripts of jobq: loaded once, called by EVALSHA (NOSCRIPT reloads).
 
-This module is the only place that runs scripts: ``Scripts.run(name, base,
-*argv)``. The header of ``lua/<name>.lua`` documents each script's keys,
+This module runs scripts: ``Scripts.run(name, base, *argv)``; ``calls.py``
+gives each script a typed method (its arguments built and its reply decoded
+there only). The header of ``lua/<name>.lua`` documents each script's keys,
 arguments, return codes and events.
 """
 
@@ -10,16 +11,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Callable
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, ResponseError
 
 from .connection import Client, take_connection
-from .errors import ScriptCode
 
 _SCRIPT_NAMES = (
     "add",
@@ -204,107 +203,3 @@ class Scripts:
         except BaseException:
             connection.disconnect()
             raise
-
-
-# -- the worker's scripts, typed ------------------------------------------------
-
-
-class TakeArgs(NamedTuple):
-    """What a take needs: moveToActive's arguments (and the tail of a
-    finalising call that takes the next job along)."""
-
-    token: str
-    lock_ms: int
-    worker: str
-    limit_max: int
-    limit_ms: int
-
-
-class Taken(NamedTuple):
-    """A job a take locked for the worker: its id, the lock token, and its
-    record as a flat field/value list."""
-
-    job_id: str
-    token: str
-    record: list[bytes]
-
-
-class TakeReply(NamedTuple):
-    """moveToActive's reply: a job, or how long to wait for one."""
-
-    taken: Taken | None = None
-    #: nothing taken: ms until the next delayed job is due (-1: none)
-    next_delay_ms: int = -1
-    #: > 0: the rate limiter allows no take for this many ms
-    limited_ms: int = 0
-
-
-class FinishReply(NamedTuple):
-    """complete's or fail's reply."""
-
-    code: ScriptCode
-    #: server time of the call (epoch seconds); None when refused
-    finished_on: float | None = None
-    #: the next job, when the call was asked to take one
-    next: TakeReply | None = None
-
-
-def _decode_take(reply: Any, token: str) -> TakeReply:
-    code = int(reply[0])
-    if code == 1:
-        return TakeReply(Taken(reply[1].decode(), token, reply[2]))
-    if code == 2:
-        return TakeReply(limited_ms=max(1, int(reply[1])))
-    return TakeReply(next_delay_ms=int(reply[1]))
-
-
-def _decode_finish(reply: Any, take: TakeArgs | None) -> FinishReply:
-    if not isinstance(reply, list):
-        return FinishReply(ScriptCode(int(reply)))
-    taken = None
-    if take is not None and len(reply) > 2:
-        taken = _decode_take(reply[2], take.token)
-    return FinishReply(ScriptCode(int(reply[0])), float(reply[1]) / 1000.0, taken)
-
-
-class WorkerScripts:
-    """The scripts a worker runs, one typed method each (arguments built and
-    replies decoded here only), over ``run(script, *argv)``: the caller picks
-    the connection."""
-
-    __slots__ = ("_run",)
-
-    def __init__(self, run: Callable[..., Any]) -> None:
-        self._run = run
-
-    def take(self, take: TakeArgs, *, retried: bool = False) -> TakeReply:
-        """moveToActive.lua: promote due delayed jobs, take the next job.
-        ``retried``: this take's token was sent before and its reply lost."""
-        reply = self._run("moveToActive", *take, "1" if retried else "0")
-        return _decode_take(reply, take.token)
-
-    def complete(
-        self, job_id: str, token: str, result: bytes, take: TakeArgs | None
-    ) -> FinishReply:
-        """complete.lua: finish an attempt successfully (and take the next job)."""
-        reply = self._run("complete", job_id, token, result, *(take or ()))
-        return _decode_finish(reply, take)
-
-    def fail(
-        self, job_id: str, token: str, reason: str, stacktrace: bytes, delay_ms: int,
-        take: TakeArgs | None,
-    ) -> FinishReply:
-        """fail.lua: end a failed attempt; ``delay_ms`` -1 forbids a retry."""
-        reply = self._run("fail", job_id, token, reason, stacktrace, delay_ms, *(take or ()))
-        return _decode_finish(reply, take)
-
-    def extend_locks(self, lock_ms: int, held: list[tuple[str, str]]) -> set[str]:
-        """extendLocks.lua: renew (job id, token) locks; the tokens lost."""
-        argv: list[Any] = [lock_ms]
-        for job_id, token in held:
-            argv += (job_id, token)
-        return {t.decode() for t in self._run("extendLocks", *argv)}
-
-    def stalled_check(self, max_stalled: int, guard_ms: int, batch: int) -> list[str]:
-        """stalledCheck.lua: recover jobs of dead workers; the ids recovered."""
-        return [i.decode() for i in self._run("stalledCheck", max_stalled, guard_ms, batch)]

@@ -33,6 +33,7 @@ from ._context import QueueContext
 from ._roles import Roles, Settings
 from ._signals import StopSignals
 from ._threads import start_thread
+from .calls import TakeArgs
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
 from .errors import ClosedError, UnrecoverableError
 from .events import Event
@@ -40,7 +41,6 @@ from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
 from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
-from .scripts import TakeArgs
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -1,0 +1,329 @@
+"""The scripts' typed front end: one method per script.
+
+Each method builds its script's arguments and decodes its reply; nothing
+else in jobq knows a script's argument list. The methods run over
+``run(script, *argv)`` of the caller's choice (a context's pooled client,
+a pool thread's own connection, a fetch thread's blocking client).
+``SCRIPT_METHODS`` maps every script to its method, for the test that checks
+each method against its script's header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+from .errors import ScriptCode
+
+Run = Callable[..., Any]
+
+
+def _text(value: Any) -> str | None:
+    if value is None or value is False:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _raw(value: Any) -> Any:
+    """A bulk reply, with nil and RESP3's false as None."""
+    return None if value is None or value is False else value
+
+
+# -- the worker's scripts ------------------------------------------------------------
+
+
+class TakeArgs(NamedTuple):
+    """What a take needs: moveToActive's arguments (and the tail of a
+    finishing call that takes the next job along)."""
+
+    token: str
+    lock_ms: int
+    worker: str
+    limit_max: int
+    limit_ms: int
+
+
+class Taken(NamedTuple):
+    """A job a take locked for the worker: its id, the lock token, and its
+    record as a flat field/value list."""
+
+    job_id: str
+    token: str
+    record: list[bytes]
+
+
+class TakeReply(NamedTuple):
+    """moveToActive's reply: a job, or how long to wait for one."""
+
+    taken: Taken | None = None
+    #: nothing taken: ms until the next delayed job is due (-1: none)
+    next_delay_ms: int = -1
+    #: > 0: the rate limiter allows no take for this many ms
+    limited_ms: int = 0
+
+
+class FinishReply(NamedTuple):
+    """complete's or fail's reply."""
+
+    code: ScriptCode
+    #: server time of the call (epoch seconds); None when refused
+    finished_on: float | None = None
+    #: the next job, when the call was asked to take one
+    next: TakeReply | None = None
+
+
+def _decode_take(reply: Any, token: str) -> TakeReply:
+    code = int(reply[0])
+    if code == 1:
+        return TakeReply(Taken(reply[1].decode(), token, reply[2]))
+    if code == 2:
+        return TakeReply(limited_ms=max(1, int(reply[1])))
+    return TakeReply(next_delay_ms=int(reply[1]))
+
+
+def _decode_finish(reply: Any, take: TakeArgs | None) -> FinishReply:
+    if not isinstance(reply, list):
+        return FinishReply(ScriptCode(int(reply)))
+    taken = None
+    if take is not None and len(reply) > 2:
+        taken = _decode_take(reply[2], take.token)
+    return FinishReply(ScriptCode(int(reply[0])), float(reply[1]) / 1000.0, taken)
+
+
+class WorkerScripts:
+    """The scripts a worker runs."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def take(self, take: TakeArgs, *, retried: bool = False) -> TakeReply:
+        """moveToActive.lua: promote due delayed jobs, take the next job.
+        ``retried``: this take's token was sent before and its reply lost."""
+        reply = self._run("moveToActive", *take, "1" if retried else "0")
+        return _decode_take(reply, take.token)
+
+    def complete(
+        self, job_id: str, token: str, result: bytes, take: TakeArgs | None
+    ) -> FinishReply:
+        """complete.lua: finish an attempt successfully (and take the next job)."""
+        reply = self._run("complete", job_id, token, result, *(take or ()))
+        return _decode_finish(reply, take)
+
+    def fail(
+        self, job_id: str, token: str, reason: str, stacktrace: bytes, delay_ms: int,
+        take: TakeArgs | None,
+    ) -> FinishReply:
+        """fail.lua: end a failed attempt; ``delay_ms`` -1 forbids a retry."""
+        reply = self._run("fail", job_id, token, reason, stacktrace, delay_ms, *(take or ()))
+        return _decode_finish(reply, take)
+
+    def extend_locks(self, lock_ms: int, held: Iterable[tuple[str, str]]) -> set[str]:
+        """extendLocks.lua: renew (job id, token) locks; the tokens lost."""
+        argv: list[Any] = [lock_ms]
+        for job_id, token in held:
+            argv += (job_id, token)
+        return {t.decode() for t in self._run("extendLocks", *argv)}
+
+    def stalled_check(self, max_stalled: int, guard_ms: int, batch: int) -> list[str]:
+        """stalledCheck.lua: recover jobs of dead workers; the ids recovered."""
+        return [i.decode() for i in self._run("stalledCheck", max_stalled, guard_ms, batch)]
+
+
+# -- the queue's scripts ---------------------------------------------------------------
+
+
+class NewJob(NamedTuple):
+    """One job of add.lua, as its header lists the values."""
+
+    job_id: str  # '' to generate one
+    name: str
+    data: bytes
+    opts: bytes
+    delay_ms: int
+    priority: int
+    lifo: bool
+    attempts: int
+    keep_completed_count: int
+    keep_completed_age_ms: int
+    keep_failed_count: int
+    keep_failed_age_ms: int
+
+
+class Added(NamedTuple):
+    """One job of add.lua's reply."""
+
+    job_id: str
+    duplicated: bool
+    #: the run's token: its `added` event's id (``p<n>`` in pub/sub mode)
+    run: str | None
+
+
+class Counts(NamedTuple):
+    """getCounts.lua's reply."""
+
+    waiting: int
+    delayed: int
+    active: int
+    completed: int
+    failed: int
+    paused: bool
+
+
+class MetricsReply(NamedTuple):
+    """getMetrics.lua's reply."""
+
+    now_ms: int
+    total: int  # jobs counted so far
+    wait_ms: int
+    run_ms: int
+    minute: int | None
+    minute_base: int
+    finished: list[int]
+
+
+class OutcomeReply(NamedTuple):
+    """getOutcome.lua's reply."""
+
+    state: str | None
+    value: bytes | None
+    reason: str | None
+    stacktrace: bytes | None
+    checkpoint: str | None
+    final: bool
+    cursor: str | None
+    anchored: bool
+
+
+class QueueScripts:
+    """The scripts of adding, reading and administering a queue."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def add(self, jobs: Sequence[NewJob]) -> tuple[float, list[Added]]:
+        """add.lua: add jobs atomically; (the server's time, s; each job)."""
+        argv: list[Any] = [len(jobs)]
+        for job in jobs:
+            argv += (*job[:6], "1" if job.lifo else "0", *job[7:])
+        reply = self._run("add", *argv)
+        added = [
+            Added(reply[i].decode(), bool(int(reply[i + 1])), _text(reply[i + 2]) or None)
+            for i in range(1, len(reply), 3)
+        ]
+        return float(reply[0]) / 1000.0, added
+
+    def emit(self, event: str, fields: Iterable[tuple[str, bytes]]) -> None:
+        """emit.lua: publish a custom event with msgpack-encoded fields."""
+        argv: list[Any] = [event]
+        for name, packed in fields:
+            argv += (name, packed)
+        self._run("emit", *argv)
+
+    def get_counts(self) -> Counts:
+        """getCounts.lua: jobs per state, in one snapshot."""
+        reply = self._run("getCounts")
+        waiting, delayed, active, completed, failed = (int(v) for v in reply[:5])
+        return Counts(waiting, delayed, active, completed, failed, int(reply[5]) == 1)
+
+    def pause(self, paused: bool) -> None:
+        """pause.lua: pause or resume the queue."""
+        self._run("pause", "1" if paused else "0")
+
+    def remove(self, job_id: str) -> int:
+        """remove.lua: 1 removed, 0 no such job, -2 active with its lock held."""
+        return int(self._run("remove", job_id))
+
+    def drain(self, delayed: bool, batch: int) -> int:
+        """drain.lua: remove up to ``batch`` waiting (and delayed) jobs."""
+        return int(self._run("drain", "1" if delayed else "0", batch))
+
+    def clean(
+        self, state: str, grace_ms: int, batch: int, cursor: bytes
+    ) -> tuple[list[str], bytes]:
+        """clean.lua: one batch; (the ids removed, the cursor to go on from)."""
+        ids, nxt = self._run("clean", state, grace_ms, batch, cursor)
+        return [i.decode() for i in ids], nxt
+
+    def obliterate(self, force: bool, batch: int) -> int:
+        """obliterate.lua: jobs deleted in this call, or -4 (active jobs)."""
+        return int(self._run("obliterate", "1" if force else "0", batch))
+
+    def retry(self, state: str, batch: int, reset: bool, job_ids: Sequence[str] = ()) -> int:
+        """retry.lua: jobs moved back to waiting; -1 / -3 for a given id."""
+        return int(self._run("retry", state, batch, "1" if reset else "0", *job_ids))
+
+    def promote(self, job_id: str) -> int:
+        """promote.lua: 1, -1 no such job, -3 not delayed."""
+        return int(self._run("promote", job_id))
+
+    def change_delay(self, job_id: str, delay_ms: int) -> int:
+        """changeDelay.lua: 1, -1 no such job, -3 not delayed."""
+        return int(self._run("changeDelay", job_id, delay_ms))
+
+    def change_priority(self, job_id: str, priority: int, lifo: bool) -> int:
+        """changePriority.lua: 1, -1 no such job."""
+        return int(self._run("changePriority", job_id, priority, "1" if lifo else "0"))
+
+    def update_job(self, job_id: str, what: str, value: Any, keep: int = 0) -> int:
+        """updateJob.lua: set data or progress, or append a log line (then:
+        the number of lines); -1 no such job."""
+        return int(self._run("updateJob", job_id, what, value, keep))
+
+    def get_metrics(self, kind: str) -> MetricsReply:
+        """getMetrics.lua: one kind's metrics with the server's clock."""
+        now_ms, count, wait_ms, run_ms, minute, mbase, finished = self._run("getMetrics", kind)
+        return MetricsReply(
+            int(now_ms), int(count), int(wait_ms), int(run_ms),
+            None if minute is None else int(minute), int(mbase),
+            [int(c) for c in finished],
+        )
+
+    def heartbeat(self, name: str, ttl_ms: int, fields: Sequence[Any] = ()) -> None:
+        """heartbeat.lua: announce a worker for ``ttl_ms``; 0 withdraws it."""
+        self._run("heartbeat", name, ttl_ms, *fields)
+
+    def get_workers(self) -> list[tuple[str, list[bytes]]]:
+        """getWorkers.lua: (name, flat record) of each live worker."""
+        return [(_text(name) or "", flat) for name, flat in self._run("getWorkers")[1:]]
+
+    def get_outcome(self, job_id: str, run: str, cursor: str, anchored: bool) -> OutcomeReply:
+        """getOutcome.lua: what a waiter needs of one run, with the checkpoint."""
+        reply = self._run("getOutcome", job_id, run, cursor, "1" if anchored else "")
+        state, value, reason, stacktrace, checkpoint, final = reply[:6]
+        more = len(reply) >= 7  # a scan cut short: go on from its cursor
+        return OutcomeReply(
+            _text(state), _raw(value), _text(reason), _raw(stacktrace), _text(checkpoint),
+            bool(final), (_text(reply[6]) or "") if more else None,
+            bool(reply[7]) if more else False,
+        )
+
+
+#: Every script and the method that runs it.
+SCRIPT_METHODS: dict[str, tuple[type, str]] = {
+    "moveToActive": (WorkerScripts, "take"),
+    "complete": (WorkerScripts, "complete"),
+    "fail": (WorkerScripts, "fail"),
+    "extendLocks": (WorkerScripts, "extend_locks"),
+    "stalledCheck": (WorkerScripts, "stalled_check"),
+    "heartbeat": (QueueScripts, "heartbeat"),
+    "add": (QueueScripts, "add"),
+    "emit": (QueueScripts, "emit"),
+    "getCounts": (QueueScripts, "get_counts"),
+    "pause": (QueueScripts, "pause"),
+    "remove": (QueueScripts, "remove"),
+    "drain": (QueueScripts, "drain"),
+    "clean": (QueueScripts, "clean"),
+    "obliterate": (QueueScripts, "obliterate"),
+    "retry": (QueueScripts, "retry"),
+    "promote": (QueueScripts, "promote"),
+    "changeDelay": (QueueScripts, "change_delay"),
+    "changePriority": (QueueScripts, "change_priority"),
+    "updateJob": (QueueScripts, "update_job"),
+    "getMetrics": (QueueScripts, "get_metrics"),
+    "getWorkers": (QueueScripts, "get_workers"),
+    "getOutcome": (QueueScripts, "get_outcome"),
+}

@@ -1,0 +1,136 @@
+"""The Lua scripts and their typed front end (jobq/calls.py), checked together.
+
+Every script compiles on the real server, has a documented header, is run by
+exactly one typed method, and that method sends the arguments its header
+lists; the return codes the headers name are the ones ``ScriptCode`` pins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+from jobq import Queue
+from jobq.calls import SCRIPT_METHODS, NewJob, QueueScripts, TakeArgs, WorkerScripts
+from jobq.errors import ScriptCode
+from jobq.scripts import _SCRIPT_NAMES, _compiled
+
+LUA = Path(__file__).resolve().parent.parent / "jobq" / "lua"
+Recorded = tuple[list[tuple[str, tuple[Any, ...]]], Callable[..., Any]]
+SCRIPTS = sorted(p.stem for p in LUA.glob("*.lua") if not p.stem.startswith("_"))
+
+
+def _header(script: str) -> str:
+    text = (LUA / f"{script}.lua").read_text()
+    match = re.search(r"--\[\[(.*?)\]\]", text, re.S)
+    assert match, f"{script}.lua has no --[[ header ]]"
+    return match.group(1)
+
+
+def _argv_documented(script: str) -> tuple[int, bool]:
+    """(the highest ARGV index the header names, whether more may follow)."""
+    header = _header(script)
+    indices = [int(i) for i in re.findall(r"ARGV\[(\d+)", header)]
+    variadic = bool(re.search(r"ARGV\[\d+(\.\.|…)", header)) or "per job" in header
+    return max(indices, default=0), variadic
+
+
+def test_every_script_is_listed_and_has_exactly_one_method() -> None:
+    assert SCRIPTS == sorted(_SCRIPT_NAMES)
+    assert sorted(SCRIPT_METHODS) == SCRIPTS
+    methods = list(SCRIPT_METHODS.values())
+    assert len(set(methods)) == len(methods), "a method serves two scripts"
+    for cls, name in methods:
+        assert callable(getattr(cls, name)), (cls, name)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_compiles_and_documents_itself(
+    script: str, redis_client: redis.Redis
+) -> None:
+    source, sha = _compiled(script)
+    assert redis_client.script_load(source) == sha
+    header = _header(script)
+    for part in ("KEYS[1]", "Returns"):
+        assert part in header, f"{script}.lua's header lacks {part}"
+
+
+@pytest.fixture
+def recorded(queue: Queue) -> Iterator[Recorded]:
+    """A runner over the queue's real context that records each call."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def run(script: str, *argv: Any) -> Any:
+        calls.append((script, argv))
+        return queue._context.run(script, *argv)
+
+    yield calls, run
+
+
+def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], Any]]:
+    """One valid call of every method, by script."""
+    packed = msgpack.packb(1)
+    new = NewJob("", "n", packed, msgpack.packb({}), 0, 0, False, 1, -1, 0, -1, 0)
+    return {
+        "moveToActive": lambda: worker.take(TakeArgs("tok", 1000, "w", 0, 0)),
+        "complete": lambda: worker.complete("nope", "tok", packed, None),
+        "fail": lambda: worker.fail("nope", "tok", "r", msgpack.packb([]), 0, None),
+        "extendLocks": lambda: worker.extend_locks(1000, [("nope", "tok")]),
+        "stalledCheck": lambda: worker.stalled_check(1, 0, 10),
+        "add": lambda: q.add([new]),
+        "emit": lambda: q.emit("custom", [("a", packed)]),
+        "getCounts": q.get_counts,
+        "pause": lambda: q.pause(False),
+        "remove": lambda: q.remove("nope"),
+        "drain": lambda: q.drain(False, 10),
+        "clean": lambda: q.clean("completed", 0, 10, b""),
+        "obliterate": lambda: q.obliterate(True, 10),
+        "retry": lambda: q.retry("failed", 10, False),
+        "promote": lambda: q.promote("nope"),
+        "changeDelay": lambda: q.change_delay("nope", 10),
+        "changePriority": lambda: q.change_priority("nope", 1, False),
+        "updateJob": lambda: q.update_job("nope", "data", packed),
+        "getMetrics": lambda: q.get_metrics("completed"),
+        "heartbeat": lambda: q.heartbeat("w", 1000, ("host", "h")),
+        "getWorkers": q.get_workers,
+        "getOutcome": lambda: q.get_outcome("nope", "", "", False),
+    }
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_method_sends_what_its_header_lists(
+    script: str, recorded: Recorded
+) -> None:
+    calls, run = recorded
+    _exercise(WorkerScripts(run), QueueScripts(run))[script]()
+    assert [name for name, _ in calls] == [script], "the method ran another script"
+    sent = len(calls[0][1])
+    documented, variadic = _argv_documented(script)
+    optional = len(re.findall(r"ARGV\[\d+(?:\.\.\d+)?\]\s+optional", _header(script)))
+    if variadic:
+        assert sent >= 1 if documented else sent == 0
+    else:
+        # an optional tail (moveToActive's retried flag) may be sent or not
+        assert documented - max(optional, 0) <= sent <= documented, (script, sent, documented)
+
+
+def test_return_codes_are_pinned() -> None:
+    assert {c.name: int(c) for c in ScriptCode} == {
+        "ALREADY_DONE": 0, "DONE": 1, "RETRYING": 2,
+        "JOB_MISSING": -1, "LOCK_LOST": -2, "NOT_IN_STATE": -3, "ACTIVE_JOBS": -4,
+    }
+    meaning = {-1: ("no such job", "missing", "does not exist"), -2: ("lock",),
+               -3: ("not delayed", "not in", "state"), -4: ("active",)}
+    for script in SCRIPTS:
+        returns = _header(script).split("Returns", 1)[1].split("Events", 1)[0]
+        # a code is "-N what it means" ("ms ..., or -1" is a value, not a code)
+        for code in {int(c) for c in re.findall(r"(?<!or )(?<![\w\d])(-\d) +[a-z]", returns)}:
+            assert code in {int(c) for c in ScriptCode}, (script, code)
+            words = returns.lower()
+            assert any(w in words for w in meaning[code]), (script, code, returns)
