@@ -21,7 +21,7 @@ from ._threads import BackgroundLoop
 from .calls import TakeArgs, WorkerScripts
 from .connection import BLOCK_CAP, Blocked, blocking_client, client_id, close_client, unblock
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
 
 class Fetcher:
@@ -71,7 +71,8 @@ class Fetcher:
         self._need_fetch = True
         self._ready = False
         self._loop = BackgroundLoop(
-            f"jobq-fetch-{context.name}", self._step, on_error=self._failed, on_exit=self._close
+            f"jobq-fetch-{context.name}", self._step, on_error=self._failed,
+            on_exit=self._close, log=logger,
         )
 
     @property

@@ -13,7 +13,7 @@ from ._threads import BackgroundLoop
 from .calls import WorkerScripts
 from .registry import announce
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
 #: Stalled jobs recovered per script call.
 STALLED_BATCH = 1000
@@ -45,7 +45,9 @@ class Maintenance:
         self._next_beat = now
         self._next_check = now
         self._first_beat = True
-        self.loop = BackgroundLoop(f"jobq-maint-{context.name}", self._step, on_error=on_error)
+        self.loop = BackgroundLoop(
+            f"jobq-maint-{context.name}", self._step, on_error=on_error, log=logger
+        )
 
     def _step(self) -> float:
         now = time.monotonic()

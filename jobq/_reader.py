@@ -16,7 +16,7 @@ from . import connection as _connection
 from . import events as _events
 from . import serializer
 from ._context import QueueContext
-from ._threads import RetryBackoff
+from ._threads import BackgroundLoop
 from ._waiters import (
     CHECKPOINT,
     MISSING,
@@ -175,33 +175,34 @@ class EventReader:
 
     def loop(self) -> None:
         """The reader thread's body, until the stop event is set."""
-        backoff = RetryBackoff()
-        client: Client | None = None
-        pubsub: Any = None
-        while not self._stop.is_set():
-            try:
-                if client is None:
-                    client = blocking_client(self._context.client, f"jobq-events-{self.name}")
-                    self._blocked = _connection.client_id(client, self._context.keys.events)
-                    pubsub = self._connect(client)
-                if pubsub is not None:
-                    self._read_pubsub(pubsub)
-                else:
-                    self._read_stream(client)
-                backoff.reset()
-            except Exception as exc:
-                if self._stop.is_set():
-                    break
-                delay = backoff.next()
-                logger.warning(
-                    "events reader of %r failed (%s: %s); reconnecting in %.2f s",
-                    self.name, type(exc).__name__, exc, delay,
-                )
-                self._failed(exc)
-                _close_reader(client, pubsub)
-                client, pubsub = None, None
-                self._stop.wait(delay)
-        _close_reader(client, pubsub)
+        self._client: Client | None = None
+        self._pubsub: Any = None
+        BackgroundLoop(
+            f"events reader of {self.name!r}", self._step, on_error=self._reconnect,
+            on_exit=self._disconnect, stop=self._stop, log=logger,
+        ).run()
+
+    def _step(self) -> float:
+        if self._client is None:
+            client = self._client = blocking_client(
+                self._context.client, f"jobq-events-{self.name}"
+            )
+            self._blocked = _connection.client_id(client, self._context.keys.events)
+            self._pubsub = self._connect(client)
+        if self._pubsub is not None:
+            self._read_pubsub(self._pubsub)
+        else:
+            self._read_stream(self._client)
+        return 0.0
+
+    def _reconnect(self, exc: Exception) -> None:
+        """A failed read: report it; the next step connects again."""
+        self._failed(exc)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        _close_reader(self._client, self._pubsub)
+        self._client, self._pubsub = None, None
 
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, resolve the start id, subscribe."""

@@ -27,7 +27,7 @@ from .job import Job
 from .listeners import ListenerDispatcher, ListenerRegistry
 from .lock_manager import LockRenewer, TimeoutWatch
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
 #: Least time the threads of a stopping run get to end once told to.
 JOIN_GRACE = BLOCK_CAP + 0.5

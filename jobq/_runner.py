@@ -35,7 +35,7 @@ from .errors import (
 from .job import MAX_STACKTRACES, Job
 from .options import Backoff
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
 #: Longest failed reason and stack trace kept per attempt, in characters.
 MAX_REASON = 16 * 1024

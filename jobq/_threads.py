@@ -62,7 +62,8 @@ class BackgroundLoop:
     the loop: it is logged (the first few in a row, then every 20th), given
     to ``on_error``, and the next step comes after a capped backoff.
     ``on_error`` itself may not raise; ``on_exit`` runs on the thread when
-    the loop ends (to close what the loop opened).
+    the loop ends (to close what the loop opened). ``start()`` runs it on a
+    thread of its own, ``run()`` on the calling thread.
     """
 
     def __init__(
@@ -73,14 +74,19 @@ class BackgroundLoop:
         on_error: Callable[[Exception], Any] | None = None,
         on_exit: Callable[[], Any] | None = None,
         cap: float = 5.0,
+        stop: threading.Event | None = None,
+        log: logging.Logger = logger,
     ) -> None:
         self.name = name
         self._step = step
         self._on_error = on_error
         self._on_exit = on_exit
+        self._log = log
         self._backoff = RetryBackoff(cap=cap)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        # a stop Event of the owner's: the loop also ends when it is set
+        # (then its waits are on it, and wake() has no effect)
+        self._stop = stop or threading.Event()
+        self._wake = self._stop if stop is not None else threading.Event()
         self.thread: threading.Thread | None = None
 
     @property
@@ -106,6 +112,10 @@ class BackgroundLoop:
         """Wait up to ``seconds`` inside a step; True if the loop was stopped."""
         return self._stop.wait(seconds)
 
+    def run(self) -> None:
+        """Run the loop on the calling thread until stopped."""
+        self._run()
+
     def _run(self) -> None:
         try:
             self._loop()
@@ -115,7 +125,8 @@ class BackgroundLoop:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.clear()  # before the step, so no wake-up is lost
+            if self._wake is not self._stop:
+                self._wake.clear()  # before the step, so no wake-up is lost
             try:
                 wait = self._step()
                 self._backoff.reset()
@@ -125,7 +136,7 @@ class BackgroundLoop:
                 wait = self._backoff.next()
                 failures = self._backoff.failures
                 if failures <= 3 or failures % 20 == 0:
-                    logger.warning(
+                    self._log.warning(
                         "%s: %s: %s (%d in a row); again in %.2f s",
                         self.name, type(exc).__name__, exc, failures, wait,
                     )

@@ -18,7 +18,7 @@ from ._context import QueueContext
 from ._threads import BackgroundLoop
 from .calls import WorkerScripts
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
 #: Longest wait of the timeout thread between two looks (it is woken when a
 #: deadline is set, so this only bounds a lost wake-up).
@@ -45,7 +45,7 @@ class LockRenewer:
         self._scripts = WorkerScripts(context.run)
         self.loop = BackgroundLoop(
             f"jobq-locks-{context.name}", self._step, on_error=on_error,
-            cap=self._interval / 2,
+            cap=self._interval / 2, log=logger,
         )
 
     def _step(self) -> float:
@@ -75,7 +75,8 @@ class TimeoutWatch:
         self._table = table
         self._on_timeout = on_timeout
         self.loop = BackgroundLoop(
-            f"jobq-timeouts-{context.name}", self._step, on_error=on_error, cap=1.0
+            f"jobq-timeouts-{context.name}", self._step, on_error=on_error, cap=1.0,
+            log=logger,
         )
 
     def _step(self) -> float:
