@@ -86,16 +86,16 @@ class QueueContext:
             raise ClosedError(f"{self.kind} {self.name!r} is closed")
         return self.scripts.run_on(connection, script, self.keys.base, *args)
 
-    def can_hold(self, connections: int) -> bool:
+    def can_hold(self, connections: int, reserve: int = POOL_RESERVE) -> bool:
         """Whether threads may keep ``connections`` connections of the
         client's pool to themselves and leave plenty for everything else: a
         plain client (a cluster client's calls need its routing) whose pool
-        has room for them and ``POOL_RESERVE`` more."""
+        has room for them and ``reserve`` more."""
         client = self.client
         if not isinstance(client, redis.Redis) or client.connection is not None:
             return False
         limit = getattr(client.connection_pool, "max_connections", None)
-        return limit is None or connections + POOL_RESERVE <= limit
+        return limit is None or connections + reserve <= limit
 
     def own_connection(self) -> Any:
         """A connection taken from the client's pool for one thread's calls

@@ -44,6 +44,13 @@ MAX_TRACE = 64 * 1024
 Emit = Callable[..., None]
 
 
+def pool_size(concurrency: int) -> int:
+    """Connections of a worker's own pool: one kept by each pool thread, one
+    for each handler's calls (progress, logs), and a few for the other
+    threads."""
+    return 2 * concurrency + 8
+
+
 def _clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, and encodable as UTF-8 (a lone
     surrogate, as from ``os.fsdecode``, becomes a backslash escape)."""
@@ -276,7 +283,8 @@ class Runner:
         self._has_listener = has_listener
         self._work: _queue.SimpleQueue[Attempt | None] = _queue.SimpleQueue()
         self._in_user_code: set[str] = set()
-        self._hold = context.can_hold(concurrency)
+        # the worker's own pool (see pool_size) has room for it
+        self._hold = context.can_hold(concurrency, pool_size(concurrency) - concurrency)
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:

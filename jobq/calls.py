@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from .errors import ScriptCode
+from .keys import OBLITERATED
 
 Run = Callable[..., Any]
 
@@ -249,8 +250,9 @@ class QueueScripts:
         return [i.decode() for i in ids], nxt
 
     def obliterate(self, force: bool, batch: int) -> int:
-        """obliterate.lua: jobs deleted in this call, or -4 (active jobs)."""
-        return int(self._run("obliterate", "1" if force else "0", batch))
+        """obliterate.lua: jobs deleted in this call, or -4 (active jobs); the
+        keys it deletes at the end are those of the schema (keys.py)."""
+        return int(self._run("obliterate", "1" if force else "0", batch, *OBLITERATED))
 
     def retry(self, state: str, batch: int, reset: bool, job_ids: Sequence[str] = ()) -> int:
         """retry.lua: jobs moved back to waiting; -1 / -3 for a given id."""

@@ -1,4 +1,7 @@
-"""Key names of a queue, all under one cluster hash tag."""
+"""The key schema of a queue, all under one cluster hash tag, and the
+fields of a job's record: written here once. The scripts build the same names
+from the queue's base (tests/test_schema.py checks that every name a script
+uses is listed here), and ``obliterate`` deletes what this schema says."""
 
 from __future__ import annotations
 
@@ -31,6 +34,78 @@ def validate_job_id(value: object) -> str:
             "give it a non-digit part (e.g. 'order-123')"
         )
     return value
+
+
+#: Every key of a queue but the families below, after its base
+#: ``<prefix>:{<queue>}:``, and what it holds.
+QUEUE_KEYS: dict[str, str] = {
+    "wait": "list: ids of waiting jobs without a priority (taken from the right)",
+    "prioritized": "sorted set: waiting jobs with a priority (score: priority, order)",
+    "delayed": "sorted set: delayed jobs (score: when due, ms)",
+    "active": "sorted set: active jobs (score: when taken, ms)",
+    "completed": "sorted set: completed jobs kept (score: when finished, ms)",
+    "failed": "sorted set: jobs failed for good, kept (score: when finished, ms)",
+    "meta": "hash: the queue's settings (em event mode, maxev, rttl) and paused",
+    "events": "stream of events (in pub/sub mode, the channel's name)",
+    "marker": "sorted set: wakes workers blocked on it (BZPOPMIN)",
+    "workers": "sorted set: live workers' names (score: when their heartbeat expires)",
+    "id": "counter: the last generated job id",
+    "runs": "counter: the last run token given in pub/sub mode",
+    "pc": "counter: the order of prioritized jobs of one priority",
+    "limiter": "counter: jobs taken in the rate limiter's window (expires with it)",
+    "stalled-check": "guard: set while a stalled check's interval runs",
+    "metrics:completed": "hash: totals and the minute being counted, completed jobs",
+    "metrics:completed:data": "list: completed jobs per finished minute, newest first",
+    "metrics:failed": "hash: totals and the minute being counted, failed jobs",
+    "metrics:failed:data": "list: failed jobs per finished minute, newest first",
+}
+
+#: Families of keys named by an id after their prefix.
+ITEM_KEYS: dict[str, str] = {
+    "job:": "hash: a job's record (JOB_FIELDS)",
+    "logs:": "list: a job's log lines",
+    "lock:": "string: the lock token of an active job (expires)",
+    "result:": "string: a result kept apart from its record, by run token (expires)",
+    "worker:": "hash: a live worker's announcement (expires)",
+}
+
+#: Keys ``obliterate`` keeps, so that the queue's name stays usable as it
+#: was: its settings, its id counters (ids stay unique for the life of the
+#: name) and its event stream (emptied, so a blocked reader reads on).
+KEPT_BY_OBLITERATE = frozenset({"meta", "events", "id", "runs"})
+
+#: The keys ``obliterate`` deletes once the jobs are gone.
+OBLITERATED = tuple(sorted(set(QUEUE_KEYS) - KEPT_BY_OBLITERATE))
+
+#: The fields of a job's record (``job:<id>``).
+JOB_FIELDS: dict[str, str] = {
+    "name": "the job's name",
+    "data": "its data (msgpack)",
+    "opts": "its options (msgpack map)",
+    "ts": "when it was added (ms)",
+    "delay": "its delay (ms)",
+    "priority": "its priority (0: none)",
+    "lifo": "'1' when it goes first in line",
+    "atts": "attempts allowed (absent: 1)",
+    "kc": "completed jobs to keep (absent: all)",
+    "ka": "age of completed jobs to keep, ms (absent: any)",
+    "kfc": "failed jobs to keep (absent: all)",
+    "kfa": "age of failed jobs to keep, ms (absent: any)",
+    "state": "waiting, delayed, active, completed or failed",
+    "rdy": "when it became ready to run (ms)",
+    "run": "the token of its current run (see getOutcome.lua)",
+    "atm": "attempts made (ended)",
+    "stc": "times it stalled",
+    "pon": "when its current attempt started (ms)",
+    "pb": "the worker that runs or ran it",
+    "tok": "the lock token of its current attempt",
+    "ftok": "the lock token that finished it (a retried finish is recognised)",
+    "prog": "its progress (msgpack)",
+    "rv": "its return value (msgpack)",
+    "fr": "its last failed reason",
+    "st": "its stack traces, newest last (msgpack list)",
+    "fon": "when it finished (ms)",
+}
 
 
 class QueueKeys:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._context import QueueContext
 from ._roles import Roles, Settings
+from ._runner import pool_size
 from ._signals import StopSignals
 from ._threads import start_thread
 from .calls import TakeArgs
@@ -451,7 +452,7 @@ def _own_client(connection: object, name: str, concurrency: int) -> Any:
     client, owned = resolve(connection)
     if not hasattr(client, "connection_pool"):  # a cluster: pools per node, unbounded
         return client if owned else clone_client(client, f"jobq-worker-{name}")
-    own = clone_client(client, f"jobq-worker-{name}", max_connections=2 * concurrency + 8)
+    own = clone_client(client, f"jobq-worker-{name}", max_connections=pool_size(concurrency))
     if owned:
         close_client(client)
     return own

@@ -504,3 +504,24 @@ def test_listeners_get_jobs_with_finished_on(queue: Queue, redis_url: str) -> No
         seen = rec.of(event)[0][0]
         assert seen.finished_on is not None
         assert seen.finished_on == pytest.approx(job.refresh().finished_on, abs=0.002)
+
+
+@pytest.mark.skipif(CLUSTER, reason="cluster clients route each call; threads hold none")
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_pool_threads_keep_a_connection_of_the_workers_own_pool(
+    queue: Queue, redis_url: str, concurrency: int
+) -> None:
+    in_use: list[int] = []
+
+    def handler(job: Job) -> int:
+        pool = worker._context.client.connection_pool
+        in_use.append(len(pool._in_use_connections))
+        return int(job.data)
+
+    jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(12)])
+    worker = make_worker(queue.name, redis_url, handler, concurrency=concurrency)
+    with worker:
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(12))
+    # each pool thread keeps its connection (taken when it starts) while it runs
+    assert min(in_use) >= 1, in_use
+    assert worker._context.client.connection_pool.max_connections == 2 * concurrency + 8

@@ -14,6 +14,8 @@
   KEYS[1]  queue base prefix
   ARGV[1]  '1' to proceed even with active jobs
   ARGV[2]  batch size
+  ARGV[3..] the queue's keys to delete once its jobs are gone (suffixes of
+           the base: keys.OBLITERATED, derived from the schema in keys.py)
   Returns  jobs deleted in this call (less than the batch size: the queue is
            gone); -4 when active jobs exist and force is not set
   Events   obliterated (no job id), once, by the last call, after every
@@ -39,10 +41,7 @@ if n < batch then
   for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', 0, -1)) do
     redis.call('DEL', base .. 'worker:' .. name)
   end
-  redis.call('DEL', K_WAIT, K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED, K_MARKER,
-    base .. 'pc', base .. 'limiter', base .. 'stalled-check', base .. 'workers',
-    base .. 'metrics:completed', base .. 'metrics:completed:data',
-    base .. 'metrics:failed', base .. 'metrics:failed:data')
+  for i = 3, #ARGV do redis.call('DEL', base .. ARGV[i]) end
   redis.call('HDEL', K_META, 'paused')
   if redis.call('EXISTS', K_EVENTS) == 1 then redis.call('XTRIM', K_EVENTS, 'MAXLEN', 0) end
   emit('obliterated', false, {})
