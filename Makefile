@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k worker -x'
 PYTEST_ARGS ?=
 
-.PHONY: all install demo test test-oldest test-all lint examples clean bench bench-quick
+.PHONY: all install demo test test-oldest test-all lint examples clean bench bench-quick bench-ab
 
 all: lint test
 
@@ -75,6 +75,11 @@ bench: $(VENV)/.installed
 # About 3 minutes: fewer jobs, 1 repeat, a subset of peers.
 bench-quick: $(VENV)/.installed
 	timeout 600 $(BIN)/python bench/run.py --quick
+
+# jobq at revision BASE against HEAD, interleaved, one server (bench/README.md); ~2 min.
+BASE ?= cc5c0c5
+bench-ab: $(VENV)/.installed
+	timeout 1200 $(BIN)/python bench/ab.py --base $(BASE) --head HEAD
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
