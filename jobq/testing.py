@@ -142,6 +142,53 @@ def _log_tail(path: Path) -> str:
     return "\n".join(lines) if lines else "(log is empty)"
 
 
+def _command_line(
+    binary: str, port: int, directory: Path, appendonly: bool, extra_args: Sequence[str]
+) -> list[str]:
+    """A private server's command line."""
+    args = [
+        binary,
+        "--port", str(port),
+        "--bind", _HOST,
+        "--dir", str(directory),
+        "--save", "",
+        "--appendonly", "yes" if appendonly else "no",
+    ]  # fmt: skip
+    if appendonly:
+        args += ["--appendfsync", "always"]
+    args += ["--enable-debug-command", "local", "--protected-mode", "no"]
+    return args + list(extra_args)
+
+
+def _await_ping(
+    client: redis.Redis, binary: str, port: int, process: subprocess.Popen[bytes],
+    log_path: Path, timeout: float,
+) -> dict[str, Any]:
+    """Poll ``PING`` until the server of ``process`` answers; its INFO server."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"{binary} exited with code {process.returncode} while "
+                f"starting on port {port}; log {log_path}:\n{_log_tail(log_path)}"
+            )
+        try:
+            info: dict[str, Any] = client.info("server") if client.ping() else {}
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # not listening yet, or still loading its data (LOADING)
+        else:
+            # Whoever else holds the port must not pass for our server.
+            if info.get("process_id") == process.pid:
+                return info
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"{binary} did not answer PING on port {port} within "
+                f"{timeout} s; log {log_path}:\n{_log_tail(log_path)}"
+            )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(_POLL_INTERVAL)  # returns at once if it exits
+
+
 class _Resources:
     """The process and directory of a server, kept apart so a finalizer can own them.
 
@@ -413,22 +460,6 @@ class RedisServer:
 
     # -- internals ----------------------------------------------------------
 
-    def _command(self, directory: Path) -> list[str]:
-        """Return the server's command line."""
-        args = [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", _HOST,
-            "--dir", str(directory),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-        ]  # fmt: skip
-        if self.appendonly:
-            args += ["--appendfsync", "always"]
-        args += ["--enable-debug-command", "local", "--protected-mode", "no"]
-        args += self.extra_args
-        return args
-
     def _launch(self, timeout: float) -> None:
         """Run the server process and wait until it answers; clean up on failure."""
         resources = self._resources
@@ -440,7 +471,9 @@ class RedisServer:
                 self._directory_path.mkdir(mode=0o700, parents=True, exist_ok=True)
             resources.directory = self._directory_path
         log_path = resources.directory / _LOG_NAME
-        command = self._command(resources.directory)
+        command = _command_line(
+            self.binary, self.port, resources.directory, self.appendonly, self.extra_args
+        )
         logger.debug("starting %s", " ".join(command))
         with log_path.open("ab") as log:
             resources.process = subprocess.Popen(
@@ -454,36 +487,12 @@ class RedisServer:
                 start_new_session=True,
             )
         try:
-            self._wait_ready(resources.process, log_path, timeout)
+            with self._probe_client(_PROBE_SOCKET_TIMEOUT) as probe:
+                info = _await_ping(probe, self.binary, self.port, resources.process, log_path,
+                                   timeout)
         except BaseException:
             resources.end_process(_STOP_TIMEOUT)
             raise
-
-    def _wait_ready(self, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
-        """Poll ``PING`` until the server answers, then read its version."""
-        deadline = time.monotonic() + timeout
-        with self._probe_client(_PROBE_SOCKET_TIMEOUT) as client:
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.binary} exited with code {process.returncode} while "
-                        f"starting on port {self.port}; log {log_path}:\n{_log_tail(log_path)}"
-                    )
-                try:
-                    info = client.info("server") if client.ping() else {}
-                except (redis.ConnectionError, redis.TimeoutError):
-                    pass  # not listening yet, or still loading its data (LOADING)
-                else:
-                    # Whoever else holds the port must not pass for our server.
-                    if info.get("process_id") == process.pid:
-                        break
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(
-                        f"{self.binary} did not answer PING on port {self.port} within "
-                        f"{timeout} s; log {log_path}:\n{_log_tail(log_path)}"
-                    )
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(_POLL_INTERVAL)  # returns at once if it exits
         name = str(info.get("server_name") or "redis")
         version = info.get(f"{name}_version") or info.get("redis_version") or "unknown"
         self._server_name = name
