@@ -133,7 +133,9 @@ class Finisher:
         self.failed = 0
         self._job_log = logging.getLogger(f"jobq.jobs.{context.name}")
 
-    def complete(self, attempt: Attempt, result: Any, conn: Any, chain: bool) -> Attempt | None:
+    def complete(
+        self, attempt: Attempt, result: Any, conn: _HeldConnection | None, chain: bool
+    ) -> Attempt | None:
         """Complete a claimed attempt; return the next attempt taken along."""
         job = attempt.job
         assert job is not None
@@ -165,7 +167,8 @@ class Finisher:
         return taken
 
     def fail(
-        self, attempt: Attempt, exc: BaseException, trace: str, conn: Any, chain: bool
+        self, attempt: Attempt, exc: BaseException, trace: str, conn: _HeldConnection | None,
+        chain: bool,
     ) -> Attempt | None:
         """Fail a claimed attempt (retried or for good); return the next
         attempt taken along."""
@@ -205,17 +208,14 @@ class Finisher:
     def _call(
         self,
         attempt: Attempt,
-        conn: Any,
+        conn: _HeldConnection | None,
         chain: bool,
         send: Callable[[WorkerScripts, TakeArgs | None], FinishReply],
     ) -> tuple[FinishReply | None, Attempt | None]:
         """Send a finishing call until it is answered; (the reply when the
         call finished the attempt, else None; the attempt taken along)."""
         take = self._take_args() if chain and self._gate.begin() else None
-        scripts = WorkerScripts(
-            self._context.run if conn is None
-            else lambda *argv: self._context.run_on(conn, *argv)
-        )
+        scripts = WorkerScripts(self._context.run if conn is None else conn.run)
         deadline = time.monotonic() + self._lock_duration
         backoff = RetryBackoff(cap=1.0)
         ambiguous = False
@@ -254,6 +254,29 @@ class Finisher:
             self._emit("error", error)
             return None, taken
         return reply, taken
+
+
+class _HeldConnection:
+    """A pool thread's own connection of the worker's pool, taken at its
+    first call (the server may be away when the thread starts)."""
+
+    def __init__(self, context: QueueContext) -> None:
+        self._context = context
+        self._connection: Any = None
+
+    def run(self, script: str, *argv: Any) -> Any:
+        """Run a script on the connection (a failed call drops the socket; the
+        next one connects again)."""
+        if self._connection is None:
+            self._connection = self._context.own_connection()
+            if self._connection is None:  # closed under us
+                return self._context.run(script, *argv)
+        return self._context.run_on(self._connection, script, *argv)
+
+    def release(self) -> None:
+        """Give the connection back to the pool."""
+        connection, self._connection = self._connection, None
+        self._context.release(connection)
 
 
 class Runner:
@@ -316,7 +339,7 @@ class Runner:
         self._finisher.fail(attempt, error, f"{type(error).__name__}: {error}\n", None, False)
 
     def _pool(self) -> None:
-        conn = self._context.own_connection() if self._hold else None
+        conn = _HeldConnection(self._context) if self._hold else None
         try:
             while True:
                 attempt = self._work.get()
@@ -328,9 +351,10 @@ class Runner:
                 finally:
                     self._slots.release()
         finally:
-            self._context.release(conn)
+            if conn is not None:
+                conn.release()
 
-    def _serve(self, attempt: Attempt, conn: Any) -> Attempt | None:
+    def _serve(self, attempt: Attempt, conn: _HeldConnection | None) -> Attempt | None:
         """Run one attempt; return the next one taken along, if any. Never
         raises: a failure of jobq's own making is logged, and the job is
         left to be recovered as stalled."""
