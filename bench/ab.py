@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from run import fmt  # bench/run.py: the same number format as make bench
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
@@ -273,20 +275,6 @@ def stats(values: list[float]) -> dict[str, float] | None:
         return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "n": len(values)}
-
-
-def fmt(v: float) -> str:
-    if v != v:
-        return "nan"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    if abs(v) >= 100:
-        return f"{v:.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    if abs(v) >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3f}"
 
 
 def cell(s: dict[str, float] | None) -> str:

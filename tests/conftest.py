@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import pytest
 import redis
 
-from jobq import Queue
+from jobq import Queue, QueueEvents
 from jobq._localcluster import cluster_port
 from jobq.testing import RedisServer, find_server_binary
 
@@ -226,3 +226,16 @@ def _no_leaked_jobq_threads() -> Iterator[None]:
             f"the test: {names}",
             pytrace=False,
         )
+
+
+def echo(job: Any) -> Any:
+    """A processor returning the job's data."""
+    return job.data
+
+
+@pytest.fixture
+def qe(queue: Queue, redis_url: str) -> Iterator[QueueEvents]:
+    """A QueueEvents of the test's queue, ready (its reader subscribed)."""
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as events:
+        assert events.wait_until_ready(10.0)
+        yield events

@@ -31,6 +31,7 @@ from jobq import (
     Worker,
 )
 from jobq.testing import RedisServer, find_server_binary
+from tests.conftest import echo
 from tests.polling import until
 
 WAIT = 10.0  # the bound of every wait that should succeed quickly
@@ -109,16 +110,6 @@ def kill_readers(client: redis.Redis, queue_name: str) -> list[str]:
     return killed
 
 
-def echo(job: Job) -> Any:
-    """A processor returning the job's data."""
-    return job.data
-
-
-@pytest.fixture
-def qe(queue: Queue, redis_url: str) -> Iterator[QueueEvents]:
-    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as events:
-        assert events.wait_until_ready(WAIT)
-        yield events
 
 
 # -- every event of SPEC's table, with typed fields ---------------------------

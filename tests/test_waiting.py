@@ -26,6 +26,7 @@ from jobq import (
     Worker,
 )
 from jobq.testing import RedisServer, find_server_binary
+from tests.conftest import echo
 from tests.polling import until
 from tests.test_events import kill_readers
 
@@ -37,16 +38,6 @@ def waiting_on(qe: QueueEvents, job_id: str) -> bool:
     table = getattr(qe, "_table", None)
     return table.waiting_on(job_id) if table is not None else job_id in qe._waiters  # type: ignore[attr-defined]
 
-
-def echo(job: Job) -> Any:
-    return job.data
-
-
-@pytest.fixture
-def qe(queue: Queue, redis_url: str) -> Iterator[QueueEvents]:
-    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as events:
-        assert events.wait_until_ready(WAIT)
-        yield events
 
 
 class ReaderKiller:
