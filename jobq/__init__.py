@@ -7,6 +7,7 @@ QueueEvents streams every job's life to listeners, and
 
 from .errors import (
     ClosedError,
+    JobCancelledError,
     JobFailedError,
     JobNotFoundError,
     JobqError,
@@ -34,6 +35,7 @@ __all__ = [
     "ClosedError",
     "Event",
     "Job",
+    "JobCancelledError",
     "JobFailedError",
     "JobMetrics",
     "JobNotFoundError",

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._attempt import Attempt, AttemptTable, TakeGate
+from ._cancel import CancelListener
 from ._context import QueueContext
 from ._fetcher import Fetcher
 from ._maintenance import Maintenance
 from ._runner import Finisher, Runner
-from ._threads import join_all
+from ._threads import BackgroundLoop, join_all
 from .connection import BLOCK_CAP, close_client
 from .errors import LockLostError
 from .job import Job
@@ -62,6 +63,7 @@ class Roles:
     renewer: LockRenewer
     timeouts: TimeoutWatch
     maintenance: Maintenance
+    cancels: CancelListener
 
     @classmethod
     def build(
@@ -120,13 +122,17 @@ class Roles:
                 stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
                 status=status, on_error=on_error,
             ),
+            cancels=CancelListener(context, table, on_error=on_error),
         )
+
+    def _loops(self) -> tuple[BackgroundLoop, ...]:
+        return (self.renewer.loop, self.timeouts.loop, self.maintenance.loop, self.cancels.loop)
 
     def start(self) -> None:
         """Start every thread; the fetcher last, once the others can serve it."""
         self.dispatcher.start()
         self.runner.start()
-        for loop in (self.renewer.loop, self.timeouts.loop, self.maintenance.loop):
+        for loop in self._loops():
             loop.start()
         self.fetcher.start()
 
@@ -151,18 +157,14 @@ class Roles:
                 "worker %r closed with %d job(s) in flight; they will be recovered as stalled",
                 worker, len(left),
             )
-        for loop in (self.renewer.loop, self.timeouts.loop, self.maintenance.loop):
+        for loop in self._loops():
             loop.stop()
+        self.cancels.stop()
         self.runner.stop()
         until = time.monotonic() + JOIN_GRACE
         if deadline is not None:
             until = max(until, deadline)
-        threads = [
-            t for t in (
-                self.fetcher.thread, self.renewer.loop.thread, self.timeouts.loop.thread,
-                self.maintenance.loop.thread,
-            ) if t is not None
-        ]
+        threads = [t for t in (self.fetcher.thread, *(loop.thread for loop in self._loops())) if t]
         threads += [t for t in self.runner.threads if not self.runner.in_user_code(t)]
         if not join_all(threads, until - time.monotonic()):
             # threads still in a call to a server that does not answer: cut

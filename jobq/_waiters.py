@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from . import events as _events
 from . import serializer
 from ._context import QueueContext
-from .errors import ClosedError, JobFailedError, JobNotFoundError
+from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
 
@@ -51,6 +51,8 @@ class Failed:
 
     reason: str | None
     stacktrace: list[str] | None = None
+    #: failed by a cancel: waiters raise JobCancelledError
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,8 @@ def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
     if isinstance(outcome, Completed):
         return outcome.value
     if isinstance(outcome, Failed):
-        raise JobFailedError(job_id, outcome.reason, outcome.stacktrace or [])
+        error = JobCancelledError if outcome.cancelled else JobFailedError
+        raise error(job_id, outcome.reason, outcome.stacktrace or [])
     if isinstance(outcome, Missing):
         raise JobNotFoundError(job_id)
     raise ClosedError(f"{what} closed during the wait for {job_id!r}")
@@ -304,10 +307,10 @@ class WaiterTable:
         state, value, reason, stacktrace, checkpoint, final = reply[:6]
         if state == b"completed":
             waiter.resolve(Completed(serializer.decode(value, "return value")))
-        elif state == b"failed":
+        elif state in (b"failed", b"cancelled"):
             trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None
             traces = list(trace) if isinstance(trace, list) else None
-            waiter.resolve(Failed(text(reason), traces))
+            waiter.resolve(Failed(text(reason), traces, state == b"cancelled"))
         elif state is None and final:
             waiter.resolve(MISSING)
         elif state is None:

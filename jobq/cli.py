@@ -415,6 +415,16 @@ def _cmd_obliterate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        done = queue.cancel(args.id, reason=args.reason)
+    if not done:
+        print(f"jobq: job {args.id!r} of {args.queue} is finished or unknown", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"cancelled {args.id} of {args.queue}")
+    return EXIT_OK
+
+
 # -- wait ----------------------------------------------------------------------------
 
 
@@ -658,6 +668,13 @@ def build_parser() -> argparse.ArgumentParser:
     obliterate.add_argument("--yes", action="store_true", help="confirm the deletion")
     obliterate.add_argument("--force", action="store_true",
                             help="delete even while jobs are active")
+
+    cancel = command("cancel", _cmd_cancel,
+                     "cancel a job: a queued one fails now, a running one is told to "
+                     "stop (exit 1 when it is finished or unknown)")
+    cancel.add_argument("queue", metavar="QUEUE")
+    cancel.add_argument("id", metavar="ID")
+    cancel.add_argument("--reason", default=None, help="the failed reason (default: cancelled)")
 
     wait = command("wait", _cmd_wait,
                    "wait for jobs to finish; exit 1 if any failed, 4 on timeout")

@@ -9,6 +9,7 @@ import redis
 
 __all__ = [
     "ClosedError",
+    "JobCancelledError",
     "JobFailedError",
     "JobNotFoundError",
     "JobTimeoutError",
@@ -64,6 +65,11 @@ class JobFailedError(JobqError):
         return (type(self), (self.job_id, self.failed_reason, self.stacktrace))
 
 
+class JobCancelledError(JobFailedError):
+    """A waited-on job was cancelled (``Queue.cancel`` / ``Job.cancel``): it
+    failed for good; ``failed_reason`` is the cancel's reason."""
+
+
 class JobNotFoundError(JobqError, LookupError):
     """A job does not exist, or was removed while it was waited on."""
 
@@ -112,6 +118,8 @@ class ScriptCode(IntEnum):
     DONE = 1
     #: fail.lua: the attempt failed and a retry is scheduled
     RETRYING = 2
+    #: complete.lua / fail.lua: the job's cancel was requested; it failed for good
+    CANCELLED = 3
     JOB_MISSING = -1
     LOCK_LOST = -2
     NOT_IN_STATE = -3

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from . import serializer
+from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
@@ -46,7 +47,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin):
+class Queue(QueueReading, QueueAdmin, QueueCancel):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:

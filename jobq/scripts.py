@@ -23,6 +23,7 @@ from .errors import ScriptCode
 
 _SCRIPT_NAMES = (
     "add",
+    "cancel",
     "changeDelay",
     "changePriority",
     "clean",
@@ -298,12 +299,16 @@ class WorkerScripts:
         reply = self._run("fail", job_id, token, reason, stacktrace, delay_ms, *(take or ()))
         return _decode_finish(reply, take)
 
-    def extend_locks(self, lock_ms: int, held: list[tuple[str, str]]) -> set[str]:
-        """extendLocks.lua: renew (job id, token) locks; the tokens lost."""
+    def extend_locks(
+        self, lock_ms: int, held: list[tuple[str, str]]
+    ) -> tuple[set[str], set[str]]:
+        """extendLocks.lua: renew (job id, token) locks; (the tokens lost,
+        the tokens whose job's cancel was requested)."""
         argv: list[Any] = [lock_ms]
         for job_id, token in held:
             argv += (job_id, token)
-        return {t.decode() for t in self._run("extendLocks", *argv)}
+        lost, cancelled = self._run("extendLocks", *argv)
+        return {t.decode() for t in lost}, {t.decode() for t in cancelled}
 
     def stalled_check(self, max_stalled: int, guard_ms: int, batch: int) -> list[str]:
         """stalledCheck.lua: recover jobs of dead workers; the ids recovered."""

@@ -198,13 +198,16 @@ local function append(list, more)
 end
 
 -- Fail a job for good (its lock and active entry already gone): record it
--- in the failed set under its retention rule and emit `failed`.
-local function fail_for_good(id, reason, attempt, now)
+-- in the failed set under its retention rule and emit `failed`. `prev` is
+-- the state it leaves (default active); `cancelled` adds the field
+-- cancelled=1 to the event (waiters raise JobCancelledError).
+local function fail_for_good(id, reason, attempt, now, prev, cancelled)
   local jk = job_key(id)
   local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run')
   if f[6] then _runs[id] = f[6] end
-  local fields = append({ 'prev', 'active', 'failed_reason', reason },
+  local fields = append({ 'prev', prev or 'active', 'failed_reason', reason },
     metrics(f[1], f[2], f[3], attempt, now))
+  if cancelled then append(fields, { 'cancelled', '1' }) end
   record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
@@ -214,6 +217,19 @@ local function fail_for_good(id, reason, attempt, now)
     retain(K_FAILED, id, now, keep, tonumber(f[5]) or 0)
   end
   emit('failed', id, fields)
+end
+
+-- End the attempt of an active job whose cancel was requested (its `cx`
+-- field holds the reason): whatever the handler did, the attempt counts and
+-- the job fails for good with the reason. complete.lua and fail.lua call it
+-- once the token is known to own the job; they return code 3.
+local function end_cancelled(id, token, reason, now)
+  local jk = job_key(id)
+  local atm = (tonumber(redis.call('HGET', jk, 'atm')) or 0) + 1
+  redis.call('DEL', lock_key(id))
+  redis.call('ZREM', K_ACTIVE, id)
+  redis.call('HSET', jk, 'atm', atm, 'fr', reason, 'ftok', token)
+  fail_for_good(id, reason, atm, now, 'active', true)
 end
 
 -- The return code of a finalising script called without owning the job:

@@ -8,7 +8,10 @@
   ARGV[3]  return value (msgpack)
   ARGV[4..8] optional: take the worker's next job in the same call (token,
            lock ms, worker, limit max, limit ms; as moveToActive.lua)
-  Returns  {1, now} done, now the server time (ms, a string); {1, now, next}
+  Returns  {1, now} done, now the server time (ms, a string); {3, now}
+           the job's cancel was requested while it ran (cancel.lua): the
+           result is discarded and the job failed for good (event failed,
+           with cancelled=1); {1, now, next}
            with moveToActive's reply when asked to take the next job;
            {0, now[, next]} already done by this token (a retried call; next
            is the job the first call took with the same take token, if
@@ -29,6 +32,13 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 4, now_ms()) end
 if refused then return refused end
 local now = now_ms()
+local cancel = redis.call('HGET', jk, 'cx')
+if cancel then  -- cancel requested while it ran: it ends failed, result discarded
+  end_cancelled(id, token, cancel, now)
+  local reply = and_take_next(3, 4, now)
+  emit_if_drained()
+  return reply
+end
 local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run')
 local atm = (tonumber(f[1]) or 0) + 1
 local run = f[7]
