@@ -72,6 +72,10 @@ class QueueKeys:
         """The string holding the lock token of an active job."""
         return f"{self.base}lock:{job_id}"
 
+    def dedup(self, key: str) -> str:
+        """The string holding the id of the job that owns a dedup key."""
+        return f"{self.base}dedup:{key}"
+
     def worker(self, name: str) -> str:
         """The hash a live worker announces itself in (it expires with its heartbeat)."""
         return f"{self.base}worker:{name}"

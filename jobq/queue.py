@@ -11,6 +11,7 @@ from . import serializer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._context import QueueContext
+from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
 from .errors import (
     JobqError,
@@ -20,7 +21,7 @@ from .errors import (
 )
 from .job import Job
 from .keys import queues_key
-from .options import JobOptions, byte_limit
+from .options import NO_DEDUP, JobOptions, byte_limit
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -47,7 +48,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin, QueueCancel):
+class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -191,14 +192,18 @@ class Queue(QueueReading, QueueAdmin, QueueCancel):
             complete_age,
             fail_count,
             fail_age,
+            *(NO_DEDUP if opts.dedup is None else opts.dedup.to_script()),
         ), plain
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
         """Add one job; return it.
 
         ``options`` are those of SPEC: job_id, delay, priority, attempts,
-        backoff, lifo, timeout, remove_on_complete, remove_on_fail. Adding an
-        existing ``job_id`` returns the existing job and emits ``duplicated``.
+        backoff, lifo, timeout, remove_on_complete, remove_on_fail, dedup.
+        Adding an existing ``job_id`` returns the existing job and emits
+        ``duplicated``; an add whose ``dedup`` key holds returns the job that
+        owns it and emits ``deduplicated`` (a debounce returns the replaced
+        delayed job).
 
         Raises:
             SerializationError: data is not msgpack-encodable.

@@ -123,6 +123,17 @@ local function delete_job(id)
   redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
 end
 
+-- Release the dedup key a job holds (fields ddk, its key, and ddt, set for
+-- a throttle key with a ttl): the key stores its owner's id, so a key taken
+-- over by a newer job is left alone. `always`: a throttle key too (the job
+-- is removed or cancelled); else only a simple one (the job finished).
+local function release_dedup(id, ddk, ddt, always)
+  if ddk and (always or not ddt) then
+    local key = base .. 'dedup:' .. ddk
+    if redis.call('GET', key) == id then redis.call('DEL', key) end
+  end
+end
+
 -- Add a finished job to its set and apply a retention rule:
 -- count < 0 keeps all, count > 0 keeps the newest `count`; age_ms > 0 also
 -- removes jobs finished more than age_ms ago. Removes at most 1000 per call.
@@ -203,8 +214,9 @@ end
 -- cancelled=1 to the event (waiters raise JobCancelledError).
 local function fail_for_good(id, reason, attempt, now, prev, cancelled)
   local jk = job_key(id)
-  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run')
+  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run', 'ddk', 'ddt')
   if f[6] then _runs[id] = f[6] end
+  release_dedup(id, f[7], f[8], cancelled)
   local fields = append({ 'prev', prev or 'active', 'failed_reason', reason },
     metrics(f[1], f[2], f[3], attempt, now))
   if cancelled then append(fields, { 'cancelled', '1' }) end

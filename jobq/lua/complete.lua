@@ -25,6 +25,7 @@
            16 KiB of a job with any retention rule, and in pub/sub mode (no
            replay) any result of a job removed on completion
   Metrics  counts the job in metrics:completed (see record_metric)
+  Dedup    releases the job's simple-mode dedup key (see release_dedup)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
@@ -39,7 +40,8 @@ if cancel then  -- cancel requested while it ran: it ends failed, result discard
   emit_if_drained()
   return reply
 end
-local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run')
+local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run', 'ddk', 'ddt')
+release_dedup(id, f[8], f[9], false)
 local atm = (tonumber(f[1]) or 0) + 1
 local run = f[7]
 if run then _runs[id] = run end
