@@ -5,6 +5,7 @@ QueueEvents streams every job's life to listeners, and
 ``Job.wait_until_finished`` blocks until a job is done.
 """
 
+from ._schedulers import Scheduler
 from .errors import (
     ClosedError,
     JobCancelledError,
@@ -49,6 +50,7 @@ __all__ = [
     "Queue",
     "QueueEvents",
     "RedisOOMError",
+    "Scheduler",
     "SerializationError",
     "UnrecoverableError",
     "WaitUntilFinishedTimeoutError",

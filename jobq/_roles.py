@@ -105,6 +105,12 @@ class Roles:
             finisher=finisher, handler_for=handler_for, emit=emit, has_listener=listeners.has,
         )
         timeouts = TimeoutWatch(context, table, on_timeout=runner.timed_out, on_error=on_error)
+        maintenance = Maintenance(
+            context, worker_name=s.name, heartbeat_ttl=s.heartbeat_ttl,
+            stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
+            status=status, on_error=on_error,
+        )
+        runner.on_tick = maintenance.tick_taken
         return cls(
             gate=gate, table=table, abandoned=abandoned, dispatcher=dispatcher,
             finisher=finisher, runner=runner,
@@ -117,11 +123,7 @@ class Roles:
                 context, table, s.lock_duration, on_lost=on_lost, on_error=on_error
             ),
             timeouts=timeouts,
-            maintenance=Maintenance(
-                context, worker_name=s.name, heartbeat_ttl=s.heartbeat_ttl,
-                stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
-                status=status, on_error=on_error,
-            ),
+            maintenance=maintenance,
             cancels=CancelListener(context, table, on_error=on_error),
         )
 

@@ -294,8 +294,10 @@ class Runner:
         handler_for: Callable[[Job], Callable[[Job], Any]],
         emit: Emit,
         has_listener: Callable[[str], bool],
+        on_tick: Callable[[str], None] | None = None,
     ) -> None:
         self._context = context
+        self.on_tick = on_tick  # a scheduler's tick job was taken
         self._concurrency = concurrency
         self._worker_name = worker_name
         self._table = table
@@ -403,6 +405,9 @@ class Runner:
         if b"cx" in record and attempt.error is None:  # cancelled before the take
             attempt.error = JobCancelledError(job.id, _text(record[b"cx"]))
             attempt.stop = True
+        sid = record.get(b"sch")
+        if sid is not None and self.on_tick is not None:  # the maintenance thread syncs it
+            self.on_tick(_text(sid))
         job.processed_by = self._worker_name
         job._token = attempt.token
         if self._has_listener("progress"):

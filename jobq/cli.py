@@ -425,6 +425,22 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_schedulers(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        if args.remove is not None:
+            if not queue.remove_scheduler(args.remove):
+                print(f"jobq: no scheduler {args.remove!r} in {args.queue}", file=sys.stderr)
+                return EXIT_FAILED
+            print(f"removed scheduler {args.remove} of {args.queue}")
+            return EXIT_OK
+        schedulers = queue.get_schedulers()
+    for s in schedulers:
+        schedule = f"every {s.every:g}s" if s.every is not None else f"cron {s.cron} ({s.tz})"
+        limit = f"/{s.limit}" if s.limit is not None else ""
+        print(f"{s.id}\t{schedule}\tnext {_when(s.next_run)}\tjobs {s.count}{limit}")
+    return EXIT_OK
+
+
 # -- wait ----------------------------------------------------------------------------
 
 
@@ -675,6 +691,12 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("queue", metavar="QUEUE")
     cancel.add_argument("id", metavar="ID")
     cancel.add_argument("--reason", default=None, help="the failed reason (default: cancelled)")
+
+    schedulers = command("schedulers", _cmd_schedulers,
+                         "list a queue's job schedulers, or remove one")
+    schedulers.add_argument("queue", metavar="QUEUE")
+    schedulers.add_argument("--remove", metavar="ID", default=None,
+                            help="remove this scheduler and its pending job")
 
     wait = command("wait", _cmd_wait,
                    "wait for jobs to finish; exit 1 if any failed, 4 on timeout")

@@ -42,7 +42,7 @@ class QueueKeys:
 
     __slots__ = (
         "prefix", "queue", "base", "wait", "prioritized", "delayed", "active",
-        "completed", "failed", "meta", "events", "marker", "workers",
+        "completed", "failed", "meta", "events", "marker", "workers", "schedulers",
     )
 
     def __init__(self, prefix: str, queue: str) -> None:
@@ -59,6 +59,7 @@ class QueueKeys:
         self.events = self.base + "events"
         self.marker = self.base + "marker"
         self.workers = self.base + "workers"
+        self.schedulers = self.base + "schedulers"
 
     def job(self, job_id: str) -> str:
         """The hash that holds one job's record."""
@@ -71,6 +72,10 @@ class QueueKeys:
     def lock(self, job_id: str) -> str:
         """The string holding the lock token of an active job."""
         return f"{self.base}lock:{job_id}"
+
+    def scheduler(self, scheduler_id: str) -> str:
+        """The hash of one job scheduler (its schedule, template and state)."""
+        return f"{self.base}scheduler:{scheduler_id}"
 
     def dedup(self, key: str) -> str:
         """The string holding the id of the job that owns a dedup key."""

@@ -13,6 +13,7 @@ from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
+from ._schedulers import QueueSchedulers
 from .errors import (
     JobqError,
     PayloadTooLarge,
@@ -48,7 +49,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup):
+class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:

@@ -42,9 +42,12 @@ _SCRIPT_NAMES = (
     "pause",
     "promote",
     "remove",
+    "removeScheduler",
     "retry",
+    "schedulerSync",
     "stalledCheck",
     "updateJob",
+    "upsertScheduler",
 )
 
 #: Scripts that may run twice to the same effect, so that a call whose reply

@@ -255,6 +255,98 @@ local function not_owner(id, token)
   return -2
 end
 
+-- Schedulers. Each has a hash scheduler:<id> (its schedule: every ms or
+-- cron and tz, start, end, limit; its job template, TEMPLATE below; count,
+-- the jobs produced; next, the slot in ms of its pending tick job, '' once
+-- the schedule is over; after, for cron, the slot after next when known,
+-- computed in Python; taken, a tick taken before the slot after it was
+-- known; err, a collision to report) and an entry in the
+-- sorted set `schedulers` scored by next (+inf when over). A tick job's id
+-- is a pure function of (scheduler id, slot), and its record names both
+-- (fields sch, slot), so whoever produces a tick twice makes one job.
+local K_SCHEDULERS = base .. 'schedulers'
+local TEMPLATE = { 'name', 'data', 'opts', 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
+local function tick_id(sid, slot) return 'repeat:' .. sid .. ':' .. string.format('%d', slot) end
+
+-- Produce the tick job of scheduler `sid` at `slot` (ms): delayed until
+-- then (waiting when due), unless the schedule's end or limit is reached.
+-- `after` ('' when unknown) is the slot after it. Returns the job id; nil
+-- when the schedule is over; false when a job with the tick's id exists
+-- (a kept job of an earlier run: recorded in err, a loud error for upsert
+-- and for the workers' check, never a silent skip).
+local function schedule_tick(sid, slot, after, now)
+  local skey = base .. 'scheduler:' .. sid
+  local s = redis.call('HMGET', skey, 'end', 'limit', 'count', unpack(TEMPLATE))
+  local count = tonumber(s[3]) or 0
+  if (tonumber(s[1]) and slot > tonumber(s[1])) or (tonumber(s[2]) and count >= tonumber(s[2])) then
+    redis.call('HSET', skey, 'next', '', 'after', '')
+    redis.call('ZADD', K_SCHEDULERS, '+inf', sid)
+    return nil
+  end
+  local id = tick_id(sid, slot)
+  local jk = job_key(id)
+  if redis.call('EXISTS', jk) == 1 then
+    redis.call('HSET', skey, 'err', 'the tick job ' .. id .. ' of scheduler ' .. sid ..
+      ' collides with an existing job: remove that job or use another scheduler id')
+    return false
+  end
+  local fields = { 'name', s[4], 'data', s[5], 'opts', s[6], 'ts', now, 'sch', sid,
+    'slot', string.format('%d', slot) }
+  for i = 4, #TEMPLATE do  -- settings at their default are not stored
+    if s[i + 3] then append(fields, { TEMPLATE[i], s[i + 3] }) end
+  end
+  local delay = math.max(0, slot - now)
+  if delay > 0 then
+    append(fields, { 'state', 'delayed', 'rdy', slot, 'delay', delay })
+  else
+    append(fields, { 'state', 'waiting', 'rdy', now })
+  end
+  redis.call('HSET', jk, unpack(fields))
+  local priority = tonumber(s[7]) or 0
+  emit('added', id, { 'job_name', s[4], 'delay', delay, 'priority', priority })
+  if delay > 0 then
+    redis.call('ZADD', K_DELAYED, slot, id)
+    redis.call('ZADD', K_MARKER, 'LT', slot, '1')
+    emit('delayed', id, { 'delay', delay, 'run_at', slot })
+  else
+    push_ready(id, priority, s[8] == '1')
+    emit('waiting', id, {})
+  end
+  redis.call('HSET', skey, 'next', string.format('%d', slot), 'after', after, 'count', count + 1)
+  redis.call('HDEL', skey, 'err')
+  redis.call('ZADD', K_SCHEDULERS, slot, sid)
+  return id
+end
+
+-- The first slot of an `every` schedule after `now`, on the grid of the
+-- previous scheduled slot `prev`: ticks missed while no worker ran make one
+-- job (the one due), not a burst.
+local function every_after(prev, every, now)
+  return prev + every * math.max(1, math.floor((now - prev) / every) + 1)
+end
+
+-- A tick job of scheduler `sid` at `slot` was taken: produce the next tick
+-- in the same call (every: computed here; cron: the `after` slot Python
+-- computed, when it is known and still ahead; else the workers' check
+-- produces it). Does nothing when the scheduler moved on (removed, upserted
+-- with another schedule, or advanced already by an earlier take).
+local function advance_scheduler(sid, slot, now)
+  local s = redis.call('HMGET', base .. 'scheduler:' .. sid, 'next', 'every', 'after')
+  if not s[1] or s[1] ~= slot then return end
+  local every, after = tonumber(s[2]), tonumber(s[3])
+  local nxt
+  if every then
+    nxt = every_after(tonumber(slot), every, now)
+  elseif after and after > now then
+    nxt = after
+  end
+  if nxt then
+    schedule_tick(sid, math.floor(nxt), '', now)
+  else  -- the check must produce the next one, never this one again
+    redis.call('HSET', base .. 'scheduler:' .. sid, 'taken', slot)
+  end
+end
+
 -- Move delayed jobs due by `now` to waiting (at most 1000), in due order.
 -- Whatever else becomes ready in the same call goes after them: order of
 -- readiness is order of running.
@@ -320,15 +412,23 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     redis.call('PEXPIRE', K_LIMITER, limit_ms)
   end
 
-  local atm = 0
+  local atm, sch, slot = 0, nil, nil
   for i = 1, #rec, 2 do
-    if rec[i] == 'atm' then atm = tonumber(rec[i + 1]) or 0 break end
+    local field = rec[i]
+    if field == 'atm' then
+      atm = tonumber(rec[i + 1]) or 0
+    elseif field == 'sch' then
+      sch = rec[i + 1]
+    elseif field == 'slot' then
+      slot = rec[i + 1]
+    end
   end
   local pon = string.format('%.17g', now)
   redis.call('ZADD', K_ACTIVE, now, id)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
+  if sch and slot then advance_scheduler(sch, slot, now) end  -- a tick: produce the next
   -- jobs left to take: wake another idle worker
   if redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0 then mark_ready() end
   -- the record as it now is (a later field of the same name wins)

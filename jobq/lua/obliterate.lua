@@ -3,7 +3,7 @@
   Delete a queue and all its jobs, a batch of jobs per call. Allowed while
   the server is out of memory: it frees memory. Work per call: O(batch),
   plus, in the last call, the queue's bounded keys (event stream, metrics,
-  worker registry).
+  worker registry) and its job schedulers.
 
   Kept, so that the queue's name stays usable as it was: its settings (event
   mode, max_events; only the paused flag is cleared), the generated-id
@@ -39,8 +39,11 @@ if n < batch then
   for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', 0, -1)) do
     redis.call('DEL', base .. 'worker:' .. name)
   end
+  for _, sid in ipairs(redis.call('ZRANGE', base .. 'schedulers', 0, -1)) do
+    redis.call('DEL', base .. 'scheduler:' .. sid)
+  end
   redis.call('DEL', K_WAIT, K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED, K_MARKER,
-    base .. 'pc', base .. 'limiter', base .. 'stalled-check', base .. 'workers',
+    base .. 'pc', base .. 'limiter', base .. 'schedulers', base .. 'stalled-check', base .. 'workers',
     base .. 'metrics:completed', base .. 'metrics:completed:data',
     base .. 'metrics:failed', base .. 'metrics:failed:data')
   redis.call('HDEL', K_META, 'paused')
