@@ -69,6 +69,12 @@ class JobCancelledError(JobFailedError):
     """A waited-on job was cancelled (``Queue.cancel`` / ``Job.cancel``): it
     failed for good; ``failed_reason`` is the cancel's reason."""
 
+    def __init__(
+        self, job_id: str, failed_reason: str | None, stacktrace: list[str] | None = None
+    ) -> None:
+        super().__init__(job_id, failed_reason, stacktrace)
+        self.args = (f"job {job_id!r} was cancelled: {failed_reason}",)
+
 
 class JobNotFoundError(JobqError, LookupError):
     """A job does not exist, or was removed while it was waited on."""
