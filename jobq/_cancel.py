@@ -11,6 +11,7 @@ the script that ends the attempt (complete.lua / fail.lua fail it for good).
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -90,15 +91,21 @@ class CancelListener:
         )
 
     def stop(self) -> None:
-        """Stop the loop, cutting its blocked read short: an empty message
-        on the channel wakes it (best effort; else it ends within a second)."""
+        """Stop the loop, cutting its blocked read short: its socket is shut
+        down (no command is sent, so a server that does not answer cannot
+        hold the stop up); else the read ends within a second anyway."""
         self.loop.stop()
-        if self.loop.thread is None or not self.loop.thread.is_alive():
+        pubsub = self._pubsub
+        if pubsub is None:
             return
-        try:
-            self._context.client.spublish(cancel_channel(self._context), b"")
-        except Exception:  # the read ends by its timeout anyway
-            pass
+        mapping = getattr(pubsub, "node_pubsub_mapping", None) or {}
+        for sub in (pubsub, *mapping.values()):
+            sock = getattr(getattr(sub, "connection", None), "_sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # closed already
+                    pass
 
     def _step(self) -> float:
         try:
@@ -113,7 +120,7 @@ class CancelListener:
                 self._check_marks()
             elif kind == "sunsubscribe":  # the slot moved: subscribe again
                 raise ConnectionError("the server ended the cancel subscription")
-            elif kind == "smessage" and message["data"]:  # empty: a stop's wake-up
+            elif kind == "smessage":
                 job_id = message["data"]
                 job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
                 for attempt in self._table.by_job(job_id):

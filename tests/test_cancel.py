@@ -5,13 +5,23 @@ a running job. Real server; bounded waits."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from jobq import Job, JobCancelledError, JobFailedError, JobqError, Queue
-from tests.test_worker import WAIT, Recorder, job_key, make_worker, started, stream
+from tests.test_worker import (
+    WAIT,
+    Proc,
+    Recorder,
+    job_key,
+    ledger_wait,
+    make_worker,
+    started,
+    stream,
+)
 
 
 def _names(client: redis.Redis, queue_name: str, job_id: str) -> list[str]:
@@ -72,12 +82,13 @@ def test_cancel_default_reason(queue: Queue) -> None:
 def test_cancel_a_running_job_sets_cancelled_and_fails_it_without_retry(
     queue: Queue, redis_url: str, redis_client: redis.Redis, ending: str
 ) -> None:
-    running = threading.Event()
+    running, release = threading.Event(), threading.Event()
     seen: list[bool] = []
 
     def processor(job: Job) -> str:
         running.set()
         seen.append(job.cancelled.wait(WAIT))
+        assert release.wait(WAIT)  # still running when the second cancel comes
         if ending == "raises":
             raise RuntimeError("stopped")
         return "late result"
@@ -90,6 +101,7 @@ def test_cancel_a_running_job_sets_cancelled_and_fails_it_without_retry(
         assert queue.cancel(job.id, reason="user asked") is True
         # cancelling again while it is being cancelled: True, nothing new written
         assert job.cancel("again") is True
+        release.set()
         with pytest.raises(JobCancelledError) as info:
             job.wait_until_finished(timeout=WAIT)
         assert info.value.failed_reason == "user asked"
@@ -184,3 +196,21 @@ def test_cli_cancel(queue: Queue, redis_url: str, capsys: pytest.CaptureFixture[
     assert "cancelled" in capsys.readouterr().out
     assert job.refresh().failed_reason == "from cli"
     assert main(["--url", redis_url, "cancel", queue.name, job.id]) == 1
+
+
+def test_a_cancelled_job_of_a_killed_worker_ends_cancelled(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    job = queue.add("work", attempts=3)
+    proc = Proc(redis_url, queue.name, "block", tmp_path / "child.log")
+    try:
+        ledger_wait(redis_client, queue.name, "start|", proc)
+        proc.popen.kill()
+        proc.popen.wait(WAIT)
+        assert queue.cancel(job.id, "owner died") is True  # the mark, with nobody to see it
+        with started(make_worker(queue.name, redis_url, lambda j: "ran")):
+            with pytest.raises(JobCancelledError, match="owner died"):
+                job.wait_until_finished(timeout=WAIT)
+    finally:
+        proc.stop()
+    assert "completed" not in _names(redis_client, queue.name, job.id)
