@@ -5,8 +5,10 @@ QueueEvents streams every job's life to listeners, and
 ``Job.wait_until_finished`` blocks until a job is done.
 """
 
+from ._schedulers import Scheduler
 from .errors import (
     ClosedError,
+    JobCancelledError,
     JobFailedError,
     JobNotFoundError,
     JobqError,
@@ -34,6 +36,7 @@ __all__ = [
     "ClosedError",
     "Event",
     "Job",
+    "JobCancelledError",
     "JobFailedError",
     "JobMetrics",
     "JobNotFoundError",
@@ -47,6 +50,7 @@ __all__ = [
     "Queue",
     "QueueEvents",
     "RedisOOMError",
+    "Scheduler",
     "SerializationError",
     "UnrecoverableError",
     "WaitUntilFinishedTimeoutError",

@@ -28,6 +28,7 @@ class Attempt:
 
     __slots__ = (
         "job_id", "token", "record", "job", "deadline", "started", "claimed", "error", "lost",
+        "stop",
     )
 
     def __init__(self, job_id: str, token: str, record: list[bytes]) -> None:
@@ -40,9 +41,12 @@ class Attempt:
         self.claimed = False  # finalised, or being finalised: exactly once
         self.error: BaseException | None = None
         self.lost = False  # its lock is gone: renewed no more
+        self.stop = False  # told to stop, maybe before its Job was built
 
     def cancel(self) -> None:
-        """Tell a cooperative handler to stop (``job.cancelled``)."""
+        """Tell a cooperative handler to stop (``job.cancelled``); an
+        attempt whose Job is not built yet gets it set when it is."""
+        self.stop = True
         if self.job is not None:
             self.job.cancelled.set()
 
@@ -91,6 +95,11 @@ class AttemptTable:
         """Unclaimed attempts that have a deadline."""
         with self._cond:
             return [a for a in self._attempts.values() if a.deadline is not None and not a.claimed]
+
+    def by_job(self, job_id: str) -> list[Attempt]:
+        """The attempts held for one job (one, but for a retried take)."""
+        with self._cond:
+            return [a for a in self._attempts.values() if a.job_id == job_id]
 
     def claim(self, attempt: Attempt) -> bool:
         """Take the right to finalise an attempt: False when it was taken

@@ -1,14 +1,18 @@
-"""The Worker's maintenance thread: its heartbeat in the registry, and the
-periodic check for jobs of dead workers (stalled jobs)."""
+"""The Worker's maintenance thread: its heartbeat in the registry, the
+periodic check for jobs of dead workers (stalled jobs), and the check that
+keeps job schedulers going (a due scheduler whose tick job is missing gets
+it back; a cron tick just taken gets the slot after the next one)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._context import QueueContext
+from ._schedulers import due_schedulers, sync_scheduler
 from ._threads import BackgroundLoop
 from .calls import WorkerScripts
 from .registry import announce
@@ -17,6 +21,8 @@ logger = logging.getLogger("jobq.worker")  # the public module's name, as docume
 
 #: Stalled jobs recovered per script call.
 STALLED_BATCH = 1000
+#: Longest time between two checks of the queue's job schedulers, seconds.
+SCHEDULER_CHECK = 5.0
 
 
 class Maintenance:
@@ -44,10 +50,21 @@ class Maintenance:
         now = time.monotonic()
         self._next_beat = now
         self._next_check = now
+        self._next_schedulers = now
+        self._schedulers_every = min(SCHEDULER_CHECK, stalled_interval)
+        self._ticks: set[str] = set()  # schedulers whose cron tick was just taken
+        self._ticks_lock = threading.Lock()
+        self._on_error = on_error
         self._first_beat = True
         self.loop = BackgroundLoop(
             f"jobq-maint-{context.name}", self._step, on_error=on_error, log=logger
         )
+
+    def tick_taken(self, scheduler_id: str) -> None:
+        """A tick job of this scheduler was taken: sync it soon (any thread)."""
+        with self._ticks_lock:
+            self._ticks.add(scheduler_id)
+        self.loop.wake()
 
     def _step(self) -> float:
         now = time.monotonic()
@@ -57,7 +74,22 @@ class Maintenance:
         if now >= self._next_check:
             self._check_stalled()
             self._next_check = now + self._interval
-        return max(0.0, min(self._next_beat, self._next_check) - time.monotonic())
+        with self._ticks_lock:
+            ticks, self._ticks = self._ticks, set()
+        if now >= self._next_schedulers:
+            self._next_schedulers = now + self._schedulers_every
+            ticks.update(due_schedulers(self._context))
+        for sid in sorted(ticks):
+            self._sync(sid)
+        wake = min(self._next_beat, self._next_check, self._next_schedulers)
+        return max(0.0, wake - time.monotonic())
+
+    def _sync(self, scheduler_id: str) -> None:
+        try:
+            sync_scheduler(self._context, scheduler_id)
+        except Exception as exc:  # a collision is reported loudly, and tried again later
+            logger.error("scheduler %r of %r: %s", scheduler_id, self._context.name, exc)
+            self._on_error(exc)
 
     def _beat(self) -> None:
         try:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
-from .errors import ACTIVE_JOBS, script_error
+from .errors import ACTIVE_JOBS, LOCK_LOST, JobqError, script_error
 from .job import STATES, Job
 from .keys import queues_key
 from .metrics import Metrics, read_metrics
@@ -120,8 +120,12 @@ class QueueAdmin:
         return bool(self._context.redis.hget(self._context.keys.meta, "paused") == b"1")
 
     def remove(self, job_id: str) -> bool:
-        """Remove a job; False if there is none or it is active with its lock held."""
-        return self._context.calls.remove(job_id) == 1
+        """Remove a job; False if there is none.
+
+        Raises:
+            JobqError: the job is active with its lock held (cancel it).
+        """
+        return remove_job(self._context, job_id)
 
     def drain(self, delayed: bool = False) -> int:
         """Remove every waiting job (and delayed ones when asked); return how many."""
@@ -218,6 +222,17 @@ class QueueAdmin:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
             raise ValueError(f"max_len must be an int >= 0, not {max_len!r}")
         return int(self._context.redis.xtrim(self._context.keys.events, maxlen=max_len))
+
+def remove_job(context: QueueContext, job_id: str) -> bool:
+    """Run remove.lua for one job (the one place that calls it)."""
+    code = context.calls.remove(job_id)
+    if code == LOCK_LOST:
+        raise JobqError(
+            f"job {job_id!r} is active (a worker holds its lock): it cannot be removed; "
+            "use cancel() to stop it"
+        )
+    return code == 1
+
 
 def _slice(items: list[bytes], start: int, end: int) -> list[bytes]:
     """Inclusive LRANGE-style slice of a Python list."""

@@ -345,7 +345,8 @@ class EventReader:
         """How the run ended, and the event as listeners should see it (with
         a result too big for the stream read back in)."""
         if event.name == "failed":
-            return Failed(event.fields.get("failed_reason")), event
+            cancelled = event.fields.get("cancelled") == "1"
+            return Failed(event.fields.get("failed_reason"), cancelled=cancelled), event
         if event.name != "completed":
             return MISSING, event
         if "result" in event.fields:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._attempt import Attempt, AttemptTable, TakeGate
+from ._cancel import CancelListener
 from ._context import QueueContext
 from ._fetcher import Fetcher
 from ._maintenance import Maintenance
 from ._runner import Finisher, Runner
-from ._threads import join_all
+from ._threads import BackgroundLoop, join_all
 from .calls import TakeArgs
 from .connection import BLOCK_CAP, close_client
 from .errors import LockLostError
@@ -62,6 +63,7 @@ class Roles:
     renewer: LockRenewer
     timeouts: TimeoutWatch
     maintenance: Maintenance
+    cancels: CancelListener
 
     @classmethod
     def build(
@@ -103,6 +105,12 @@ class Roles:
             finisher=finisher, handler_for=handler_for, emit=emit, has_listener=listeners.has,
         )
         timeouts = TimeoutWatch(context, table, on_timeout=runner.timed_out, on_error=on_error)
+        maintenance = Maintenance(
+            context, worker_name=s.name, heartbeat_ttl=s.heartbeat_ttl,
+            stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
+            status=status, on_error=on_error,
+        )
+        runner.on_tick = maintenance.tick_taken
         return cls(
             gate=gate, table=table, abandoned=abandoned, dispatcher=dispatcher,
             finisher=finisher, runner=runner,
@@ -115,18 +123,18 @@ class Roles:
                 context, table, s.lock_duration, on_lost=on_lost, on_error=on_error
             ),
             timeouts=timeouts,
-            maintenance=Maintenance(
-                context, worker_name=s.name, heartbeat_ttl=s.heartbeat_ttl,
-                stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
-                status=status, on_error=on_error,
-            ),
+            maintenance=maintenance,
+            cancels=CancelListener(context, table, on_error=on_error),
         )
+
+    def _loops(self) -> tuple[BackgroundLoop, ...]:
+        return (self.renewer.loop, self.timeouts.loop, self.maintenance.loop, self.cancels.loop)
 
     def start(self) -> None:
         """Start every thread; the fetcher last, once the others can serve it."""
         self.dispatcher.start()
         self.runner.start()
-        for loop in (self.renewer.loop, self.timeouts.loop, self.maintenance.loop):
+        for loop in self._loops():
             loop.start()
         self.fetcher.start()
 
@@ -151,18 +159,14 @@ class Roles:
                 "worker %r closed with %d job(s) in flight; they will be recovered as stalled",
                 worker, len(left),
             )
-        for loop in (self.renewer.loop, self.timeouts.loop, self.maintenance.loop):
+        for loop in self._loops():
             loop.stop()
+        self.cancels.stop()
         self.runner.stop()
         until = time.monotonic() + JOIN_GRACE
         if deadline is not None:
             until = max(until, deadline)
-        threads = [
-            t for t in (
-                self.fetcher.thread, self.renewer.loop.thread, self.timeouts.loop.thread,
-                self.maintenance.loop.thread,
-            ) if t is not None
-        ]
+        threads = [t for t in (self.fetcher.thread, *(loop.thread for loop in self._loops())) if t]
         threads += [t for t in self.runner.threads if not self.runner.in_user_code(t)]
         if not join_all(threads, until - time.monotonic()):
             # threads still in a call to a server that does not answer: cut

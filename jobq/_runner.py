@@ -25,6 +25,7 @@ from ._threads import RetryBackoff, start_thread
 from .calls import FinishReply, TakeArgs, WorkerScripts
 from .connection import is_transient
 from .errors import (
+    JobCancelledError,
     JobqError,
     JobTimeoutError,
     LockLostError,
@@ -80,6 +81,10 @@ def format_trace(exc: BaseException) -> str:
     except BaseException:
         text = f"{type(exc).__name__} (its traceback could not be formatted)\n"
     return _clip(text, MAX_TRACE)
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
 
 
 def _int(value: Any, default: int) -> int:
@@ -155,6 +160,9 @@ class Finisher:
         )
         if reply is None:
             return taken
+        if reply.code == ScriptCode.CANCELLED:
+            self._cancelled(attempt, reply)
+            return taken
         job.return_value = result
         job.attempts_made += 1
         job.finished_on = reply.finished_on
@@ -187,6 +195,9 @@ class Finisher:
         )
         if reply is None:
             return taken
+        if reply.code == ScriptCode.CANCELLED:
+            self._cancelled(attempt, reply)
+            return taken
         job.attempts_made = attempt_no
         job.failed_reason = reason
         job.stacktrace = stacktrace
@@ -204,6 +215,25 @@ class Finisher:
             )
         self._emit("failed", job, exc)
         return taken
+
+    def _cancelled(self, attempt: Attempt, reply: FinishReply) -> None:
+        """The attempt of a job whose cancel was requested ended: the script
+        failed it for good with the cancel's reason; tell the listeners."""
+        job = attempt.job
+        assert job is not None
+        try:  # the reason is the canceller's, read back (a rare path)
+            raw = self._context.redis.hget(self._context.keys.job(job.id), "fr")
+            reason = raw.decode("utf-8", "replace") if raw else "cancelled"
+        except Exception:
+            reason = "cancelled"
+        job.attempts_made += 1
+        job.failed_reason = reason
+        job.finished_on = reply.finished_on
+        with self._lock:
+            self.failed += 1
+        if self._job_log.isEnabledFor(logging.INFO):  # asked for: not a warning
+            self._job_log.info("job %s (%s) cancelled: %s", job.id, job.name, reason)
+        self._emit("failed", job, JobCancelledError(job.id, reason))
 
     def _call(
         self,
@@ -294,8 +324,10 @@ class Runner:
         handler_for: Callable[[Job], Callable[[Job], Any]],
         emit: Emit,
         has_listener: Callable[[str], bool],
+        on_tick: Callable[[str], None] | None = None,
     ) -> None:
         self._context = context
+        self.on_tick = on_tick  # a scheduler's tick job was taken
         self._concurrency = concurrency
         self._worker_name = worker_name
         self._table = table
@@ -402,11 +434,19 @@ class Runner:
                 f"job record of {attempt.job_id!r} cannot be read: {failure_reason(exc)}"
             )
             seconds = None
+        if b"cx" in record and attempt.error is None:  # cancelled before the take
+            attempt.error = JobCancelledError(job.id, _text(record[b"cx"]))
+            attempt.stop = True
+        sid = record.get(b"sch")
+        if sid is not None and self.on_tick is not None:  # the maintenance thread syncs it
+            self.on_tick(_text(sid))
         job.processed_by = self._worker_name
         job._token = attempt.token
         if self._has_listener("progress"):
             job._on_progress = lambda j, v: self._emit("progress", j, v)
         attempt.job = job
+        if attempt.stop:  # a cancel (or a lost lock) that came before the Job
+            job.cancelled.set()
         if seconds:
             self._table.set_deadline(attempt, seconds)
         return job

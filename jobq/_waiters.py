@@ -23,7 +23,7 @@ from . import events as _events
 from . import serializer
 from ._context import QueueContext
 from .calls import QueueScripts
-from .errors import ClosedError, JobFailedError, JobNotFoundError
+from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
 
@@ -52,6 +52,8 @@ class Failed:
 
     reason: str | None
     stacktrace: list[str] | None = None
+    #: failed by a cancel: waiters raise JobCancelledError
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +136,8 @@ def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
     if isinstance(outcome, Completed):
         return outcome.value
     if isinstance(outcome, Failed):
-        raise JobFailedError(job_id, outcome.reason, outcome.stacktrace or [])
+        error = JobCancelledError if outcome.cancelled else JobFailedError
+        raise error(job_id, outcome.reason, outcome.stacktrace or [])
     if isinstance(outcome, Missing):
         raise JobNotFoundError(job_id)
     raise ClosedError(f"{what} closed during the wait for {job_id!r}")
@@ -303,11 +306,11 @@ class WaiterTable:
                 cursor, anchored = reply.cursor, reply.anchored
         if reply.state == "completed":
             waiter.resolve(Completed(serializer.decode(reply.value, "return value")))
-        elif reply.state == "failed":
+        elif reply.state in ("failed", "cancelled"):
             stacktrace = reply.stacktrace
             trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None
             traces = list(trace) if isinstance(trace, list) else None
-            waiter.resolve(Failed(reply.reason, traces))
+            waiter.resolve(Failed(reply.reason, traces, reply.state == "cancelled"))
         elif reply.state is None and reply.final:
             waiter.resolve(MISSING)
         elif reply.state is None:

@@ -120,12 +120,16 @@ class WorkerScripts:
         reply = self._run("fail", job_id, token, reason, stacktrace, delay_ms, *(take or ()))
         return _decode_finish(reply, take)
 
-    def extend_locks(self, lock_ms: int, held: Iterable[tuple[str, str]]) -> set[str]:
-        """extendLocks.lua: renew (job id, token) locks; the tokens lost."""
+    def extend_locks(
+        self, lock_ms: int, held: Iterable[tuple[str, str]]
+    ) -> tuple[set[str], set[str]]:
+        """extendLocks.lua: renew (job id, token) locks; (the tokens lost,
+        the tokens whose job's cancel was requested)."""
         argv: list[Any] = [lock_ms]
         for job_id, token in held:
             argv += (job_id, token)
-        return {t.decode() for t in self._run("extendLocks", *argv)}
+        lost, cancelled = self._run("extendLocks", *argv)
+        return {t.decode() for t in lost}, {t.decode() for t in cancelled}
 
     def stalled_check(self, max_stalled: int, guard_ms: int, batch: int) -> list[str]:
         """stalledCheck.lua: recover jobs of dead workers; the ids recovered."""
@@ -150,13 +154,17 @@ class NewJob(NamedTuple):
     keep_completed_age_ms: int
     keep_failed_count: int
     keep_failed_age_ms: int
+    #: (dedup id or '', ttl ms or 0, extend '1' | '0', replace '1' | '0')
+    dedup: tuple[str, int, str, str]
 
 
 class Added(NamedTuple):
     """One job of add.lua's reply."""
 
     job_id: str
-    duplicated: bool
+    #: 0 added; 1 an existing custom id; 2 deduplicated, 3 debounced (job_id
+    #: is then the dedup key's owner)
+    duplicated: int
     #: the run's token: its `added` event's id (``p<n>`` in pub/sub mode)
     run: str | None
 
@@ -209,10 +217,10 @@ class QueueScripts:
         """add.lua: add jobs atomically; (the server's time, s; each job)."""
         argv: list[Any] = [len(jobs)]
         for job in jobs:
-            argv += (*job[:6], "1" if job.lifo else "0", *job[7:])
+            argv += (*job[:6], "1" if job.lifo else "0", *job[7:12], *job.dedup)
         reply = self._run("add", *argv)
         added = [
-            Added(reply[i].decode(), bool(int(reply[i + 1])), _text(reply[i + 2]) or None)
+            Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)
             for i in range(1, len(reply), 3)
         ]
         return float(reply[0]) / 1000.0, added
@@ -284,6 +292,33 @@ class QueueScripts:
             [int(c) for c in finished],
         )
 
+    def cancel(self, job_id: str, reason: str) -> int:
+        """cancel.lua: 1 cancelled (not running: failed now), 2 cancel
+        requested (running), 0 no such job or finished already."""
+        return int(self._run("cancel", job_id, reason))
+
+    def upsert_scheduler(
+        self, scheduler_id: str, schedule: Sequence[Any], spec: str, first: str, after: str,
+        template: Sequence[Any],
+    ) -> tuple[int, str]:
+        """upsertScheduler.lua: (0 same schedule | 1 new or changed | -5 the
+        first tick collides, the next tick's id)."""
+        reply = self._run("upsertScheduler", scheduler_id, *schedule, spec, first, after,
+                          *template)
+        return int(reply[0]), _text(reply[1]) or ""
+
+    def scheduler_sync(
+        self, scheduler_id: str, pending: str, after_pending: str, first: str, after_first: str
+    ) -> int:
+        """schedulerSync.lua: make a scheduler's missing next tick; 0 nothing
+        to do, 1 made, -5 its id collides with an existing job."""
+        return int(self._run("schedulerSync", scheduler_id, pending, after_pending, first,
+                             after_first))
+
+    def remove_scheduler(self, scheduler_id: str) -> int:
+        """removeScheduler.lua: 1 removed, 0 no such scheduler."""
+        return int(self._run("removeScheduler", scheduler_id))
+
     def heartbeat(self, name: str, ttl_ms: int, fields: Sequence[Any] = ()) -> None:
         """heartbeat.lua: announce a worker for ``ttl_ms``; 0 withdraws it."""
         self._run("heartbeat", name, ttl_ms, *fields)
@@ -328,4 +363,8 @@ SCRIPT_METHODS: dict[str, tuple[type, str]] = {
     "getMetrics": (QueueScripts, "get_metrics"),
     "getWorkers": (QueueScripts, "get_workers"),
     "getOutcome": (QueueScripts, "get_outcome"),
+    "cancel": (QueueScripts, "cancel"),
+    "upsertScheduler": (QueueScripts, "upsert_scheduler"),
+    "schedulerSync": (QueueScripts, "scheduler_sync"),
+    "removeScheduler": (QueueScripts, "remove_scheduler"),
 }

@@ -415,6 +415,32 @@ def _cmd_obliterate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        done = queue.cancel(args.id, reason=args.reason)
+    if not done:
+        print(f"jobq: job {args.id!r} of {args.queue} is finished or unknown", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"cancelled {args.id} of {args.queue}")
+    return EXIT_OK
+
+
+def _cmd_schedulers(args: argparse.Namespace) -> int:
+    with _queue(args, args.queue) as queue:
+        if args.remove is not None:
+            if not queue.remove_scheduler(args.remove):
+                print(f"jobq: no scheduler {args.remove!r} in {args.queue}", file=sys.stderr)
+                return EXIT_FAILED
+            print(f"removed scheduler {args.remove} of {args.queue}")
+            return EXIT_OK
+        schedulers = queue.get_schedulers()
+    for s in schedulers:
+        schedule = f"every {s.every:g}s" if s.every is not None else f"cron {s.cron} ({s.tz})"
+        limit = f"/{s.limit}" if s.limit is not None else ""
+        print(f"{s.id}\t{schedule}\tnext {_when(s.next_run)}\tjobs {s.count}{limit}")
+    return EXIT_OK
+
+
 # -- wait ----------------------------------------------------------------------------
 
 
@@ -658,6 +684,19 @@ def build_parser() -> argparse.ArgumentParser:
     obliterate.add_argument("--yes", action="store_true", help="confirm the deletion")
     obliterate.add_argument("--force", action="store_true",
                             help="delete even while jobs are active")
+
+    cancel = command("cancel", _cmd_cancel,
+                     "cancel a job: a queued one fails now, a running one is told to "
+                     "stop (exit 1 when it is finished or unknown)")
+    cancel.add_argument("queue", metavar="QUEUE")
+    cancel.add_argument("id", metavar="ID")
+    cancel.add_argument("--reason", default=None, help="the failed reason (default: cancelled)")
+
+    schedulers = command("schedulers", _cmd_schedulers,
+                         "list a queue's job schedulers, or remove one")
+    schedulers.add_argument("queue", metavar="QUEUE")
+    schedulers.add_argument("--remove", metavar="ID", default=None,
+                            help="remove this scheduler and its pending job")
 
     wait = command("wait", _cmd_wait,
                    "wait for jobs to finish; exit 1 if any failed, 4 on timeout")

@@ -9,6 +9,7 @@ import redis
 
 __all__ = [
     "ClosedError",
+    "JobCancelledError",
     "JobFailedError",
     "JobNotFoundError",
     "JobTimeoutError",
@@ -64,6 +65,17 @@ class JobFailedError(JobqError):
         return (type(self), (self.job_id, self.failed_reason, self.stacktrace))
 
 
+class JobCancelledError(JobFailedError):
+    """A waited-on job was cancelled (``Queue.cancel`` / ``Job.cancel``): it
+    failed for good; ``failed_reason`` is the cancel's reason."""
+
+    def __init__(
+        self, job_id: str, failed_reason: str | None, stacktrace: list[str] | None = None
+    ) -> None:
+        super().__init__(job_id, failed_reason, stacktrace)
+        self.args = (f"job {job_id!r} was cancelled: {failed_reason}",)
+
+
 class JobNotFoundError(JobqError, LookupError):
     """A job does not exist, or was removed while it was waited on."""
 
@@ -112,10 +124,14 @@ class ScriptCode(IntEnum):
     DONE = 1
     #: fail.lua: the attempt failed and a retry is scheduled
     RETRYING = 2
+    #: complete.lua / fail.lua: the job's cancel was requested; it failed for good
+    CANCELLED = 3
     JOB_MISSING = -1
     LOCK_LOST = -2
     NOT_IN_STATE = -3
     ACTIVE_JOBS = -4
+    #: a scheduler's tick id names an existing job
+    COLLISION = -5
 
 
 JOB_MISSING = ScriptCode.JOB_MISSING

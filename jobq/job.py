@@ -41,8 +41,9 @@ class Job:
     ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``.
     Times are epoch seconds (server clock); durations are seconds.
 
-    Inside a processor, ``cancelled`` is set when the attempt timed out or the
-    worker lost the job's lock: a cooperative handler may stop early.
+    Inside a processor, ``cancelled`` is set when the job was cancelled
+    (``Queue.cancel``), the attempt timed out or the worker lost the job's
+    lock: a cooperative handler may stop early.
     """
 
     def __init__(
@@ -116,7 +117,7 @@ class Job:
         return self._context.name
 
     def is_cancelled(self) -> bool:
-        """Whether the running attempt was cancelled (timeout or lost lock)."""
+        """Whether the running attempt was told to stop (cancel, timeout or lost lock)."""
         return self.cancelled.is_set()
 
     # -- reading ----------------------------------------------------------
@@ -151,8 +152,20 @@ class Job:
         return code
 
     def remove(self) -> bool:
-        """Remove the job; False if it is gone already or active with its lock held."""
-        return self._context.calls.remove(self.id) == 1
+        """Remove the job; False if it is gone already.
+
+        Raises:
+            JobqError: the job is active with its lock held (cancel it).
+        """
+        from ._queue_ops import remove_job
+
+        return remove_job(self._context, self.id)
+
+    def cancel(self, reason: str | None = None) -> bool:
+        """Cancel the job (see ``Queue.cancel``); False when it is finished or gone."""
+        from ._cancel import cancel_job
+
+        return cancel_job(self._context, self.id, reason)
 
     def retry(self, state: str = "failed", *, reset_attempts: bool = False) -> None:
         """Move a failed (or completed) job back to waiting.

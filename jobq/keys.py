@@ -58,6 +58,8 @@ QUEUE_KEYS: dict[str, str] = {
     "metrics:completed:data": "list: completed jobs per finished minute, newest first",
     "metrics:failed": "hash: totals and the minute being counted, failed jobs",
     "metrics:failed:data": "list: failed jobs per finished minute, newest first",
+    "schedulers": "sorted set: scheduler ids (score: their next run, ms)",
+    "cancels": "sharded channel: ids of running jobs whose cancel was requested",
 }
 
 #: Families of keys named by an id after their prefix.
@@ -67,6 +69,8 @@ ITEM_KEYS: dict[str, str] = {
     "lock:": "string: the lock token of an active job (expires)",
     "result:": "string: a result kept apart from its record, by run token (expires)",
     "worker:": "hash: a live worker's announcement (expires)",
+    "scheduler:": "hash: a scheduler (schedule, template, next run, count)",
+    "dedup:": "string: the id of the job that owns a dedup key (may expire)",
 }
 
 #: Keys ``obliterate`` keeps, so that the queue's name stays usable as it
@@ -105,6 +109,11 @@ JOB_FIELDS: dict[str, str] = {
     "fr": "its last failed reason",
     "st": "its stack traces, newest last (msgpack list)",
     "fon": "when it finished (ms)",
+    "cx": "the reason of a cancel requested while it ran (the durable mark)",
+    "ddk": "the dedup key it owns",
+    "ddt": "'1' when that key is a throttle (it expires by itself)",
+    "sch": "the scheduler that produced it",
+    "slot": "its scheduler's slot (ms)",
 }
 
 
@@ -117,7 +126,7 @@ class QueueKeys:
 
     __slots__ = (
         "prefix", "queue", "base", "wait", "prioritized", "delayed", "active",
-        "completed", "failed", "meta", "events", "marker", "workers",
+        "completed", "failed", "meta", "events", "marker", "workers", "schedulers",
     )
 
     def __init__(self, prefix: str, queue: str) -> None:
@@ -134,6 +143,7 @@ class QueueKeys:
         self.events = self.base + "events"
         self.marker = self.base + "marker"
         self.workers = self.base + "workers"
+        self.schedulers = self.base + "schedulers"
 
     def job(self, job_id: str) -> str:
         """The hash that holds one job's record."""
@@ -146,6 +156,14 @@ class QueueKeys:
     def lock(self, job_id: str) -> str:
         """The string holding the lock token of an active job."""
         return f"{self.base}lock:{job_id}"
+
+    def scheduler(self, scheduler_id: str) -> str:
+        """The hash of one job scheduler (its schedule, template and state)."""
+        return f"{self.base}scheduler:{scheduler_id}"
+
+    def dedup(self, key: str) -> str:
+        """The string holding the id of the job that owns a dedup key."""
+        return f"{self.base}dedup:{key}"
 
     def worker(self, name: str) -> str:
         """The hash a live worker announces itself in (it expires with its heartbeat)."""

@@ -129,9 +129,60 @@ class KeepJobs:
         return {"count": self.count, "age": self.age}
 
 
+@dataclass(frozen=True)
+class Dedup:
+    """Deduplication of adds: one job per key (see SPEC "Deduplication").
+
+    ``ttl`` None: the key holds until its job is finished (simple mode);
+    seconds: for that long after the first add, finished or not (throttle),
+    restarted by each ignored add when ``extend``. ``replace`` (with a
+    ``delay``): a later add replaces the still-delayed job (debounce).
+    """
+
+    id: str
+    ttl: float | None = None
+    extend: bool = False
+    replace: bool = False
+
+    @classmethod
+    def parse(cls, value: Any) -> Dedup | None:
+        """Build from None or ``{"id", "ttl", "extend", "replace"}``."""
+        if value is None or isinstance(value, Dedup):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"dedup must be a dict with an 'id', not {value!r}")
+        unknown = set(value) - {"id", "ttl", "extend", "replace"}
+        if unknown:
+            raise ValueError(f"unknown dedup keys: {sorted(unknown)}")
+        key = value.get("id")
+        if not isinstance(key, str) or not key or len(key) > 500:
+            raise ValueError(f"dedup id must be a non-empty str of at most 500 characters, "
+                             f"not {key!r}")
+        ttl = value.get("ttl")
+        flags = {name: value.get(name, False) for name in ("extend", "replace")}
+        for name, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise ValueError(f"dedup {name} must be a bool, not {flag!r}")
+        return cls(key, None if ttl is None else _positive("dedup ttl", ttl), **flags)
+
+    def to_script(self) -> tuple[str, int, str, str]:
+        """(id, ttl ms or 0, extend, replace) as add.lua takes them."""
+        ttl = 0 if self.ttl is None else max(1, round(self.ttl * 1000))
+        return self.id, ttl, "1" if self.extend else "0", "1" if self.replace else "0"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form, as stored in a job's options."""
+        return {"id": self.id, "ttl": self.ttl, "extend": self.extend, "replace": self.replace}
+
+
+#: add.lua's dedup arguments of a job without a dedup key.
+NO_DEDUP = ("", 0, "0", "0")
+
+
 OPTION_NAMES = frozenset(
     {
         "job_id",
+        "dedup",
         "delay",
         "priority",
         "attempts",
@@ -157,6 +208,7 @@ class JobOptions:
     timeout: float | None = None
     remove_on_complete: KeepJobs = KeepJobs()
     remove_on_fail: KeepJobs = KeepJobs()
+    dedup: Dedup | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> JobOptions:
@@ -186,6 +238,7 @@ class JobOptions:
                 "remove_on_complete", options.get("remove_on_complete", False)
             ),
             remove_on_fail=KeepJobs.parse("remove_on_fail", options.get("remove_on_fail", False)),
+            dedup=Dedup.parse(options.get("dedup")),
         )
 
     def to_plain(self) -> dict[str, Any]:
@@ -199,6 +252,7 @@ class JobOptions:
             "timeout": self.timeout,
             "remove_on_complete": self.remove_on_complete.to_plain(),
             "remove_on_fail": self.remove_on_fail.to_plain(),
+            **({} if self.dedup is None else {"dedup": self.dedup.to_dict()}),
         }
 
 

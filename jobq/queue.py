@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from . import serializer
+from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._context import QueueContext
+from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
+from ._schedulers import QueueSchedulers
 from .calls import NewJob
 from .errors import (
     JobqError,
@@ -20,7 +23,7 @@ from .errors import (
 )
 from .job import Job
 from .keys import queues_key
-from .options import JobOptions, byte_limit
+from .options import NO_DEDUP, JobOptions, byte_limit
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -47,7 +50,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin):
+class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -193,14 +196,18 @@ class Queue(QueueReading, QueueAdmin):
             keep_completed_age_ms=complete_age,
             keep_failed_count=fail_count,
             keep_failed_age_ms=fail_age,
+            dedup=NO_DEDUP if opts.dedup is None else opts.dedup.to_script(),
         ), plain
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
         """Add one job; return it.
 
         ``options`` are those of SPEC: job_id, delay, priority, attempts,
-        backoff, lifo, timeout, remove_on_complete, remove_on_fail. Adding an
-        existing ``job_id`` returns the existing job and emits ``duplicated``.
+        backoff, lifo, timeout, remove_on_complete, remove_on_fail, dedup.
+        Adding an existing ``job_id`` returns the existing job and emits
+        ``duplicated``; an add whose ``dedup`` key holds returns the job that
+        owns it and emits ``deduplicated`` (a debounce returns the replaced
+        delayed job).
 
         Raises:
             SerializationError: data is not msgpack-encodable.

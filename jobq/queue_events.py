@@ -308,7 +308,9 @@ class QueueEvents:
     def _result(self, waiter: Waiter) -> Any:
         outcome = waiter.outcome
         if isinstance(outcome, Failed) and outcome.stacktrace is None:
-            outcome = Failed(outcome.reason, self._table.stacktrace(waiter))
+            outcome = Failed(
+                outcome.reason, self._table.stacktrace(waiter), outcome.cancelled
+            )
         return result_of(waiter.job_id, outcome, f"QueueEvents {self.name!r}")
 
     def _try_check(self, waiter: Waiter) -> bool:

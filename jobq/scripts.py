@@ -22,6 +22,7 @@ from .connection import Client, take_connection
 
 _SCRIPT_NAMES = (
     "add",
+    "cancel",
     "changeDelay",
     "changePriority",
     "clean",
@@ -40,9 +41,12 @@ _SCRIPT_NAMES = (
     "pause",
     "promote",
     "remove",
+    "removeScheduler",
     "retry",
+    "schedulerSync",
     "stalledCheck",
     "updateJob",
+    "upsertScheduler",
 )
 
 #: Scripts that may run twice to the same effect, so that a call whose reply

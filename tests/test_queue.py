@@ -702,7 +702,9 @@ def test_remove_failed_job_and_its_logs(
     assert queue.get_job_counts("failed") == {"failed": 0}
 
 
-def test_remove_active_job_with_lock_held_returns_false(queue: Queue, redis_url: str) -> None:
+def test_remove_active_job_with_lock_held_raises_naming_cancel(
+    queue: Queue, redis_url: str
+) -> None:
     started, release = threading.Event(), threading.Event()
 
     def processor(job: jobq.Job) -> str:
@@ -715,8 +717,10 @@ def test_remove_active_job_with_lock_held_returns_false(queue: Queue, redis_url:
         try:
             assert started.wait(WAIT)
             assert queue.get_job_state(job.id) == "active"
-            assert queue.remove(job.id) is False
-            assert job.remove() is False
+            with pytest.raises(jobq.JobqError, match="cancel"):
+                queue.remove(job.id)
+            with pytest.raises(jobq.JobqError, match="cancel"):
+                job.remove()
             assert queue.get_job_state(job.id) == "active"
         finally:
             release.set()

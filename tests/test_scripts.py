@@ -76,7 +76,8 @@ def recorded(queue: Queue) -> Iterator[Recorded]:
 def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], Any]]:
     """One valid call of every method, by script."""
     packed = msgpack.packb(1)
-    new = NewJob("", "n", packed, msgpack.packb({}), 0, 0, False, 1, -1, 0, -1, 0)
+    new = NewJob("", "n", packed, msgpack.packb({}), 0, 0, False, 1, -1, 0, -1, 0,
+                 ("", 0, "0", "0"))
     return {
         "moveToActive": lambda: worker.take(TakeArgs("tok", 1000, "w", 0, 0)),
         "complete": lambda: worker.complete("nope", "tok", packed, None),
@@ -100,6 +101,12 @@ def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], 
         "heartbeat": lambda: q.heartbeat("w", 1000, ("host", "h")),
         "getWorkers": q.get_workers,
         "getOutcome": lambda: q.get_outcome("nope", "", "", False),
+        "cancel": lambda: q.cancel("nope", "why"),
+        "upsertScheduler": lambda: q.upsert_scheduler(
+            "s", ("1000", "", "", "", "", "", "0"), "every=1000", "", "",
+            ("tick", msgpack.packb(None), msgpack.packb({}), "", "", "", "", "", "", "")),
+        "schedulerSync": lambda: q.scheduler_sync("s", "", "", "", ""),
+        "removeScheduler": lambda: q.remove_scheduler("s"),
     }
 
 
@@ -122,11 +129,13 @@ def test_each_method_sends_what_its_header_lists(
 
 def test_return_codes_are_pinned() -> None:
     assert {c.name: int(c) for c in ScriptCode} == {
-        "ALREADY_DONE": 0, "DONE": 1, "RETRYING": 2,
+        "ALREADY_DONE": 0, "DONE": 1, "RETRYING": 2, "CANCELLED": 3,
         "JOB_MISSING": -1, "LOCK_LOST": -2, "NOT_IN_STATE": -3, "ACTIVE_JOBS": -4,
+        "COLLISION": -5,
     }
     meaning = {-1: ("no such job", "missing", "does not exist"), -2: ("lock",),
-               -3: ("not delayed", "not in", "state"), -4: ("active",)}
+               -3: ("not delayed", "not in", "state"), -4: ("active",),
+               -5: ("collides",)}
     for script in SCRIPTS:
         returns = _header(script).split("Returns", 1)[1].split("Events", 1)[0]
         # a code is "-N what it means" ("ms ..., or -1" is a value, not a code)

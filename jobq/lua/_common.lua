@@ -123,6 +123,17 @@ local function delete_job(id)
   redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
 end
 
+-- Release the dedup key a job holds (fields ddk, its key, and ddt, set for
+-- a throttle key with a ttl): the key stores its owner's id, so a key taken
+-- over by a newer job is left alone. `always`: a throttle key too (the job
+-- is removed or cancelled); else only a simple one (the job finished).
+local function release_dedup(id, ddk, ddt, always)
+  if ddk and (always or not ddt) then
+    local key = base .. 'dedup:' .. ddk
+    if redis.call('GET', key) == id then redis.call('DEL', key) end
+  end
+end
+
 -- Add a finished job to its set and apply a retention rule:
 -- count < 0 keeps all, count > 0 keeps the newest `count`; age_ms > 0 also
 -- removes jobs finished more than age_ms ago. Removes at most 1000 per call.
@@ -198,13 +209,17 @@ local function append(list, more)
 end
 
 -- Fail a job for good (its lock and active entry already gone): record it
--- in the failed set under its retention rule and emit `failed`.
-local function fail_for_good(id, reason, attempt, now)
+-- in the failed set under its retention rule and emit `failed`. `prev` is
+-- the state it leaves (default active); `cancelled` adds the field
+-- cancelled=1 to the event (waiters raise JobCancelledError).
+local function fail_for_good(id, reason, attempt, now, prev, cancelled)
   local jk = job_key(id)
-  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run')
+  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run', 'ddk', 'ddt')
   if f[6] then _runs[id] = f[6] end
-  local fields = append({ 'prev', 'active', 'failed_reason', reason },
+  release_dedup(id, f[7], f[8], cancelled)
+  local fields = append({ 'prev', prev or 'active', 'failed_reason', reason },
     metrics(f[1], f[2], f[3], attempt, now))
+  if cancelled then append(fields, { 'cancelled', '1' }) end
   record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
@@ -216,6 +231,19 @@ local function fail_for_good(id, reason, attempt, now)
   emit('failed', id, fields)
 end
 
+-- End the attempt of an active job whose cancel was requested (its `cx`
+-- field holds the reason): whatever the handler did, the attempt counts and
+-- the job fails for good with the reason. complete.lua and fail.lua call it
+-- once the token is known to own the job; they return code 3.
+local function end_cancelled(id, token, reason, now)
+  local jk = job_key(id)
+  local atm = (tonumber(redis.call('HGET', jk, 'atm')) or 0) + 1
+  redis.call('DEL', lock_key(id))
+  redis.call('ZREM', K_ACTIVE, id)
+  redis.call('HSET', jk, 'atm', atm, 'fr', reason, 'ftok', token)
+  fail_for_good(id, reason, atm, now, 'active', true)
+end
+
 -- The return code of a finalising script called without owning the job:
 -- 0 when this token finalised it already (a retried call), -1 when the job
 -- is gone, -2 when another worker holds it; nil when the token owns it.
@@ -225,6 +253,98 @@ local function not_owner(id, token)
   if f[1] == token then return 0 end
   if not f[2] then return -1 end
   return -2
+end
+
+-- Schedulers. Each has a hash scheduler:<id> (its schedule: every ms or
+-- cron and tz, start, end, limit; its job template, TEMPLATE below; count,
+-- the jobs produced; next, the slot in ms of its pending tick job, '' once
+-- the schedule is over; after, for cron, the slot after next when known,
+-- computed in Python; taken, a tick taken before the slot after it was
+-- known; err, a collision to report) and an entry in the
+-- sorted set `schedulers` scored by next (+inf when over). A tick job's id
+-- is a pure function of (scheduler id, slot), and its record names both
+-- (fields sch, slot), so whoever produces a tick twice makes one job.
+local K_SCHEDULERS = base .. 'schedulers'
+local TEMPLATE = { 'name', 'data', 'opts', 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
+local function tick_id(sid, slot) return 'repeat:' .. sid .. ':' .. string.format('%d', slot) end
+
+-- Produce the tick job of scheduler `sid` at `slot` (ms): delayed until
+-- then (waiting when due), unless the schedule's end or limit is reached.
+-- `after` ('' when unknown) is the slot after it. Returns the job id; nil
+-- when the schedule is over; false when a job with the tick's id exists
+-- (a kept job of an earlier run: recorded in err, a loud error for upsert
+-- and for the workers' check, never a silent skip).
+local function schedule_tick(sid, slot, after, now)
+  local skey = base .. 'scheduler:' .. sid
+  local s = redis.call('HMGET', skey, 'end', 'limit', 'count', unpack(TEMPLATE))
+  local count = tonumber(s[3]) or 0
+  if (tonumber(s[1]) and slot > tonumber(s[1])) or (tonumber(s[2]) and count >= tonumber(s[2])) then
+    redis.call('HSET', skey, 'next', '', 'after', '')
+    redis.call('ZADD', K_SCHEDULERS, '+inf', sid)
+    return nil
+  end
+  local id = tick_id(sid, slot)
+  local jk = job_key(id)
+  if redis.call('EXISTS', jk) == 1 then
+    redis.call('HSET', skey, 'err', 'the tick job ' .. id .. ' of scheduler ' .. sid ..
+      ' collides with an existing job: remove that job or use another scheduler id')
+    return false
+  end
+  local fields = { 'name', s[4], 'data', s[5], 'opts', s[6], 'ts', now, 'sch', sid,
+    'slot', string.format('%d', slot) }
+  for i = 4, #TEMPLATE do  -- settings at their default are not stored
+    if s[i + 3] then append(fields, { TEMPLATE[i], s[i + 3] }) end
+  end
+  local delay = math.max(0, slot - now)
+  if delay > 0 then
+    append(fields, { 'state', 'delayed', 'rdy', slot, 'delay', delay })
+  else
+    append(fields, { 'state', 'waiting', 'rdy', now })
+  end
+  redis.call('HSET', jk, unpack(fields))
+  local priority = tonumber(s[7]) or 0
+  emit('added', id, { 'job_name', s[4], 'delay', delay, 'priority', priority })
+  if delay > 0 then
+    redis.call('ZADD', K_DELAYED, slot, id)
+    redis.call('ZADD', K_MARKER, 'LT', slot, '1')
+    emit('delayed', id, { 'delay', delay, 'run_at', slot })
+  else
+    push_ready(id, priority, s[8] == '1')
+    emit('waiting', id, {})
+  end
+  redis.call('HSET', skey, 'next', string.format('%d', slot), 'after', after, 'count', count + 1)
+  redis.call('HDEL', skey, 'err')
+  redis.call('ZADD', K_SCHEDULERS, slot, sid)
+  return id
+end
+
+-- The first slot of an `every` schedule after `now`, on the grid of the
+-- previous scheduled slot `prev`: ticks missed while no worker ran make one
+-- job (the one due), not a burst.
+local function every_after(prev, every, now)
+  return prev + every * math.max(1, math.floor((now - prev) / every) + 1)
+end
+
+-- A tick job of scheduler `sid` at `slot` was taken: produce the next tick
+-- in the same call (every: computed here; cron: the `after` slot Python
+-- computed, when it is known and still ahead; else the workers' check
+-- produces it). Does nothing when the scheduler moved on (removed, upserted
+-- with another schedule, or advanced already by an earlier take).
+local function advance_scheduler(sid, slot, now)
+  local s = redis.call('HMGET', base .. 'scheduler:' .. sid, 'next', 'every', 'after')
+  if not s[1] or s[1] ~= slot then return end
+  local every, after = tonumber(s[2]), tonumber(s[3])
+  local nxt
+  if every then
+    nxt = every_after(tonumber(slot), every, now)
+  elseif after and after > now then
+    nxt = after
+  end
+  if nxt then
+    schedule_tick(sid, math.floor(nxt), '', now)
+  else  -- the check must produce the next one, never this one again
+    redis.call('HSET', base .. 'scheduler:' .. sid, 'taken', slot)
+  end
 end
 
 -- Move delayed jobs due by `now` to waiting (at most 1000), in due order.
@@ -292,15 +412,23 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     redis.call('PEXPIRE', K_LIMITER, limit_ms)
   end
 
-  local atm = 0
+  local atm, sch, slot = 0, nil, nil
   for i = 1, #rec, 2 do
-    if rec[i] == 'atm' then atm = tonumber(rec[i + 1]) or 0 break end
+    local field = rec[i]
+    if field == 'atm' then
+      atm = tonumber(rec[i + 1]) or 0
+    elseif field == 'sch' then
+      sch = rec[i + 1]
+    elseif field == 'slot' then
+      slot = rec[i + 1]
+    end
   end
   local pon = string.format('%.17g', now)
   redis.call('ZADD', K_ACTIVE, now, id)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
+  if sch and slot then advance_scheduler(sch, slot, now) end  -- a tick: produce the next
   -- jobs left to take: wake another idle worker
   if redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0 then mark_ready() end
   -- the record as it now is (a later field of the same name wins)

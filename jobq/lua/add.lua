@@ -3,15 +3,30 @@
   Add one or more jobs, atomically.
 
   KEYS[1]  queue base prefix
-  ARGV[1]  N, the number of jobs; then 12 values per job:
+  ARGV[1]  N, the number of jobs; then 16 values per job:
            job_id ('' to generate one), name, data (msgpack), opts (msgpack),
            delay_ms, priority, lifo ('1' | '0'), attempts,
            keep_completed_count, keep_completed_age_ms,
-           keep_failed_count, keep_failed_age_ms
+           keep_failed_count, keep_failed_age_ms,
+           dedup id ('' for none), dedup ttl ms (0: simple mode, the key
+           holds until its job is finished), extend ('1' | '0'), replace
+           ('1' | '0')
   Returns  {timestamp ms, id, duplicated, added, id, duplicated, added, ...}
-           (duplicated: 1 when a job with that custom id already existed; it
-           is left as it was; added: the id of its `added` event, or '')
-  Events   added, then waiting or delayed; duplicated for an existing id
+           (duplicated: 0 added; 1 a job with that custom id already
+           existed, left as it was; 2 deduplicated: id is the job that owns
+           the dedup key, left as it was; 3 debounced: id is the owner, a
+           delayed job whose name, data, options and delay were replaced by
+           this add's; added: the id of its `added` event, or '')
+  Events   added, then waiting or delayed; duplicated for an existing id;
+           deduplicated (dedup_id, existing_job_id) for a dedup hit, then
+           delayed (prev delayed) when it debounced
+  Dedup    the key dedup:<id> stores its owner's id (PX ttl in throttle
+           mode; extend restarts the ttl on each hit). A hit counts while
+           the owner is not finished (simple mode) or the key lives
+           (throttle); a key whose owner is gone or finished is taken over.
+           Debounce (replace) never touches a job that is not delayed. The
+           job records its key (ddk; ddt when throttled): complete, fail,
+           remove and cancel release it if it still names the job.
 
   Delayed jobs of one call due at the same moment (a bulk add with one
   delay) are promoted in the order given: each is scored the next larger
@@ -39,16 +54,60 @@ local n = tonumber(ARGV[1])
 local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
 local out = { string.format('%.17g', now) }
+-- the settings a debounce replaces on the pending job (others are kept)
+local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
+-- The owner of a dedup key if the key holds: 2 deduplicated, 3 debounced
+-- (the owner, delayed, takes the add's content and delay), or nil.
+local function dedup_hit(a, now)
+  local ddk, ttl = ARGV[a + 12], tonumber(ARGV[a + 13])
+  if ddk == '' then return nil end
+  local key = base .. 'dedup:' .. ddk
+  local owner = redis.call('GET', key)
+  if not owner then return nil end
+  local state = redis.call('HGET', job_key(owner), 'state')
+  -- the key's own mode decides: a throttle key (it has a ttl) holds until
+  -- it expires; a simple one while its owner is not finished
+  local throttled = redis.call('PTTL', key) > 0
+  if not throttled and (not state or state == 'completed' or state == 'failed') then
+    return nil  -- a simple key whose owner is finished or gone: stale
+  end
+  if throttled and ttl > 0 and (ARGV[a + 14] == '1' or ARGV[a + 15] == '1') then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  emit('deduplicated', owner, { 'dedup_id', ddk, 'existing_job_id', owner })
+  local delay = tonumber(ARGV[a + 4])
+  if ARGV[a + 15] ~= '1' or state ~= 'delayed' or delay <= 0 then return owner, 2 end
+  local run_at = now + delay
+  local jk = job_key(owner)
+  redis.call('HDEL', jk, unpack(REPLACED))
+  local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3],
+    'rdy', run_at, 'delay', delay }
+  if tonumber(ARGV[a + 5]) ~= 0 then append(fields, { 'priority', ARGV[a + 5] }) end
+  if ARGV[a + 6] == '1' then append(fields, { 'lifo', '1' }) end
+  for i, name in ipairs(SETTINGS) do
+    if ARGV[a + 6 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[a + 6 + i] }) end
+  end
+  redis.call('HSET', jk, unpack(fields))
+  redis.call('ZADD', K_DELAYED, run_at, owner)
+  redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+  emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
+  return owner, 3
+end
 for j = 0, n - 1 do
-  local a = 2 + j * 12
+  local a = 2 + j * 16
   local id = ARGV[a]
-  local dup = 0
   local added = ''
-  if id == '' then
+  local owner, dup = dedup_hit(a, now)
+  if owner then
+    id = owner
+  elseif id == '' then
+    dup = 0
     id = tostring(redis.call('INCR', base .. 'id'))
   elseif redis.call('EXISTS', job_key(id)) == 1 then
     dup = 1
     emit('duplicated', id, {})
+  else
+    dup = 0
   end
   if dup == 0 then
     local delay = tonumber(ARGV[a + 4])
@@ -69,6 +128,17 @@ for j = 0, n - 1 do
     for i, name in ipairs(SETTINGS) do
       local value = ARGV[a + 6 + i]
       if value ~= DEFAULTS[i] then append(fields, { name, value }) end
+    end
+    local ddk = ARGV[a + 12]
+    if ddk ~= '' then
+      local ttl = tonumber(ARGV[a + 13])
+      if ttl > 0 then
+        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', ttl)
+        append(fields, { 'ddk', ddk, 'ddt', '1' })
+      else
+        redis.call('SET', base .. 'dedup:' .. ddk, id)
+        append(fields, { 'ddk', ddk })
+      end
     end
     redis.call('HSET', job_key(id), unpack(fields))
     added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })

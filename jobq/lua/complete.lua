@@ -8,7 +8,10 @@
   ARGV[3]  return value (msgpack)
   ARGV[4..8] optional: take the worker's next job in the same call (token,
            lock ms, worker, limit max, limit ms; as moveToActive.lua)
-  Returns  {1, now} done, now the server time (ms, a string); {1, now, next}
+  Returns  {1, now} done, now the server time (ms, a string); {3, now}
+           the job's cancel was requested while it ran (cancel.lua): the
+           result is discarded and the job failed for good (event failed,
+           with cancelled=1); {1, now, next}
            with moveToActive's reply when asked to take the next job;
            {0, now[, next]} already done by this token (a retried call; next
            is the job the first call took with the same take token, if
@@ -22,6 +25,7 @@
            16 KiB of a job with any retention rule, and in pub/sub mode (no
            replay) any result of a job removed on completion
   Metrics  counts the job in metrics:completed (see record_metric)
+  Dedup    releases the job's simple-mode dedup key (see release_dedup)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
@@ -29,7 +33,15 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 4, now_ms()) end
 if refused then return refused end
 local now = now_ms()
-local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run')
+local cancel = redis.call('HGET', jk, 'cx')
+if cancel then  -- cancel requested while it ran: it ends failed, result discarded
+  end_cancelled(id, token, cancel, now)
+  local reply = and_take_next(3, 4, now)
+  emit_if_drained()
+  return reply
+end
+local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run', 'ddk', 'ddt')
+release_dedup(id, f[8], f[9], false)
 local atm = (tonumber(f[1]) or 0) + 1
 local run = f[7]
 if run then _runs[id] = run end

@@ -10,7 +10,9 @@
   ARGV[5]  retry delay in ms; -1 forbids a retry (unrecoverable)
   ARGV[6..10] optional: take the worker's next job in the same call
   Returns  {1, now} failed for good; {2, now} retry scheduled; now the
-           server time (ms, a string); {code, now, next} when asked to take
+           server time (ms, a string); {3, now} the job's cancel was
+           requested (cancel.lua): failed for good with the cancel's reason,
+           no retry, whatever ARGV[5] says; {code, now, next} when asked to take
            the next job (next as moveToActive.lua returns it); {0, now[, next]}
            already done by this token (a retried call, as complete.lua);
            -1 job missing; -2 lock not held
@@ -27,6 +29,14 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 6, now_ms()) end
 if refused then return refused end
 local now = now_ms()
+local cancel = redis.call('HGET', jk, 'cx')
+if cancel then  -- cancelled: no retry, and the reason is the cancel's
+  redis.call('HSET', jk, 'st', ARGV[4])
+  end_cancelled(id, token, cancel, now)
+  local reply = and_take_next(3, 6, now)
+  emit_if_drained()
+  return reply
+end
 local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority')
 local atm = (tonumber(f[1]) or 0) + 1
 local delay = tonumber(ARGV[5])

@@ -12,7 +12,8 @@
            cursor of the previous call), else from the run's `added` event
   ARGV[4]  optional: '1' when the scan so far began at the `added` event
   Returns  {state or false, return value, failed reason, stack traces,
-            last event id or '', final, cursor, anchored}
+            last event id or '', final, cursor, anchored}; state is
+           'cancelled' for a job that failed by a cancel (cancel.lua)
            The record answers when it is of that run. Else the result kept
            under result:<run> (see complete.lua); else, in stream mode, the
            run's own events from its `added` event on, SCAN entries per
@@ -25,7 +26,8 @@
 ]]
 local SCAN = 2000
 local id, run = ARGV[1], ARGV[2] or ''
-local f = redis.call('HMGET', job_key(id), 'state', 'rv', 'fr', 'st', 'run')
+local f = redis.call('HMGET', job_key(id), 'state', 'rv', 'fr', 'st', 'run', 'cx')
+if f[1] == 'failed' and f[6] then f[1] = 'cancelled' end
 local stream = meta()[1] ~= 'pubsub'
 local last = ''
 if stream then
@@ -55,7 +57,9 @@ for _, entry in ipairs(entries) do
       if e[2] == 'completed' and got['result'] then
         return { 'completed', got['result'], false, false, last, false }
       elseif e[2] == 'failed' then
-        return { 'failed', false, got['failed_reason'] or '', false, last, false }
+        local state = 'failed'
+        if got['cancelled'] then state = 'cancelled' end
+        return { state, false, got['failed_reason'] or '', false, last, false }
       end
       -- removed, or a big result whose record and kept copy are gone
       return { false, false, false, false, last, 1 }

@@ -3,7 +3,7 @@
   Delete a queue and all its jobs, a batch of jobs per call. Allowed while
   the server is out of memory: it frees memory. Work per call: O(batch),
   plus, in the last call, the queue's bounded keys (event stream, metrics,
-  worker registry).
+  worker registry) and its job schedulers.
 
   Kept, so that the queue's name stays usable as it was: its settings (event
   mode, max_events; only the paused flag is cleared), the generated-id
@@ -40,6 +40,9 @@ end
 if n < batch then
   for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', 0, -1)) do
     redis.call('DEL', base .. 'worker:' .. name)
+  end
+  for _, sid in ipairs(redis.call('ZRANGE', base .. 'schedulers', 0, -1)) do
+    redis.call('DEL', base .. 'scheduler:' .. sid)
   end
   for i = 3, #ARGV do redis.call('DEL', base .. ARGV[i]) end
   redis.call('HDEL', K_META, 'paused')

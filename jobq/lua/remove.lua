@@ -8,11 +8,13 @@
   ARGV[1]  job id
   Returns  1 removed; 0 no such job; -2 active with its lock held
   Events   removed (prev: the state it was in)
+  Dedup    releases the job's dedup key, whatever its mode
   Cost     O(1), but for a waiting job one LREM that stops at the id (a scan
            of the wait list from its newest end, in C)
 ]]
 local id = ARGV[1]
-local state = redis.call('HGET', job_key(id), 'state')
+local f = redis.call('HMGET', job_key(id), 'state', 'ddk')
+local state = f[1]
 if not state then return 0 end
 if state == 'active' and redis.call('EXISTS', lock_key(id)) == 1 then return -2 end
 if state == 'waiting' then
@@ -26,6 +28,7 @@ elseif state == 'completed' then
 elseif state == 'failed' then
   redis.call('ZREM', K_FAILED, id)
 end
+release_dedup(id, f[2], false, true)
 delete_job(id)
 emit('removed', id, { 'prev', state })
 return 1

@@ -7,7 +7,8 @@
   ARGV[2]  guard, ms: when > 0, skip unless no check ran in that time
   ARGV[3]  at most this many jobs recovered per call
   Returns  the ids recovered (requeued or failed)
-  Events   stalled, then waiting (requeued first in line) or failed; drained
+  Events   stalled, then waiting (requeued first in line) or failed (a job
+           whose cancel was requested fails for good, with cancelled=1); drained
            when a job failed here and no job is left waiting or active
   Metrics  a failure counts in metrics:failed (see record_metric)
 ]]
@@ -27,10 +28,13 @@ for _, id in ipairs(ids) do
     redis.call('ZREM', K_ACTIVE, id)
     if redis.call('EXISTS', jk) == 1 then
       local stalled = redis.call('HINCRBY', jk, 'stc', 1)
-      local f = redis.call('HMGET', jk, 'atm', 'priority')
+      local f = redis.call('HMGET', jk, 'atm', 'priority', 'cx')
       local atm = tonumber(f[1]) or 0
       emit('stalled', id, { 'attempt', atm + 1 })
-      if stalled > max_stalled then
+      if f[3] then  -- its cancel was requested (cancel.lua): it ends cancelled
+        fail_for_good(id, f[3], atm, now, 'active', true)
+        failed_any = true
+      elseif stalled > max_stalled then
         fail_for_good(id, 'job stalled more than allowable limit', atm, now)
         failed_any = true
       else

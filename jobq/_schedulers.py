@@ -1,0 +1,313 @@
+"""Job schedulers: repeatable (``every``) and cron jobs, with no beat process.
+
+A scheduler's next run exists as a delayed job whose id is a pure function
+of (scheduler id, slot), so whoever produces a tick twice makes one job. The
+script that takes a tick job produces the next one (see advance_scheduler
+in lua/_common.lua); a worker's maintenance loop checks the schedulers whose
+next run is due and produces a missing tick (schedulerSync.lua).
+
+``every`` slots are computed in Lua, on the grid of the previous scheduled
+slot. Cron slots are computed here, zone-aware (``zoneinfo``, with
+croniter), each from the previous *scheduled* slot (or from the server's
+clock when none is pending), never from a host clock, and passed to the
+scripts: the slot after the pending one is stored with it, so the take of a
+tick can produce the next one in the same call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from . import serializer
+from .errors import JobqError, ScriptCode
+from .keys import validate_job_id
+from .options import JobOptions
+
+if TYPE_CHECKING:
+    from ._context import QueueContext
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Scheduler", "next_cron_slot"]
+
+#: Options a scheduler's job template may not set: the scheduler decides them.
+_NOT_IN_TEMPLATE = frozenset({"job_id", "delay", "dedup"})
+#: Return code of the scheduler scripts: a tick's id collides with a kept job.
+_COLLISION = ScriptCode.COLLISION
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """A job scheduler as stored: its schedule, its job template, its state.
+
+    Times are epoch seconds; ``next_run`` is None once the schedule is over
+    (``end`` passed or ``limit`` reached).
+    """
+
+    id: str
+    every: float | None
+    cron: str | None
+    tz: str | None
+    next_run: float | None
+    count: int
+    limit: int | None
+    start: float | None
+    end: float | None
+    name: str
+    data: Any
+    opts: dict[str, Any] = field(default_factory=dict)
+
+
+def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
+    """The first time (epoch ms) matching ``cron`` in zone ``tz`` strictly
+    after ``after_ms``. A 6-field expression has seconds first (as BullMQ).
+
+    Local times are computed in the zone, so a daily 02:30 in Europe/Berlin
+    stays 02:30 local across DST changes, as Debian's cron does: a time
+    skipped by the spring change runs at the first valid instant after it
+    (03:00), and a fixed time (minute and hour fields without ``*``) that
+    the autumn change repeats runs once, at its first occurrence; a
+    wildcard schedule (``0 * * * *``) runs in both repeated hours.
+    """
+    zone = ZoneInfo(tz or "UTC")
+    start = datetime.fromtimestamp(after_ms / 1000.0, zone)
+    fields = cron.split()
+    six = len(fields) == 6
+    minute, hour = fields[1:3] if six else fields[0:2]
+    fixed = not minute.startswith("*") and not hour.startswith("*")
+    it = croniter(cron, start, second_at_beginning=six)
+    while True:
+        slot: int = round(float(it.get_next(float)) * 1000)
+        if slot <= after_ms:  # a sub-second start: croniter works in whole seconds
+            continue
+        if fixed and datetime.fromtimestamp(slot / 1000.0, zone).fold == 1:
+            continue  # the repeated hour of an autumn change: it ran at fold 0
+        return slot
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else str(round(seconds * 1000))
+
+
+def _number(name: str, value: Any, positive: bool = False) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{name} must be a number of seconds, not {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, not {value!r}")
+    return float(value)
+
+
+def _validate_cron(cron: Any, tz: Any) -> None:
+    if not isinstance(cron, str) or len(cron.split()) not in (5, 6):
+        raise ValueError(f"cron must be a 5- or 6-field expression, not {cron!r}")
+    if not croniter.is_valid(cron, second_at_beginning=len(cron.split()) == 6):
+        raise ValueError(f"invalid cron expression {cron!r}")
+    if tz is not None:
+        if not isinstance(tz, str):
+            raise ValueError(f"tz must be an IANA zone name, not {tz!r}")
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {tz!r}") from exc
+
+
+def _server_ms(context: QueueContext) -> int:
+    seconds, micros = context.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def _from_record(sid: str, record: dict[bytes, bytes]) -> Scheduler:
+    def num(key: bytes) -> float | None:
+        raw = record.get(key)
+        return float(raw) / 1000.0 if raw else None
+
+    limit = record.get(b"limit")
+    opts = serializer.decode(record.get(b"opts"), f"options of scheduler {sid!r}")
+    return Scheduler(
+        id=sid,
+        every=num(b"every"),
+        cron=_text(record.get(b"cron")),
+        tz=_text(record.get(b"tz")),
+        next_run=num(b"next"),
+        count=int(record.get(b"count") or 0),
+        limit=int(limit) if limit else None,
+        start=num(b"start"),
+        end=num(b"end"),
+        name=_text(record.get(b"name")) or sid,
+        data=serializer.decode(record.get(b"data"), f"data of scheduler {sid!r}"),
+        opts=dict(opts) if isinstance(opts, dict) else {},
+    )
+
+
+def sync_scheduler(context: QueueContext, sid: str) -> int:
+    """Run schedulerSync.lua for one scheduler (the one place that calls it):
+    produce its next tick if it is missing, fill in the cron slot after the
+    pending one. Returns the script's code.
+
+    Raises:
+        JobqError: the scheduler's tick collides with an existing job.
+    """
+    record = context.redis.hgetall(context.keys.scheduler(sid))
+    if not record:
+        return 0
+    pending = _text(record.get(b"next")) or ""
+    cron = _text(record.get(b"cron"))
+    after_pending = first = after_first = ""
+    if cron and pending:
+        tz = _text(record.get(b"tz"))
+        after_pending = str(next_cron_slot(cron, tz, int(pending)))
+        # from the previous scheduled slot, or from now when that is past:
+        # missed ticks make one job, not a burst
+        first_ms = next_cron_slot(cron, tz, max(int(pending), _server_ms(context)))
+        first, after_first = str(first_ms), str(next_cron_slot(cron, tz, first_ms))
+    code = context.calls.scheduler_sync(sid, pending, after_pending, first, after_first)
+    error = _text(context.redis.hget(context.keys.scheduler(sid), "err"))
+    if code == _COLLISION or error:
+        raise JobqError(error or f"scheduler {sid!r}: its next tick collides with a job")
+    return code
+
+
+def due_schedulers(context: QueueContext) -> list[str]:
+    """Ids of the schedulers whose next run is due (by the server's clock)."""
+    ids = context.redis.zrangebyscore(context.keys.schedulers, "-inf", _server_ms(context))
+    return [i.decode() for i in ids]
+
+
+class QueueSchedulers:
+    """Job schedulers of a queue (a mixin of Queue)."""
+
+    _context: QueueContext
+
+    def upsert_scheduler(
+        self,
+        scheduler_id: str,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        limit: int | None = None,
+        immediately: bool = False,
+        name: str | None = None,
+        data: Any = None,
+        **job_options: Any,
+    ) -> Scheduler:
+        """Create or replace a job scheduler; return it.
+
+        Exactly one of ``every`` (seconds) and ``cron`` (5 or 6 fields; with 6,
+        seconds first) is given; ``cron`` is evaluated in ``tz`` (an IANA
+        zone, default UTC). ``start`` / ``end`` (epoch seconds) bound the
+        schedule, ``limit`` caps its jobs. With ``every`` the first job comes
+        at once, with ``cron`` at the first matching time (at once when
+        ``immediately``). ``name`` (default: the scheduler id), ``data`` and
+        ``job_options`` (those of ``add`` but job_id, delay and dedup) make
+        each job. Upserting the same schedule again changes only the
+        template; a changed schedule replaces the pending job.
+
+        Raises:
+            ValueError: a bad argument.  SerializationError: data does not
+            encode.  JobqError: the first tick collides with an existing job.
+        """
+        sid = validate_job_id(scheduler_id)
+        if len(sid) > 150:
+            raise ValueError("scheduler_id must be at most 150 characters")
+        if (every is None) == (cron is None):
+            raise ValueError("give exactly one of every= and cron=")
+        every_s = _number("every", every, positive=True)
+        if every_s is not None and every_s < 0.001:
+            raise ValueError(f"every must be at least 0.001 s, not {every!r}")
+        if cron is not None:
+            _validate_cron(cron, tz)
+        elif tz is not None:
+            raise ValueError("tz applies to cron schedules only")
+        start_s, end_s = _number("start", start), _number("end", end)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise ValueError(f"limit must be an int >= 1, not {limit!r}")
+        if not isinstance(immediately, bool):
+            raise ValueError(f"immediately must be a bool, not {immediately!r}")
+        refused = _NOT_IN_TEMPLATE & set(job_options)
+        if refused:
+            raise TypeError(f"a scheduler's jobs cannot take {sorted(refused)}")
+        opts = JobOptions.parse(job_options)
+        job_name = name if name is not None else sid
+        if not isinstance(job_name, str) or not job_name or len(job_name) > 200:
+            raise ValueError(f"name must be a non-empty str of at most 200 characters, "
+                             f"not {job_name!r}")
+        packed_data = serializer.encode(data, "scheduler data")
+        plain = opts.to_plain()
+        complete_count, complete_age = opts.remove_on_complete.to_script()
+        fail_count, fail_age = opts.remove_on_fail.to_script()
+
+        def setting(value: Any, default: Any) -> str:
+            return "" if value == default else str(value)
+
+        template = (
+            job_name, packed_data, serializer.encode(plain, "job options"),
+            setting(opts.priority, 0), "1" if opts.lifo else "",
+            setting(opts.attempts, 1), setting(complete_count, -1), setting(complete_age, 0),
+            setting(fail_count, -1), setting(fail_age, 0),
+        )
+        schedule = (_ms(every_s), cron or "", (tz or "UTC") if cron else "",
+                    _ms(start_s), _ms(end_s), "" if limit is None else str(limit),
+                    "1" if immediately else "0")
+        spec = json.dumps(schedule)
+        first = after = ""
+        if cron is not None:
+            now = _server_ms(self._context)
+            if immediately:
+                first_ms = now
+            else:
+                begin = now if start_s is None else max(now, round(start_s * 1000) - 1)
+                first_ms = next_cron_slot(cron, tz, begin)
+            first = str(first_ms)
+            after = str(next_cron_slot(cron, tz, first_ms))
+        code, tick = self._context.calls.upsert_scheduler(sid, schedule, spec, first, after,
+                                                          template)
+        if code == _COLLISION:
+            raise JobqError(
+                f"the first tick of scheduler {sid!r} would be job {tick!r}, "
+                "which exists (a kept job of an earlier run): remove it, or use another "
+                "scheduler id"
+            )
+        found = self.get_scheduler(sid)
+        if found is None:  # removed by another caller in between
+            raise JobqError(f"scheduler {sid!r} was removed while it was upserted")
+        return found
+
+    def remove_scheduler(self, scheduler_id: str) -> bool:
+        """Remove a scheduler and its pending delayed job; False when unknown."""
+        return self._context.calls.remove_scheduler(scheduler_id) == 1
+
+    def get_scheduler(self, scheduler_id: str) -> Scheduler | None:
+        """The scheduler with that id, or None."""
+        record = self._context.redis.hgetall(self._context.keys.scheduler(scheduler_id))
+        if not record:
+            return None
+        return _from_record(scheduler_id, record)
+
+    def get_schedulers(self) -> list[Scheduler]:
+        """Every scheduler of the queue, soonest next run first."""
+        keys = self._context.keys
+        ids = [i.decode() for i in self._context.redis.zrange(keys.schedulers, 0, -1)]
+        pipe = self._context.redis.pipeline(transaction=False)
+        for sid in ids:
+            pipe.hgetall(keys.scheduler(sid))
+        return [
+            _from_record(sid, record)
+            for sid, record in zip(ids, pipe.execute(), strict=True) if record
+        ]

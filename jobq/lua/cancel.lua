@@ -1,0 +1,43 @@
+#!lua flags=allow-oom
+--[[
+  Cancel a job: one that is not running leaves the queue and fails for good
+  at once; a running one gets a durable cancel mark (field cx, the reason)
+  and a hint on the queue's cancel channel, and fails for good when its
+  attempt ends (complete.lua and fail.lua read the mark; a worker checks it
+  at take and at every lock renewal, and listens to the hint to set the
+  running job's `cancelled` event at once).
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  job id
+  ARGV[2]  reason (failed_reason of the job)
+  Returns  1 cancelled (a job not running: failed now); 2 cancel requested
+           (a running job), or already requested (nothing written);
+           0 no such job, or finished already
+  Events   cancelled (reason, prev), then failed (prev, failed_reason,
+           attempt, metrics, cancelled=1) for a job not running; cancelled
+           (prev active) only for a running one (its failed comes when the
+           attempt ends)
+  Pub/sub  SPUBLISH <base>cancels <job id>, for a running job
+]]
+local id, reason = ARGV[1], ARGV[2]
+local jk = job_key(id)
+local f = redis.call('HMGET', jk, 'state', 'cx', 'atm')
+local state = f[1]
+if not state or state == 'completed' or state == 'failed' then return 0 end
+if state == 'active' then
+  if f[2] then return 2 end  -- being cancelled already
+  redis.call('HSET', jk, 'cx', reason)
+  emit('cancelled', id, { 'reason', reason, 'prev', 'active' })
+  redis.call('SPUBLISH', base .. 'cancels', id)
+  return 2
+end
+if state == 'waiting' then
+  if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, 1, id) end
+elseif state == 'delayed' then
+  redis.call('ZREM', K_DELAYED, id)
+end
+local now = now_ms()
+redis.call('HSET', jk, 'cx', reason, 'fr', reason)
+emit('cancelled', id, { 'reason', reason, 'prev', state })
+fail_for_good(id, reason, tonumber(f[3]) or 0, now, state, true)
+return 1

@@ -1,0 +1,58 @@
+#!lua flags=allow-oom
+--[[
+  Keep a scheduler going: the workers' periodic check (for schedulers whose
+  next run is due) and a worker that took a tick call it. When the pending
+  tick job exists (waiting or delayed), fill in the cron slot after it; when
+  it is gone before it was taken (removed, lost), produce it again; when it
+  was taken without producing the next one (a cron tick taken before the
+  slot after it was known: field taken), produce the next tick: one job,
+  however many ticks were missed.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  scheduler id
+  ARGV[2]  the scheduler's next slot as the caller read it ('' none): the
+           call does nothing when it changed since (compare-and-set)
+  ARGV[3]  cron: the slot after that next one ('' for every)
+  ARGV[4]  cron: the first slot after max(next, now) ('' for every: computed
+           here, on the grid of the previous slot)
+  ARGV[5]  cron: the slot after ARGV[4] ('' for every)
+  Returns  0 nothing to do (removed, over, or changed since read); 1 the
+           pending tick is there (after filled in when it was missing); 2 the
+           next tick was produced; 3 the schedule ended (end or limit);
+           -5 the tick's id collides with an existing job (err recorded)
+  Events   those of a produced tick: added, then delayed or waiting
+]]
+local sid = ARGV[1]
+local skey = base .. 'scheduler:' .. sid
+local s = redis.call('HMGET', skey, 'spec', 'next', 'every', 'after', 'taken')
+if not s[1] or (s[2] or '') ~= ARGV[2] or ARGV[2] == '' then return 0 end
+local now = now_ms()
+local pending = tonumber(s[2])
+local state = redis.call('HGET', job_key(tick_id(sid, pending)), 'state')
+if state == 'waiting' or state == 'delayed' then
+  if (not s[4] or s[4] == '') and ARGV[3] ~= '' then redis.call('HSET', skey, 'after', ARGV[3]) end
+  return 1
+end
+if not state and s[5] ~= s[2] then
+  -- the pending tick job is gone before it was taken (removed, lost):
+  -- produce it again, due now when its slot passed
+  redis.call('HINCRBY', skey, 'count', -1)  -- the same tick, counted once
+  local id = schedule_tick(sid, pending, s[4] or '', now)
+  if id == false then
+    redis.call('HINCRBY', skey, 'count', 1)
+    return -5
+  end
+  return 2
+end
+local slot, after
+local every = tonumber(s[3])
+if every then
+  slot, after = every_after(tonumber(s[2]), every, now), ''
+else
+  slot, after = tonumber(ARGV[4]), ARGV[5]
+  if not slot then return 0 end
+end
+local id = schedule_tick(sid, math.floor(slot), after, now)
+if id == false then return -5 end
+if not id then return 3 end
+return 2

@@ -1,0 +1,75 @@
+#!lua flags=allow-oom
+--[[
+  Create or replace a job scheduler, and produce its first tick job.
+
+  KEYS[1]  queue base prefix
+  ARGV[1]  scheduler id
+  ARGV[2]  every, ms ('' for cron)
+  ARGV[3]  cron expression ('' for every)
+  ARGV[4]  tz (IANA name; '' for every)
+  ARGV[5]  start ms ('' none)      ARGV[6]  end ms ('' none)
+  ARGV[7]  limit ('' none)         ARGV[8]  immediately ('1' | '0')
+  ARGV[9]  spec: the schedule in one canonical string (ARGV[2..8]); an
+           upsert with the stored spec changes the template only
+  ARGV[10] cron: the first slot, ms, computed in Python from now (server
+           TIME) or start, zone-aware ('' for every)
+  ARGV[11] cron: the slot after it ('' for every)
+  ARGV[12..21] the job template: name, data (msgpack), opts (msgpack),
+           priority, lifo, attempts, keep_completed_count,
+           keep_completed_age_ms, keep_failed_count, keep_failed_age_ms
+           (each '' when at its default: not stored)
+  Returns  {0, next}  the same schedule: template replaced, the pending tick
+                      kept (a retried or concurrent upsert never doubles a
+                      tick); next '' when the schedule is over
+           {1, next}  a new or changed schedule: its pending delayed tick
+                      job removed, the first tick produced at next ('' when
+                      start/end/limit allow none)
+           {-5, id}   the first tick's id collides with an existing job:
+                      nothing produced (the scheduler is stored, with err)
+  Events   removed (prev delayed) for a replaced pending tick; added, then
+           delayed or waiting, for the new tick
+  Slots    every: the first tick at once (or at start), as in BullMQ; when
+           an existing schedule changes, one interval from now unless
+           immediately. cron: ARGV[10] (now when immediately).
+]]
+local sid = ARGV[1]
+local skey = base .. 'scheduler:' .. sid
+local now = math.floor(now_ms())
+local old = redis.call('HMGET', skey, 'spec', 'next')
+for i, name in ipairs(TEMPLATE) do
+  local value = ARGV[11 + i]
+  if value == '' then redis.call('HDEL', skey, name) else redis.call('HSET', skey, name, value) end
+end
+if old[1] == ARGV[9] then return { 0, old[2] or '' } end
+
+-- a new or changed schedule: the pending tick goes (a waiting or active one
+-- runs as usual), the new first tick is produced
+if old[2] and old[2] ~= '' then
+  local pid = tick_id(sid, tonumber(old[2]))
+  if redis.call('HGET', job_key(pid), 'state') == 'delayed' then
+    redis.call('ZREM', K_DELAYED, pid)
+    delete_job(pid)
+    emit('removed', pid, { 'prev', 'delayed' })
+  end
+end
+local SPEC = { 'every', 'cron', 'tz', 'start', 'end', 'limit', 'imm' }
+for i, name in ipairs(SPEC) do
+  local value = ARGV[1 + i]
+  if value == '' then redis.call('HDEL', skey, name) else redis.call('HSET', skey, name, value) end
+end
+redis.call('HSET', skey, 'spec', ARGV[9], 'next', '', 'after', '')
+local slot, after
+local every = tonumber(ARGV[2])
+if every then
+  slot = now
+  if old[1] and ARGV[8] ~= '1' then slot = now + every end
+  local start = tonumber(ARGV[5])
+  if start and start > slot then slot = start end
+  after = ''
+else
+  slot, after = tonumber(ARGV[10]), ARGV[11]
+end
+local id = schedule_tick(sid, math.floor(slot), after, now)
+if id == false then return { -5, tick_id(sid, slot) } end
+if not id then return { 1, '' } end
+return { 1, string.format('%d', slot) }

@@ -1,0 +1,188 @@
+"""Tests of deduplication and debounce: add(..., dedup=...), in add_bulk too,
+the deduplicated event, get_dedup_job_id / remove_dedup_key, and when a key
+is released. Real server; bounded waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from jobq import Job, Queue
+from tests.polling import until
+from tests.test_worker import WAIT, make_worker, started, stream
+
+
+def test_fifty_threads_adding_one_key_create_one_job(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    barrier = threading.Barrier(50)
+
+    def add(n: int) -> str:
+        barrier.wait(WAIT)
+        return queue.add("d", {"n": n}, dedup={"id": "k"}).id
+
+    with ThreadPoolExecutor(50) as pool:
+        ids = list(pool.map(add, range(50)))
+    assert len(set(ids)) == 1
+    assert queue.get_job_counts("waiting") == {"waiting": 1}
+    assert queue.get_dedup_job_id("k") == ids[0]
+    dedups = stream(redis_client, queue.name, "deduplicated")
+    assert len(dedups) == 49
+    assert {e["fields"]["existing_job_id"].decode() for e in dedups} == {ids[0]}
+    assert {e["fields"]["dedup_id"] for e in dedups} == {b"k"}
+
+
+def test_deduplicated_add_returns_the_existing_job(queue: Queue) -> None:
+    first = queue.add("d", {"v": 1}, dedup={"id": "k"})
+    second = queue.add("d", {"v": 2}, dedup={"id": "k"})
+    assert second.id == first.id
+    assert second.data == {"v": 1}
+    assert first.refresh().opts["dedup"] == {
+        "id": "k", "ttl": None, "extend": False, "replace": False,
+    }
+
+
+def test_add_bulk_deduplicates(queue: Queue) -> None:
+    jobs = queue.add_bulk([
+        {"name": "a", "data": 1, "dedup": {"id": "x"}},
+        {"name": "a", "data": 2, "dedup": {"id": "x"}},
+        {"name": "a", "data": 3, "dedup": {"id": "y"}},
+        {"name": "a", "data": 4},
+    ])
+    assert jobs[0].id == jobs[1].id != jobs[2].id
+    assert [j.data for j in jobs] == [1, 1, 3, 4]
+    assert queue.get_job_counts("waiting") == {"waiting": 3}
+
+
+@pytest.mark.parametrize("ending", ["complete", "fail"])
+def test_simple_key_is_released_when_the_job_finishes(
+    queue: Queue, redis_url: str, ending: str
+) -> None:
+    def processor(job: Job) -> str:
+        if ending == "fail":
+            raise RuntimeError("no")
+        return "ok"
+
+    job = queue.add("d", dedup={"id": "k"})
+    with started(make_worker(queue.name, redis_url, processor)):
+        if ending == "fail":
+            with pytest.raises(Exception, match="no"):
+                job.wait_until_finished(timeout=WAIT)
+        else:
+            assert job.wait_until_finished(timeout=WAIT) == "ok"
+    assert queue.get_dedup_job_id("k") is None
+    again = queue.add("d", dedup={"id": "k"})
+    assert again.id != job.id
+
+
+def test_adds_while_the_job_runs_are_deduplicated(queue: Queue, redis_url: str) -> None:
+    running, release = threading.Event(), threading.Event()
+
+    def processor(job: Job) -> None:
+        running.set()
+        assert release.wait(WAIT)
+
+    job = queue.add("d", dedup={"id": "k"})
+    with started(make_worker(queue.name, redis_url, processor)):
+        try:
+            assert running.wait(WAIT)
+            assert queue.add("d", dedup={"id": "k"}).id == job.id
+        finally:
+            release.set()
+        job.wait_until_finished(timeout=WAIT)
+
+
+@pytest.mark.parametrize("how", ["remove", "cancel", "remove_dedup_key"])
+def test_key_is_released_by_remove_and_cancel(queue: Queue, how: str) -> None:
+    for mode in ({"id": "k"}, {"id": "t", "ttl": 60}):
+        job = queue.add("d", delay=60, dedup=mode)
+        if how == "remove":
+            assert queue.remove(job.id) is True
+        elif how == "cancel":
+            assert queue.cancel(job.id) is True
+        else:
+            assert queue.remove_dedup_key(mode["id"]) is True
+        assert queue.get_dedup_job_id(mode["id"]) is None
+        assert queue.add("d", dedup=mode).id != job.id
+
+
+def test_removing_an_old_job_keeps_a_newer_owners_key(queue: Queue) -> None:
+    old = queue.add("d", dedup={"id": "k"})
+    assert queue.remove_dedup_key("k") is True
+    new = queue.add("d", dedup={"id": "k"})
+    assert queue.remove(old.id) is True
+    assert queue.get_dedup_job_id("k") == new.id
+
+
+def test_throttle_holds_for_the_ttl_even_after_the_job_finished(
+    queue: Queue, redis_url: str
+) -> None:
+    job = queue.add("d", dedup={"id": "t", "ttl": 0.4})
+    added = time.monotonic()
+    with started(make_worker(queue.name, redis_url, lambda j: "ok")):
+        assert job.wait_until_finished(timeout=WAIT) == "ok"
+    if time.monotonic() - added < 0.3:  # the window is still open: still deduplicated
+        assert queue.add("d", dedup={"id": "t", "ttl": 0.4}).id == job.id
+    until(lambda: queue.get_dedup_job_id("t") is None, timeout=WAIT)
+    assert queue.add("d", dedup={"id": "t", "ttl": 0.4}).id != job.id
+
+
+def test_throttle_extend_restarts_the_ttl(queue: Queue, redis_client: redis.Redis) -> None:
+    job = queue.add("d", dedup={"id": "t", "ttl": 30})
+    key = f"jobq:{{{queue.name}}}:dedup:t"
+    redis_client.pexpire(key, 1000)  # as if 29 s had passed
+    assert queue.add("d", dedup={"id": "t", "ttl": 30}).id == job.id
+    assert redis_client.pttl(key) <= 1000  # no extend: the window is not moved
+    assert queue.add("d", dedup={"id": "t", "ttl": 30, "extend": True}).id == job.id
+    assert redis_client.pttl(key) > 20_000
+
+
+def test_debounce_keeps_only_the_last_data(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    mode = {"id": "deb", "ttl": 30, "extend": True, "replace": True}
+    first = queue.add("d", {"v": 0}, delay=30, dedup=mode)
+    for v in range(1, 6):
+        job = queue.add("d", {"v": v}, delay=0.2 + v * 0.01, dedup=mode, attempts=2)
+        assert job.id == first.id
+        assert job.data == {"v": v}
+    assert queue.get_job_counts("delayed") == {"delayed": 1}
+    assert queue.get_job(first.id).opts["attempts"] == 2  # type: ignore[union-attr]
+    seen: list[object] = []
+    with started(make_worker(queue.name, redis_url, lambda j: seen.append(j.data))):
+        first.wait_until_finished(timeout=WAIT)
+    assert seen == [{"v": 5}]
+    delayed = stream(redis_client, queue.name, "delayed", first.id)
+    assert len(delayed) == 6  # the add, then each debounce restarted the delay
+
+
+def test_debounce_never_touches_an_active_job(queue: Queue, redis_url: str) -> None:
+    running, release = threading.Event(), threading.Event()
+    mode = {"id": "deb", "replace": True}
+
+    def processor(job: Job) -> object:
+        running.set()
+        assert release.wait(WAIT)
+        return job.data
+
+    job = queue.add("d", {"v": 1}, delay=0.01, dedup=mode)
+    with started(make_worker(queue.name, redis_url, processor)):
+        try:
+            assert running.wait(WAIT)
+            later = queue.add("d", {"v": 2}, delay=0.01, dedup=mode)
+            assert later.id == job.id
+            assert later.data == {"v": 1}
+        finally:
+            release.set()
+        assert job.wait_until_finished(timeout=WAIT) == {"v": 1}
+
+
+def test_bad_dedup_options(queue: Queue) -> None:
+    for bad in ({"ttl": 1}, {"id": ""}, {"id": "k", "ttl": 0}, {"id": "k", "extend": 1},
+                {"id": "k", "other": 1}, "k"):
+        with pytest.raises(ValueError):
+            queue.add("d", dedup=bad)
