@@ -34,6 +34,7 @@ from .errors import (
 from .job import MAX_STACKTRACES, Job
 from .options import Backoff
 from .scripts import FinishReply, TakeArgs, WorkerScripts
+from .tasks import run_as_current
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ class Runner:
             try:
                 if attempt.error is not None:
                     raise attempt.error
-                result = self._handler_for(job)(job)
+                result = run_as_current(job, self._handler_for(job))
             except BaseException as exc:  # whatever the handler raised fails the attempt only
                 self._in_user_code.discard(name)
                 trace = format_trace(exc)

@@ -102,6 +102,13 @@ def _load(spec: str) -> Any:
         raise _UsageError(
             f"cannot load {spec!r}: {type(exc).__name__}: {exc}{where}"
         ) from exc
+    from .queue import Queue
+
+    if isinstance(target, Queue):
+        if not target.tasks:
+            raise _UsageError(f"{spec!r} is a Queue without tasks (decorate functions "
+                              "with @queue.task)")
+        return target
     if isinstance(target, Mapping):
         if not target or not all(isinstance(k, str) and callable(v) for k, v in target.items()):
             raise _UsageError(f"{spec!r} is a dict, but not of job names to callables")
@@ -134,13 +141,20 @@ def _when(seconds: float | None) -> str:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from .queue import Queue
     from .worker import Worker
 
     processor = _load(args.processor)
     if args.concurrency < 1:
         raise _UsageError("--concurrency must be at least 1")
+    names = args.queue
+    if isinstance(processor, Queue):  # its tasks, on its own queue unless told
+        names = names or [processor.name]
+        processor = processor.tasks
+    if not names:
+        raise _UsageError("--queue is required unless MODULE:CALLABLE names a Queue")
     _ping(args.url)
-    queues = list(dict.fromkeys(args.queue))
+    queues = list(dict.fromkeys(names))
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
     options: dict[str, Any] = {
         "connection": args.url, "prefix": args.prefix, "concurrency": args.concurrency,
@@ -596,9 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker = command("worker", _cmd_worker,
                      "run a worker until SIGINT / SIGTERM (a second signal forces)")
     worker.add_argument("processor", metavar="MODULE:CALLABLE",
-                        help="a callable taking a Job, or a dict of job names to callables")
-    worker.add_argument("--queue", "-q", action="append", required=True,
-                        help="queue to serve (repeat for several)")
+                        help="a callable taking a Job, a dict of job names to callables, "
+                             "or a Queue (its @queue.task functions)")
+    worker.add_argument("--queue", "-q", action="append", default=None,
+                        help="queue to serve (repeat for several; default: the Queue's own "
+                             "when MODULE:CALLABLE names one)")
     worker.add_argument("--concurrency", "-c", type=int, default=1,
                         help="jobs run at once, per queue (default: 1)")
     worker.add_argument("--name", default=None, help="worker name (default: HOST:PID)")

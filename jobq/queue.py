@@ -20,6 +20,7 @@ from .errors import (
 from .job import Job
 from .keys import queues_key
 from .options import JobOptions, byte_limit
+from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -46,7 +47,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin):
+class Queue(QueueReading, QueueAdmin, QueueTasks):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -100,6 +101,7 @@ class Queue(QueueReading, QueueAdmin):
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
+        self._tasks: dict[str, Task[Any]] = {}
         self._default_options: tuple[JobOptions, dict[str, Any], bytes] | None = None
         self._context = QueueContext(name, connection, prefix)
         try:
