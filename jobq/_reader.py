@@ -344,7 +344,8 @@ class EventReader:
         """How the run ended, and the event as listeners should see it (with
         a result too big for the stream read back in)."""
         if event.name == "failed":
-            return Failed(event.fields.get("failed_reason")), event
+            fields = event.fields
+            return Failed(fields.get("failed_reason"), None, fields.get("exc_type")), event
         if event.name != "completed":
             return MISSING, event
         if "result" in event.fields:

@@ -51,6 +51,7 @@ class Failed:
 
     reason: str | None
     stacktrace: list[str] | None = None
+    exc_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
     if isinstance(outcome, Completed):
         return outcome.value
     if isinstance(outcome, Failed):
-        raise JobFailedError(job_id, outcome.reason, outcome.stacktrace or [])
+        raise JobFailedError(job_id, outcome.reason, outcome.stacktrace or [], outcome.exc_type)
     if isinstance(outcome, Missing):
         raise JobNotFoundError(job_id)
     raise ClosedError(f"{what} closed during the wait for {job_id!r}")

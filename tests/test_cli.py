@@ -158,10 +158,13 @@ def test_help_everywhere_and_usage_errors(
         assert exited.value.code == 0
         out = capsys.readouterr().out
         assert "--url" in out and "--prefix" in out, command
-    for argv in ([], ["bogus"], ["wait", "q"], ["worker", "x:y"]):  # no command, no id, no -q
+    for argv in ([], ["bogus"], ["wait", "q"]):  # no command, no id
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
+    # -q may be left out only when MODULE:CALLABLE names a Queue
+    assert main(["--url", redis_url, "worker", "tests.tasks:double"]) == 2
+    assert "--queue is required" in capsys.readouterr().err
     assert jobq(redis_url).returncode == 2
     bad = jobq(redis_url, "info", "bad name")
     assert bad.returncode == 2 and "invalid queue name" in bad.stderr

@@ -1169,7 +1169,7 @@ def test_get_jobs_of_finished_states(queue: Queue, redis_url: str) -> None:
     assert [j.return_value for j in completed] == [2, 1, 0]
     assert [j.id for j in queue.get_jobs("completed", asc=True)] == [j.id for j in jobs]
     [failed] = queue.get_jobs("failed")
-    assert failed.id == bad.id and failed.failed_reason == "no"
+    assert failed.id == bad.id and failed.failed_reason == "RuntimeError: no"
     assert len(queue.get_jobs(["completed", "failed"])) == 4
     assert queue.get_jobs("active") == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -112,3 +113,24 @@ def test_tuples_come_back_as_lists(queue: Queue) -> None:
     job = echo.delay((1, (2, 3)))
     with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
         assert job.wait_until_finished(timeout=WAIT) == [1, [2, 3]]
+
+
+def test_a_job_failed_for_good_logs_a_warning_with_info_off(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    @queue.task(attempts=2)
+    def lookup(key: str) -> Any:
+        return {}[key]
+
+    job = lookup.delay("missing")
+    logger_name = f"jobq.jobs.{queue.name}"
+    with caplog.at_level(logging.WARNING, logger=logger_name):
+        with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+            with pytest.raises(jobq.JobFailedError) as info:
+                job.wait_until_finished(timeout=WAIT)
+    assert info.value.failed_reason == "KeyError: 'missing'"
+    assert info.value.exc_type == "KeyError"
+    records = [r for r in caplog.records if r.name == logger_name]
+    # the retried attempt logs at INFO (off); the last one at WARNING
+    assert [r.levelno for r in records] == [logging.WARNING]
+    assert "KeyError: 'missing'" in records[0].getMessage()

@@ -198,19 +198,22 @@ local function append(list, more)
 end
 
 -- Fail a job for good (its lock and active entry already gone): record it
--- in the failed set under its retention rule and emit `failed`.
-local function fail_for_good(id, reason, attempt, now)
+-- in the failed set under its retention rule and emit `failed` (with the
+-- exception's type name as `exc_type` when one is given).
+local function fail_for_good(id, reason, attempt, now, exc_type)
   local jk = job_key(id)
   local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run')
   if f[6] then _runs[id] = f[6] end
-  local fields = append({ 'prev', 'active', 'failed_reason', reason },
-    metrics(f[1], f[2], f[3], attempt, now))
+  local fields = { 'prev', 'active', 'failed_reason', reason }
+  if exc_type and exc_type ~= '' then append(fields, { 'exc_type', exc_type }) end
+  append(fields, metrics(f[1], f[2], f[3], attempt, now))
   record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
     delete_job(id)
   else
     redis.call('HSET', jk, 'state', 'failed', 'fon', now, 'fr', reason)
+    if not exc_type or exc_type == '' then redis.call('HDEL', jk, 'et') end
     retain(K_FAILED, id, now, keep, tonumber(f[5]) or 0)
   end
   emit('failed', id, fields)
