@@ -90,10 +90,10 @@ class QueueEvents:
         self._reader.table = self._table
         self._threads: list[threading.Thread] = []
         self._started = False
-        self._restart = False  # forked while running: start again on first use
+        # start on first use: autorun, or forked while running. No I/O here,
+        # so a QueueEvents made at import never touches the server then
+        self._restart = bool(autorun)
         _fork.track(self)
-        if autorun:
-            self.run()
 
     # -- lifecycle --------------------------------------------------------
 

@@ -840,9 +840,15 @@ def test_pubsub_waiter_through_queue_events_shared(queue_name: str, redis_url: s
 
 
 def test_event_mode_mismatch_raises(queue_name: str, redis_url: str) -> None:
-    with Queue(queue_name, connection=redis_url, event_mode="pubsub"):
-        with pytest.raises(JobqError):
-            Queue(queue_name, connection=redis_url, event_mode="stream")
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as first:
+        assert first.event_mode == "pubsub"  # stored on first use
+        # no I/O in the constructor: the mismatch shows at the first use
+        with Queue(queue_name, connection=redis_url, event_mode="stream") as second:
+            with pytest.raises(JobqError, match="uses event mode 'pubsub', not 'stream'"):
+                second.add("x")
+            with pytest.raises(JobqError, match="uses event mode"):
+                second.event_mode  # noqa: B018
+        assert first.count() == 0
 
 
 # -- waiting -----------------------------------------------------------------
