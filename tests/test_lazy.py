@@ -88,3 +88,14 @@ def test_explicit_settings_are_stored_and_checked_on_first_use(
                 second.emit("hello")
         with Queue(queue_name, connection=redis_url) as follower:
             assert follower.event_mode == "pubsub" and follower.max_events == 50
+
+
+def test_import_jobq_imports_no_framework() -> None:
+    code = (
+        "import sys, jobq, jobq.cli, jobq.tasks\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'flask')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
