@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -53,6 +55,21 @@ def _on_commit(action: Callable[[], Any], using: str | None) -> None:
     except ImportError as exc:  # pragma: no cover - needs Django absent
         raise RuntimeError("*_on_commit needs Django (pip install 'jobq[django]')") from exc
     transaction.on_commit(action, using=using)
+
+
+def _module_name(func: Callable[..., Any]) -> str:
+    """The module part of a task's default name. A script run as
+    ``python nightly.py`` (or ``python -m pkg.nightly``) names its module
+    ``__main__``, while a worker imports it as ``nightly``: both must agree."""
+    module = str(func.__module__)
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name).removesuffix(".__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.splitext(os.path.basename(path))[0] if path else module
 
 
 class Task(Generic[R]):
@@ -132,7 +149,9 @@ class QueueTasks:
         """Decorate a function as a task of this queue.
 
         Args:
-            name: the job name (default ``"<module>.<qualname>"``).
+            name: the job name (default ``"<module>.<qualname>"``; in a
+                script run as ``python nightly.py``, the module is
+                ``nightly``, as a worker that imports it names it).
             default_options: job options of every job of the task (those of
                 ``Queue.add``); ``enqueue`` may override them.
 
@@ -142,7 +161,7 @@ class QueueTasks:
         JobOptions.parse(default_options)  # fail at import time, not at delay()
 
         def decorate(func: Callable[..., R]) -> Task[R]:
-            task_name = name or f"{func.__module__}.{func.__qualname__}"
+            task_name = name or f"{_module_name(func)}.{func.__qualname__}"
             from .queue import _job_name
 
             _job_name(task_name)

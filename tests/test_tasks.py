@@ -134,3 +134,22 @@ def test_a_job_failed_for_good_logs_a_warning_with_info_off(
     # the retried attempt logs at INFO (off); the last one at WARNING
     assert [r.levelno for r in records] == [logging.WARNING]
     assert "KeyError: 'missing'" in records[0].getMessage()
+
+
+def test_a_script_names_its_tasks_as_a_worker_importing_it_does(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "nightly.py"
+    script.write_text(
+        "from jobq import Queue\n"
+        "queue = Queue('reports')\n"
+        "@queue.task()\n"
+        "def build(day): pass\n"
+        "print(build.name)\n"
+    )
+    for argv in ([str(script)], ["-m", "nightly"]):
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "nightly.build", argv
