@@ -257,8 +257,6 @@ class Queue(QueueReading, QueueAdmin, QueueTasks):
             args, opts = self._prepare(spec["name"], spec.get("data"), options)
             prepared.append((args, opts, spec.get("data")))
         result: list[Job] = []
-        if prepared:
-            self._record()
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
             argv: list[Any] = [len(chunk)]
@@ -282,6 +280,8 @@ class Queue(QueueReading, QueueAdmin, QueueTasks):
                 job = Job(self._context, job_id, args[1], data, opts, timestamp)
                 job._added_event = reply[3 + 3 * i].decode() or None
                 result.append(job)
+        if result:
+            self._record()  # after the add: an add whose reply is lost is never resent
         return result
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -297,8 +297,8 @@ class Queue(QueueReading, QueueAdmin, QueueTasks):
             if key in ("ev", "jid", "c", "ts"):
                 raise SerializationError(f"event field name {key!r} is reserved")
             argv.extend((key, serializer.encode(value, f"event field {key!r}")))
-        self._record()
         self._context.run("emit", *argv)
+        self._record()
 
     @property
     def events(self) -> QueueEvents:
