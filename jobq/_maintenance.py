@@ -17,10 +17,15 @@ logger = logging.getLogger(__name__)
 
 #: Stalled jobs recovered per script call.
 STALLED_BATCH = 1000
+#: Seconds between looks at the worker's counts: a change is announced at
+#: the next look (at most one extra heartbeat a second, none while idle), so
+#: that `jobq info` and `get_workers()` are never a whole beat late.
+STATUS_INTERVAL = 1.0
 
 
 class Maintenance:
-    """Beat every ``heartbeat_ttl / 3``; look for stalled jobs every
+    """Beat every ``heartbeat_ttl / 3``, and within ``STATUS_INTERVAL`` of a
+    change of the worker's counts; look for stalled jobs every
     ``stalled_interval`` (one worker of the queue per interval does it)."""
 
     def __init__(
@@ -45,22 +50,26 @@ class Maintenance:
         self._next_beat = now
         self._next_check = now
         self._first_beat = True
+        self._announced: dict[str, Any] | None = None
         self.loop = BackgroundLoop(f"jobq-maint-{context.name}", self._step, on_error=on_error)
 
     def _step(self) -> float:
         now = time.monotonic()
-        if now >= self._next_beat:
-            self._beat()
+        status = dict(self._status())
+        if now >= self._next_beat or status != self._announced:
+            self._beat(status)
             self._next_beat = now + self._ttl / 3
         if now >= self._next_check:
             self._check_stalled()
             self._next_check = now + self._interval
-        return max(0.0, min(self._next_beat, self._next_check) - time.monotonic())
+        wake = min(self._next_beat, self._next_check, now + STATUS_INTERVAL)
+        return max(0.0, wake - time.monotonic())
 
-    def _beat(self) -> None:
+    def _beat(self, status: dict[str, Any]) -> None:
+        # a failed beat is tried again on schedule, not at every look
+        self._announced = status
         try:
-            announce(self._context, self._name, self._ttl, first=self._first_beat,
-                     **self._status())
+            announce(self._context, self._name, self._ttl, first=self._first_beat, **status)
         except Exception as exc:  # the announcement expires by itself; try next time
             logger.warning("heartbeat of worker %r failed: %s", self._name, exc)
             return

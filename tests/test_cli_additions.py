@@ -80,3 +80,17 @@ def test_info_is_one_table_with_a_row_per_queue_and_json(
         by_name = {row["queue"]: row for row in data}
         assert by_name[queue_name]["counts"]["waiting"] == 1
         assert by_name[other]["counts"]["delayed"] == 1 and by_name[other]["paused"] is True
+
+
+def test_worker_counts_are_current_not_a_heartbeat_late(queue: Queue, redis_url: str) -> None:
+    from jobq import Worker
+    from tests.polling import until
+
+    with Worker(queue.name, lambda job: job.data, connection=redis_url,
+                heartbeat_ttl=300) as worker:  # a regular beat every 100 s
+        assert until(lambda: [w.name for w in queue.get_workers()] == [worker.name],
+                     timeout=WAIT)
+        for n in range(3):
+            assert queue.add("x", n).wait_until_finished(timeout=WAIT) == n
+        # announced within about a second of the change, not at the next beat
+        assert until(lambda: queue.get_workers()[0].jobs_done == 3, timeout=5)
