@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k worker -x'
 PYTEST_ARGS ?=
 
-.PHONY: all install demo test test-oldest test-all lint examples clean bench bench-quick bench-ab
+.PHONY: all install demo test test-oldest test-all lint examples docs clean bench bench-quick bench-ab
 
 all: lint test
 
@@ -56,6 +56,15 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy jobq
 
+# The documentation site (MkDocs Material, mkdocs.yml) into site/; any
+# warning (a broken link, a missing snippet, a bad docstring) fails it.
+$(VENV)/.docs-installed: $(VENV)/.installed setup.cfg
+	$(BIN)/python -m pip install -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+
 # Runs each examples/*.py that has a "# ci: run" line, two minutes at most each.
 examples: $(VENV)/.installed
 	@set -e; ran=0; \
@@ -82,5 +91,5 @@ bench-ab: $(VENV)/.installed
 	timeout 1200 $(BIN)/python bench/ab.py --base $(BASE) --head HEAD
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) build dist site *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

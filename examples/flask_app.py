@@ -1,18 +1,20 @@
-"""A Flask app whose view enqueues a job and waits for its result.
+"""A Flask app with jobq.contrib.flask: a view enqueues a task and waits for
+its result.
 
-``GET /add?a=1&b=2`` adds a job to the ``flask-add`` queue and blocks the
-request thread until a worker has computed the sum. Every request thread
-shares one module-level :class:`jobq.Queue` (and so one event reader, however
-many requests wait at once).
+``GET /add?a=1&b=2`` calls ``add.delay(a, b)`` and blocks the request thread
+until a worker has computed the sum. Every request thread of a process
+shares the app's one Queue (``jobq_ext.queue()``: one connection pool, one
+event reader, however many requests wait at once).
 
-Serve it with a threaded server so that many requests can wait at once::
+Serve it with a threaded server, and run workers with ``flask jobq worker``::
 
-    JOBQ_REDIS_URL=redis://localhost:6379/0 flask --app examples.flask_app run --with-threads
-    JOBQ_REDIS_URL=redis://localhost:6379/0 gunicorn --threads 32 examples.flask_app:app
+    export JOBQ_REDIS_URL=redis://localhost:6379/0
+    gunicorn --threads 32 --chdir examples flask_app:app
+    flask --app examples/flask_app.py jobq worker --concurrency 8
 
-and run workers elsewhere (``jobq worker examples.flask_app:add --queue flask-add``).
-Run as a script, it starts a worker and a threaded server on a free loopback
-port, makes 20 concurrent requests, prints the answers and shuts down.
+Run as a script, it starts a server (unless $JOBQ_REDIS_URL names one), a
+worker and the app on a free loopback port, makes 20 concurrent requests,
+prints the answers and shuts down.
 """
 
 # ci: run
@@ -22,6 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -30,45 +34,24 @@ from typing import Any
 from flask import Flask, jsonify, request
 from werkzeug.serving import make_server
 
-from jobq import Job, JobFailedError, Queue, WaitUntilFinishedTimeoutError, Worker
+from jobq import JobFailedError, WaitUntilFinishedTimeoutError, Worker
+from jobq.contrib.flask import JobQ
 from jobq.testing import embedded_url
 
-QUEUE_NAME = "flask-add"
 #: How long a request waits for its job, in seconds.
 REQUEST_TIMEOUT = 10.0
 
 app = Flask(__name__)
-
-_queue: Queue | None = None
-_queue_lock = threading.Lock()
-
-
-def configure(connection: str | None = None, queue_name: str = QUEUE_NAME) -> Queue:
-    """Create the module's shared Queue (``connection=None``: ``$JOBQ_REDIS_URL``)."""
-    global _queue
-    with _queue_lock:
-        if _queue is None:
-            _queue = Queue(queue_name, connection=connection)
-        return _queue
+app.config["JOBQ_URL"] = os.environ.get("JOBQ_REDIS_URL")  # None: localhost
+app.config["JOBQ_PREFIX"] = os.environ.get("JOBQ_PREFIX", "jobq")
+jobq_ext = JobQ(app)
+queue = jobq_ext.queue("flask-add")  # no I/O here: the import works while Redis is down
 
 
-def get_queue() -> Queue:
-    """The Queue shared by every request thread, created on first use."""
-    return _queue if _queue is not None else configure()
-
-
-def shutdown() -> None:
-    """Close the shared Queue (and its event reader)."""
-    global _queue
-    with _queue_lock:
-        queue, _queue = _queue, None
-    if queue is not None:
-        queue.close()
-
-
-def add(job: Job) -> int:
+@queue.task(name="add")
+def add(a: int, b: int) -> int:
     """The worker side: add two numbers."""
-    return int(job.data["a"]) + int(job.data["b"])
+    return a + b
 
 
 @app.get("/add")
@@ -78,14 +61,14 @@ def add_view() -> Any:
     b = request.args.get("b", type=int)
     if a is None or b is None:
         return jsonify(error="give integers a and b"), 400
-    job = get_queue().add("add", {"a": a, "b": b})
+    job = add.delay(a, b)
     try:
         result = job.wait_until_finished(timeout=REQUEST_TIMEOUT)
     except WaitUntilFinishedTimeoutError:
         return jsonify(error="timed out", job=job.id), 504
     except JobFailedError as exc:
         return jsonify(error=exc.failed_reason, job=job.id), 500
-    return jsonify(a=a, b=b, result=result, job=job.id)
+    return jsonify(a=a, b=b, result=result, job=job.id, pid=os.getpid())
 
 
 def fetch(url: str) -> dict[str, Any]:
@@ -95,31 +78,40 @@ def fetch(url: str) -> dict[str, Any]:
         return body
 
 
-def main() -> int:
-    """Serve the app, make concurrent requests, print the answers."""
+def demo() -> int:
+    """Serve the app with a worker, make concurrent requests, print the answers."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log
-    with embedded_url() as url:
-        queue = configure(url, f"{QUEUE_NAME}-{os.getpid()}")
-        try:
-            with Worker(queue.name, add, connection=url, concurrency=4):
-                server = make_server("127.0.0.1", 0, app, threaded=True)
-                thread = threading.Thread(target=server.serve_forever, name="http")
-                thread.start()
-                try:
-                    base = f"http://127.0.0.1:{server.server_port}"
-                    urls = [f"{base}/add?a={n}&b={n * 10}" for n in range(20)]
-                    with ThreadPoolExecutor(max_workers=10) as pool:
-                        answers = list(pool.map(fetch, urls))
-                finally:
-                    server.shutdown()
-                    thread.join(10)
-                    server.server_close()
-        finally:
-            shutdown()
+    try:
+        with Worker(queue.name, queue.tasks, connection=app.config["JOBQ_URL"],
+                    prefix=queue.prefix, concurrency=4):
+            server = make_server("127.0.0.1", 0, app, threaded=True)
+            thread = threading.Thread(target=server.serve_forever, name="http")
+            thread.start()
+            try:
+                base = f"http://127.0.0.1:{server.server_port}"
+                urls = [f"{base}/add?a={n}&b={n * 10}" for n in range(20)]
+                with ThreadPoolExecutor(max_workers=10) as pool:
+                    answers = list(pool.map(fetch, urls))
+            finally:
+                server.shutdown()
+                thread.join(10)
+                server.server_close()
+    finally:
+        jobq_ext.close()
     for answer in answers:
         print(f"{answer['a']} + {answer['b']} = {answer['result']} (job {answer['job']})")
     wrong = [a for a in answers if a["result"] != a["a"] + a["b"]]
     return 1 if wrong else 0
+
+
+def main() -> int:
+    """Run the demo against $JOBQ_REDIS_URL, else against a private server
+    (in a child process: the app reads its config at import)."""
+    if os.environ.get("JOBQ_REDIS_URL"):
+        return demo()
+    with embedded_url() as url:
+        env = dict(os.environ, JOBQ_REDIS_URL=url, JOBQ_PREFIX=f"demo-{os.getpid()}")
+        return subprocess.run([sys.executable, __file__], env=env, check=False).returncode
 
 
 if __name__ == "__main__":

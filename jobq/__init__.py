@@ -27,6 +27,7 @@ from .options import Backoff, JobOptions, KeepJobs
 from .queue import Queue
 from .queue_events import QueueEvents
 from .registry import WorkerInfo
+from .tasks import Task, current_job
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -52,9 +53,11 @@ __all__ = [
     "RedisOOMError",
     "Scheduler",
     "SerializationError",
+    "Task",
     "UnrecoverableError",
     "WaitUntilFinishedTimeoutError",
     "WorkerInfo",
     "Worker",
     "__version__",
+    "current_job",
 ]

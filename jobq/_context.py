@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -44,15 +45,42 @@ class QueueContext:
         self._events: QueueEvents | None = None
         self._bounded: Any = None
         self._lock = threading.Lock()
+        self._setup: Callable[[], None] | None = None
+        self._setup_lock = threading.Lock()
         self.closed = False
         _fork.track(self)
 
+    def on_first_use(self, setup: Callable[[], None]) -> None:
+        """Have ``setup`` run before the first command (again on the next
+        command while it raises): constructors do no I/O."""
+        self._setup = setup
+
+    def ensure_ready(self) -> None:
+        """Run the first-use setup if it has not succeeded yet.
+
+        Raises:
+            ClosedError: the owner was closed.
+        """
+        if self.closed:
+            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        if self._setup is not None:
+            with self._setup_lock:
+                setup = self._setup
+                if setup is not None:
+                    setup()
+                    self._setup = None
+
+    @property
+    def where(self) -> str:
+        """The server's address for messages (its password hidden)."""
+        return _connection.describe(self.client)
     def _after_fork(self) -> None:
         """In a forked child: a new lock (a parent's thread may have held
         it). The shared reader resets itself; a client jobq created has its
         pool reset (see _fork), a caller's resets itself (redis-py's pools
         check the process id)."""
         self._lock = threading.Lock()
+        self._setup_lock = threading.Lock()
 
     @property
     def redis(self) -> Any:
@@ -61,8 +89,8 @@ class QueueContext:
         Raises:
             ClosedError: the owner (Queue, Worker, QueueEvents) was closed.
         """
-        if self.closed:
-            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        if self.closed or self._setup is not None:
+            self.ensure_ready()
         return self.client
 
     def run(self, script: str, *args: Any) -> Any:
@@ -71,8 +99,8 @@ class QueueContext:
         Raises:
             ClosedError: the owner was closed.
         """
-        if self.closed:
-            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        if self.closed or self._setup is not None:
+            self.ensure_ready()
         return self.scripts.run(script, self.keys.base, *args)
 
     def run_on(self, connection: Any, script: str, *args: Any) -> Any:
@@ -82,8 +110,8 @@ class QueueContext:
         Raises:
             ClosedError: the owner was closed.
         """
-        if self.closed:
-            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        if self.closed or self._setup is not None:
+            self.ensure_ready()
         return self.scripts.run_on(connection, script, self.keys.base, *args)
 
     def can_hold(self, connections: int, reserve: int = POOL_RESERVE) -> bool:
@@ -125,8 +153,8 @@ class QueueContext:
         Raises:
             ClosedError: the owner was closed.
         """
-        if self.closed:
-            raise ClosedError(f"{self.kind} {self.name!r} is closed")
+        if self.closed or self._setup is not None:
+            self.ensure_ready()
         return self.scripts.run(script, self.keys.base, *args, client=self.bounded)
 
     def shared_events(self) -> QueueEvents:

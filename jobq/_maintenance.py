@@ -24,9 +24,15 @@ STALLED_BATCH = 1000
 #: Longest time between two checks of the queue's job schedulers, seconds.
 SCHEDULER_CHECK = 5.0
 
+#: Seconds between looks at the worker's counts: a change is announced at
+#: the next look (at most one extra heartbeat a second, none while idle), so
+#: that `jobq info` and `get_workers()` are never a whole beat late.
+STATUS_INTERVAL = 1.0
+
 
 class Maintenance:
-    """Beat every ``heartbeat_ttl / 3``; look for stalled jobs every
+    """Beat every ``heartbeat_ttl / 3``, and within ``STATUS_INTERVAL`` of a
+    change of the worker's counts; look for stalled jobs every
     ``stalled_interval`` (one worker of the queue per interval does it)."""
 
     def __init__(
@@ -56,6 +62,7 @@ class Maintenance:
         self._ticks_lock = threading.Lock()
         self._on_error = on_error
         self._first_beat = True
+        self._announced: dict[str, Any] | None = None
         self.loop = BackgroundLoop(
             f"jobq-maint-{context.name}", self._step, on_error=on_error, log=logger
         )
@@ -68,8 +75,9 @@ class Maintenance:
 
     def _step(self) -> float:
         now = time.monotonic()
-        if now >= self._next_beat:
-            self._beat()
+        status = dict(self._status())
+        if now >= self._next_beat or status != self._announced:
+            self._beat(status)
             self._next_beat = now + self._ttl / 3
         if now >= self._next_check:
             self._check_stalled()
@@ -81,7 +89,8 @@ class Maintenance:
             ticks.update(due_schedulers(self._context))
         for sid in sorted(ticks):
             self._sync(sid)
-        wake = min(self._next_beat, self._next_check, self._next_schedulers)
+        wake = min(self._next_beat, self._next_check, self._next_schedulers,
+                   now + STATUS_INTERVAL)
         return max(0.0, wake - time.monotonic())
 
     def _sync(self, scheduler_id: str) -> None:
@@ -91,10 +100,11 @@ class Maintenance:
             logger.error("scheduler %r of %r: %s", scheduler_id, self._context.name, exc)
             self._on_error(exc)
 
-    def _beat(self) -> None:
+    def _beat(self, status: dict[str, Any]) -> None:
+        # a failed beat is tried again on schedule, not at every look
+        self._announced = status
         try:
-            announce(self._context, self._name, self._ttl, first=self._first_beat,
-                     **self._status())
+            announce(self._context, self._name, self._ttl, first=self._first_beat, **status)
         except Exception as exc:  # the announcement expires by itself; try next time
             logger.warning("heartbeat of worker %r failed: %s", self._name, exc)
             return

@@ -345,8 +345,10 @@ class EventReader:
         """How the run ended, and the event as listeners should see it (with
         a result too big for the stream read back in)."""
         if event.name == "failed":
-            cancelled = event.fields.get("cancelled") == "1"
-            return Failed(event.fields.get("failed_reason"), cancelled=cancelled), event
+            fields = event.fields
+            cancelled = fields.get("cancelled") == "1"
+            failed = Failed(fields.get("failed_reason"), None, fields.get("exc_type"), cancelled)
+            return failed, event
         if event.name != "completed":
             return MISSING, event
         if "result" in event.fields:

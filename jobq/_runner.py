@@ -35,6 +35,7 @@ from .errors import (
 )
 from .job import MAX_STACKTRACES, Job
 from .options import Backoff
+from .tasks import run_as_current
 
 logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
@@ -65,13 +66,15 @@ def _clip(text: str, limit: int) -> str:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """``str(exc)``, or the exception's type name when that is empty or
-    raises; clipped to ``MAX_REASON`` characters."""
+    """``"<type name>: <str(exc)>"`` (as the last line of a traceback), or
+    the type name alone when the message is empty or cannot be read;
+    clipped to ``MAX_REASON`` characters."""
+    kind = type(exc).__name__
     try:
         text = str(exc)
     except BaseException:  # a broken __str__ must not break the failure path
-        text = f"{type(exc).__name__} (its message could not be read)"
-    return _clip(text or type(exc).__name__, MAX_REASON)
+        return _clip(f"{kind} (its message could not be read)", MAX_REASON)
+    return _clip(f"{kind}: {text}" if text else kind, MAX_REASON)
 
 
 def format_trace(exc: BaseException) -> str:
@@ -190,7 +193,7 @@ class Finisher:
         reply, taken = self._call(
             attempt, conn, chain,
             lambda scripts, take: scripts.fail(
-                job.id, attempt.token, reason, packed, delay_ms, take
+                job.id, attempt.token, reason, packed, delay_ms, take, type(exc).__name__
             ),
         )
         if reply is None:
@@ -200,15 +203,19 @@ class Finisher:
             return taken
         job.attempts_made = attempt_no
         job.failed_reason = reason
+        job.exc_type = type(exc).__name__
         job.stacktrace = stacktrace
         retrying = reply.code == ScriptCode.RETRYING
         if not retrying:
             job.finished_on = reply.finished_on
         with self._lock:
             self.failed += 1
-        if self._job_log.isEnabledFor(logging.INFO):
+        # a job failed for good is logged at WARNING, so that it shows when
+        # INFO (every job's end) is off
+        level = logging.INFO if retrying else logging.WARNING
+        if self._job_log.isEnabledFor(level):
             self._job_log.log(
-                logging.INFO if retrying else logging.WARNING,
+                level,
                 "job %s (%s) failed in %.3f s, attempt %d%s: %s", job.id, job.name,
                 time.monotonic() - attempt.started, attempt_no,
                 ", will retry" if retrying else "", reason,
@@ -398,7 +405,7 @@ class Runner:
             try:
                 if attempt.error is not None:
                     raise attempt.error
-                result = self._handler_for(job)(job)
+                result = run_as_current(job, self._handler_for(job))
             except BaseException as exc:  # whatever the handler raised fails the attempt only
                 self._in_user_code.discard(name)
                 trace = format_trace(exc)

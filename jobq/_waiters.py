@@ -52,6 +52,7 @@ class Failed:
 
     reason: str | None
     stacktrace: list[str] | None = None
+    exc_type: str | None = None
     #: failed by a cancel: waiters raise JobCancelledError
     cancelled: bool = False
 
@@ -137,7 +138,7 @@ def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
         return outcome.value
     if isinstance(outcome, Failed):
         error = JobCancelledError if outcome.cancelled else JobFailedError
-        raise error(job_id, outcome.reason, outcome.stacktrace or [])
+        raise error(job_id, outcome.reason, outcome.stacktrace or [], outcome.exc_type)
     if isinstance(outcome, Missing):
         raise JobNotFoundError(job_id)
     raise ClosedError(f"{what} closed during the wait for {job_id!r}")
@@ -310,7 +311,7 @@ class WaiterTable:
             stacktrace = reply.stacktrace
             trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None
             traces = list(trace) if isinstance(trace, list) else None
-            waiter.resolve(Failed(reply.reason, traces, reply.state == "cancelled"))
+            waiter.resolve(Failed(reply.reason, traces, cancelled=reply.state == "cancelled"))
         elif reply.state is None and reply.final:
             waiter.resolve(MISSING)
         elif reply.state is None:

@@ -114,10 +114,13 @@ class WorkerScripts:
 
     def fail(
         self, job_id: str, token: str, reason: str, stacktrace: bytes, delay_ms: int,
-        take: TakeArgs | None,
+        take: TakeArgs | None, exc_type: str = "",
     ) -> FinishReply:
-        """fail.lua: end a failed attempt; ``delay_ms`` -1 forbids a retry."""
-        reply = self._run("fail", job_id, token, reason, stacktrace, delay_ms, *(take or ()))
+        """fail.lua: end a failed attempt; ``delay_ms`` -1 forbids a retry;
+        ``exc_type`` is the type name of the exception that failed it."""
+        reply = self._run(
+            "fail", job_id, token, reason, stacktrace, delay_ms, exc_type, *(take or ())
+        )
         return _decode_finish(reply, take)
 
     def extend_locks(

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -102,6 +101,13 @@ def _load(spec: str) -> Any:
         raise _UsageError(
             f"cannot load {spec!r}: {type(exc).__name__}: {exc}{where}"
         ) from exc
+    from .queue import Queue
+
+    if isinstance(target, Queue):
+        if not target.tasks:
+            raise _UsageError(f"{spec!r} is a Queue without tasks (decorate functions "
+                              "with @queue.task)")
+        return target
     if isinstance(target, Mapping):
         if not target or not all(isinstance(k, str) and callable(v) for k, v in target.items()):
             raise _UsageError(f"{spec!r} is a dict, but not of job names to callables")
@@ -134,48 +140,46 @@ def _when(seconds: float | None) -> str:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import Worker
+    from ._serve import default_name, serve
+    from .queue import Queue
 
     processor = _load(args.processor)
     if args.concurrency < 1:
         raise _UsageError("--concurrency must be at least 1")
+    names = args.queue
+    if isinstance(processor, Queue):  # its tasks, on its own queue unless told
+        names = names or [processor.name]
+        processor = processor.tasks
+    if not names:
+        raise _UsageError("--queue is required unless MODULE:CALLABLE names a Queue")
     _ping(args.url)
-    queues = list(dict.fromkeys(args.queue))
-    name = args.name or f"{socket.gethostname()}:{os.getpid()}"
-    options: dict[str, Any] = {
-        "connection": args.url, "prefix": args.prefix, "concurrency": args.concurrency,
-        "name": name, "heartbeat_ttl": args.heartbeat_ttl,
-    }
+    options: dict[str, Any] = {"heartbeat_ttl": args.heartbeat_ttl}
     if args.lock_duration is not None:
         options["lock_duration"] = args.lock_duration
-    workers = [Worker(q, processor, **options) for q in queues]
-    for worker in workers:
-        worker._announced_queues = tuple(queues)
-    with StopSignals("%s: finishing jobs in flight (send it again to stop at once)",
-               "%s again: abandoning jobs in flight") as stop:
-        for worker in workers:
-            worker.start()
-        logger.info(
-            "worker %s (pid %d) serving %s with concurrency %d", name, os.getpid(),
-            ", ".join(queues), args.concurrency,
-        )
-        while not stop.wait(0.5):
-            pass
-        closers = [
-            threading.Thread(target=w.close, name=f"close-{w.queue_name}", daemon=True)
-            for w in workers
-        ]
-        for closer in closers:
-            closer.start()
-        forced = False
-        while any(c.is_alive() for c in closers):
-            if stop.forced and not forced:
-                forced = True
-                for worker in workers:
-                    worker.close(force=True, timeout=0)
-            for closer in closers:
-                closer.join(0.1)
-    logger.info("worker %s stopped%s", name, " (forced)" if forced else "")
+    serve(
+        [(q, processor) for q in dict.fromkeys(names)], connection=args.url,
+        prefix=args.prefix, concurrency=args.concurrency, name=args.name or default_name(),
+        burst=args.burst, **options,
+    )
+    return EXIT_OK
+
+
+# -- add -----------------------------------------------------------------------------
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    try:
+        data = json.loads(args.data) if args.data is not None else None
+    except ValueError as exc:
+        raise _UsageError(f"--data is not JSON: {exc}") from exc
+    options: dict[str, Any] = {}
+    for key in ("delay", "priority", "attempts", "job_id"):
+        value = getattr(args, key)
+        if value is not None:
+            options[key] = value
+    with _queue(args, args.queue) as queue:
+        job = queue.add(args.name, data, **options)
+    print(job.id)
     return EXIT_OK
 
 
@@ -197,23 +201,17 @@ def _snapshot(queue: Queue) -> dict[str, Any]:
 
 
 def _print_info(snapshots: list[dict[str, Any]], out: TextIO) -> None:
-    for i, snap in enumerate(snapshots):
-        if len(snapshots) > 1:
-            paused = " (paused)" if snap["paused"] else ""
-            print(("\n" if i else "") + f"{snap['queue']}{paused}", file=out)
-        for state in STATES:
-            print(f"{state} {snap['counts'][state]}", file=out)
-        print(f"paused {'yes' if snap['paused'] else 'no'}", file=out)
-        print(f"workers {len(snap['workers'])}", file=out)
-        print(f"completed/min {snap['completed_per_min']:.1f}", file=out)
-        print(f"failed/min {snap['failed_per_min']:.1f}", file=out)
-        for w in snap["workers"]:
-            print(
-                f"worker {w.name} host={w.host} pid={w.pid} concurrency={w.concurrency} "
-                f"active={w.jobs_active} done={w.jobs_done} failed={w.jobs_failed} "
-                f"heartbeat={max(0.0, snap['timestamp'] - w.last_heartbeat):.1f}s",
-                file=out,
-            )
+    """One table, a row per queue; then one line per live worker."""
+    print(_table(snapshots), file=out)
+    lines = [
+        f"{snap['queue']}: worker {w.name} host={w.host} pid={w.pid} "
+        f"concurrency={w.concurrency} active={w.jobs_active} done={w.jobs_done} "
+        f"failed={w.jobs_failed} "
+        f"heartbeat={max(0.0, snap['timestamp'] - w.last_heartbeat):.1f}s"
+        for snap in snapshots for w in snap["workers"]
+    ]
+    if lines:
+        print("", *lines, sep="\n", file=out)
 
 
 _COLUMNS = (
@@ -256,9 +254,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if not args.watch:
         with _queues(args, names()) as queues:
             if not queues:
+                if args.json:
+                    print("[]")
                 print(f"no queues known under prefix {args.prefix!r}", file=sys.stderr)
                 return EXIT_OK
-            _print_info([_snapshot(q) for q in queues], sys.stdout)
+            snapshots = [_snapshot(q) for q in queues]
+            if args.json:
+                print(_json(snapshots))
+            else:
+                _print_info(snapshots, sys.stdout)
         return EXIT_OK
     plain = args.plain or not sys.stdout.isatty()
     opened: dict[str, Queue] = {}
@@ -611,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(__doc__ or "").split("\n\n", 1)[1].strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"jobq {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, func: Callable[[argparse.Namespace], int], text: str
@@ -622,9 +629,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker = command("worker", _cmd_worker,
                      "run a worker until SIGINT / SIGTERM (a second signal forces)")
     worker.add_argument("processor", metavar="MODULE:CALLABLE",
-                        help="a callable taking a Job, or a dict of job names to callables")
-    worker.add_argument("--queue", "-q", action="append", required=True,
-                        help="queue to serve (repeat for several)")
+                        help="a callable taking a Job, a dict of job names to callables, "
+                             "or a Queue (its @queue.task functions)")
+    worker.add_argument("--queue", "-q", action="append", default=None,
+                        help="queue to serve (repeat for several; default: the Queue's own "
+                             "when MODULE:CALLABLE names one)")
     worker.add_argument("--concurrency", "-c", type=int, default=1,
                         help="jobs run at once, per queue (default: 1)")
     worker.add_argument("--name", default=None, help="worker name (default: HOST:PID)")
@@ -632,11 +641,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a job's lock lasts before renewal (default: 30)")
     worker.add_argument("--heartbeat-ttl", type=float, default=30.0,
                         help="seconds a dead worker stays listed (default: 30)")
+    worker.add_argument("--burst", action="store_true",
+                        help="exit 0 once no job of the queues is waiting or active "
+                             "(for cron and CI)")
+
+    add = command("add", _cmd_add, "add one job; print its id")
+    add.add_argument("queue", metavar="QUEUE")
+    add.add_argument("name", metavar="NAME", help="the job's name")
+    add.add_argument("--data", default=None, help="the job's data, as JSON (default: null)")
+    add.add_argument("--delay", type=float, default=None, help="seconds before it may run")
+    add.add_argument("--priority", type=int, default=None,
+                     help="1 most urgent, larger later (default: none)")
+    add.add_argument("--attempts", type=int, default=None, help="attempts (default: 1)")
+    add.add_argument("--job-id", default=None, help="a custom id (idempotent add)")
 
     info = command("info", _cmd_info,
                    "job counts, paused flag, live workers and jobs/min per queue")
     info.add_argument("queues", nargs="*", metavar="QUEUE",
                       help="queues to show (default: every known queue)")
+    info.add_argument("--json", action="store_true",
+                      help="print a JSON list, one object per queue (not with --watch)")
     info.add_argument("--watch", "-w", action="store_true",
                       help="redraw a live table every second until interrupted")
     info.add_argument("--interval", type=float, default=1.0,

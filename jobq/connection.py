@@ -85,6 +85,34 @@ def resolve(connection: object) -> tuple[Client, bool]:
     )
 
 
+def describe(client: Client) -> str:
+    """Where a client connects, as a URL without its password, for messages."""
+    try:
+        if isinstance(client, RedisCluster):
+            nodes = client.get_nodes()  # type: ignore[no-untyped-call]
+            first = nodes[0] if nodes else None
+            where = f"{first.host}:{first.port}" if first is not None else "?"
+            return f"redis+cluster://{where}"
+        kwargs = client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+        scheme = "rediss" if "ssl" in client.connection_pool.connection_class.__name__.lower() \
+            else "redis"
+        user = kwargs.get("username")
+        auth = f"{user}:***@" if user else (":***@" if kwargs.get("password") else "")
+        return f"{scheme}://{auth}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}" \
+            f"/{kwargs.get('db', 0)}"
+    except Exception:  # a message must not fail
+        return repr(client)
+
+
+def unreachable(exc: Exception, client: Client) -> Exception:
+    """The same kind of redis-py error, its message naming the server."""
+    cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \
+        else redis.exceptions.ConnectionError
+    return cls(f"cannot reach the Redis server at {describe(client)}: {exc}")
+
+
 _KEEP: Any = object()
 
 

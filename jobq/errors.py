@@ -51,18 +51,42 @@ class RedisOOMError(JobqError, redis.exceptions.OutOfMemoryError):
 
 
 class JobFailedError(JobqError):
-    """A waited-on job failed for good (retries exhausted, or unrecoverable)."""
+    """A waited-on job failed for good (retries exhausted, or unrecoverable).
+
+    Attributes:
+        job_id: the job's id.
+        failed_reason: ``"<type>: <message>"`` of the exception that failed
+            the last attempt (the type alone when it had no message).
+        exc_type: the type name of that exception (``"KeyError"``,
+            ``"JobTimeoutError"``, ``"UnrecoverableError"``...), or None when
+            the job failed without one (e.g. it stalled too often).
+        stacktrace: the formatted tracebacks of the attempts, newest last.
+    """
 
     def __init__(
-        self, job_id: str, failed_reason: str | None, stacktrace: list[str] | None = None
+        self,
+        job_id: str,
+        failed_reason: str | None,
+        stacktrace: list[str] | None = None,
+        exc_type: str | None = None,
     ) -> None:
         super().__init__(f"job {job_id!r} failed: {failed_reason}")
         self.job_id = job_id
         self.failed_reason = failed_reason
         self.stacktrace = list(stacktrace or [])
+        self.exc_type = exc_type or exc_type_of(failed_reason)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.job_id, self.failed_reason, self.stacktrace))
+        return (type(self), (self.job_id, self.failed_reason, self.stacktrace, self.exc_type))
+
+
+def exc_type_of(failed_reason: str | None) -> str | None:
+    """The exception type name a failed reason starts with (``"KeyError"``
+    of ``"KeyError: 'missing'"``), or None when it names none."""
+    if not failed_reason:
+        return None
+    head = failed_reason.split(":", 1)[0]
+    return head if head.isidentifier() and head[:1].isupper() and " " not in head else None
 
 
 class JobCancelledError(JobFailedError):
@@ -70,9 +94,13 @@ class JobCancelledError(JobFailedError):
     failed for good; ``failed_reason`` is the cancel's reason."""
 
     def __init__(
-        self, job_id: str, failed_reason: str | None, stacktrace: list[str] | None = None
+        self,
+        job_id: str,
+        failed_reason: str | None,
+        stacktrace: list[str] | None = None,
+        exc_type: str | None = None,
     ) -> None:
-        super().__init__(job_id, failed_reason, stacktrace)
+        super().__init__(job_id, failed_reason, stacktrace, exc_type)
         self.args = (f"job {job_id!r} was cancelled: {failed_reason}",)
 
 

@@ -38,6 +38,7 @@ class Job:
     Attributes mirror the job's record: ``id``, ``name``, ``data``, ``opts``,
     ``timestamp``, ``delay``, ``priority``, ``attempts_made``,
     ``stalled_counter``, ``progress``, ``return_value``, ``failed_reason``,
+    ``exc_type`` (the type name of the exception that failed the last attempt),
     ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``.
     Times are epoch seconds (server clock); durations are seconds.
 
@@ -68,6 +69,7 @@ class Job:
         self.progress: Any = None
         self.return_value: Any = None
         self.failed_reason: str | None = None
+        self.exc_type: str | None = None
         self.stacktrace: list[str] = []
         self.processed_on: float | None = None
         self.finished_on: float | None = None
@@ -101,6 +103,7 @@ class Job:
         self.progress = serializer.decode(get(b"prog"), "progress")
         self.return_value = serializer.decode(get(b"rv"), "return value")
         self.failed_reason = _s(get(b"fr"))
+        self.exc_type = _s(get(b"et")) or None
         stacktrace = serializer.decode(get(b"st"), "stack trace")
         self.stacktrace = list(stacktrace) if isinstance(stacktrace, list) else []
         self.processed_on = _f(get(b"pon"))

@@ -107,6 +107,7 @@ JOB_FIELDS: dict[str, str] = {
     "prog": "its progress (msgpack)",
     "rv": "its return value (msgpack)",
     "fr": "its last failed reason",
+    "et": "the type name of the exception that failed its last attempt",
     "st": "its stack traces, newest last (msgpack list)",
     "fon": "when it finished (ms)",
     "cx": "the reason of a cancel requested while it ran (the durable mark)",

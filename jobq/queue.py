@@ -15,6 +15,7 @@ from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
 from ._schedulers import QueueSchedulers
 from .calls import NewJob
+from .connection import unreachable
 from .errors import (
     JobqError,
     PayloadTooLarge,
@@ -24,6 +25,7 @@ from .errors import (
 from .job import Job
 from .keys import queues_key
 from .options import NO_DEDUP, JobOptions, byte_limit
+from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -50,7 +52,7 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
+class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, QueueTasks):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -104,21 +106,35 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
         defaults = dict(default_job_options or {})
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
+        self._tasks: dict[str, Task[Any]] = {}
         self._default_options: tuple[JobOptions, dict[str, Any], bytes] | None = None
         self._context = QueueContext(name, connection, prefix)
+        self._settings = (event_mode, max_events, result_ttl)
+        self._recorded = False
+        # no I/O here: a module-level Queue must not break an import while the
+        # server is down; settings are stored and checked on first use
+        self._context.on_first_use(self._first_use)
+
+    def _first_use(self) -> None:
+        client = self._context.client
         try:
-            self._setup_meta(event_mode, max_events, result_ttl)
-        except BaseException:
-            self._context.close()
-            raise
-        warn_if_evicting(self._context.client)
+            self._setup_meta(*self._settings)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise unreachable(exc, client) from exc
+        warn_if_evicting(client)
+
+    def _record(self) -> None:
+        """Record the queue's name in the known-queues set (for ``jobq info``
+        with no queue named), once, when it is first written to."""
+        if not self._recorded:
+            self._context.redis.sadd(queues_key(self.prefix), self.name)
+            self._recorded = True
 
     def _setup_meta(
         self, event_mode: str | None, max_events: int | None, result_ttl: float | None
     ) -> None:
         meta = self._context.keys.meta
         client = self._context.client
-        client.sadd(queues_key(self.prefix), self.name)  # for `jobq info` with no queue
         if event_mode is not None:
             client.hsetnx(meta, "em", event_mode)
         stored_mode, stored_max, stored_ttl = client.hmget(meta, ["em", "maxev", "rttl"])
@@ -127,15 +143,33 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
             raise JobqError(
                 f"queue {self.name!r} uses event mode {stored!r}, not {event_mode!r}"
             )
-        self.event_mode = stored
-        self.max_events = int(stored_max or DEFAULT_MAX_EVENTS)
-        if max_events is not None and max_events != self.max_events:
+        self._event_mode = stored
+        self._max_events = int(stored_max or DEFAULT_MAX_EVENTS)
+        if max_events is not None and max_events != self._max_events:
             client.hset(meta, "maxev", max_events)
-            self.max_events = max_events
-        self.result_ttl = int(stored_ttl or DEFAULT_RESULT_TTL * 1000) / 1000.0
-        if result_ttl is not None and round(result_ttl * 1000) != round(self.result_ttl * 1000):
+            self._max_events = max_events
+        self._result_ttl = int(stored_ttl or DEFAULT_RESULT_TTL * 1000) / 1000.0
+        if result_ttl is not None and round(result_ttl * 1000) != round(self._result_ttl * 1000):
             client.hset(meta, "rttl", round(result_ttl * 1000))
-            self.result_ttl = float(result_ttl)
+            self._result_ttl = float(result_ttl)
+
+    @property
+    def event_mode(self) -> str:
+        """The queue's event mode, ``"stream"`` or ``"pubsub"`` (read on first use)."""
+        self._context.ensure_ready()
+        return self._event_mode
+
+    @property
+    def max_events(self) -> int:
+        """About how many events the stream retains (read on first use)."""
+        self._context.ensure_ready()
+        return self._max_events
+
+    @property
+    def result_ttl(self) -> float:
+        """Seconds a result kept apart from its job stays readable (read on first use)."""
+        self._context.ensure_ready()
+        return self._result_ttl
 
     @property
     def name(self) -> str:
@@ -251,6 +285,8 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
                 job = Job(self._context, job_id, new.name, data, opts, timestamp)
                 job._added_event = run
                 result.append(job)
+        if result:
+            self._record()  # after the add: an add whose reply is lost is never resent
         return result
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -267,10 +303,12 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers):
                 raise SerializationError(f"event field name {key!r} is reserved")
             packed.append((key, serializer.encode(value, f"event field {key!r}")))
         self._context.calls.emit(event, packed)
+        self._record()
 
     @property
     def events(self) -> QueueEvents:
         """A QueueEvents of this queue, started on first use, shared by all threads."""
+        self._context.ensure_ready()
         return self._context.shared_events()
 
     def close(self) -> None:

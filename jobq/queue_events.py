@@ -90,10 +90,10 @@ class QueueEvents:
         self._reader.table = self._table
         self._threads: list[threading.Thread] = []
         self._started = False
-        self._restart = False  # forked while running: start again on first use
+        # start on first use: autorun, or forked while running. No I/O here,
+        # so a QueueEvents made at import never touches the server then
+        self._restart = bool(autorun)
         _fork.track(self)
-        if autorun:
-            self.run()
 
     # -- lifecycle --------------------------------------------------------
 
@@ -309,7 +309,8 @@ class QueueEvents:
         outcome = waiter.outcome
         if isinstance(outcome, Failed) and outcome.stacktrace is None:
             outcome = Failed(
-                outcome.reason, self._table.stacktrace(waiter), outcome.cancelled
+                outcome.reason, self._table.stacktrace(waiter), outcome.exc_type,
+                outcome.cancelled,
             )
         return result_of(waiter.job_id, outcome, f"QueueEvents {self.name!r}")
 

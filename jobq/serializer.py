@@ -1,14 +1,113 @@
-"""msgpack encoding of payloads, results and event fields."""
+"""msgpack encoding of payloads, results and event fields.
+
+What round-trips: None, bool, int (64-bit), float, str, bytes, lists, dicts
+with str keys, and timezone-aware ``datetime`` (msgpack's Timestamp
+extension; it comes back in UTC). Tuples come back as lists. Naive
+datetimes are refused: their meaning depends on the zone of the host that
+reads them. An application adds its own types with ``register``; data can
+only ever name a registered decoder by its code, never run code of its own.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
 from .errors import SerializationError
 
-_packer_kwargs: dict[str, Any] = {"use_bin_type": True, "datetime": False}
+__all__ = ["decode", "encode", "register"]
+
+class _Registry:
+    """Application types registered for msgpack's extension types."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_type: dict[type, tuple[int, Callable[[Any], bytes]]] = {}
+        self.by_code: dict[int, tuple[type, Callable[[bytes], Any]]] = {}
+
+
+_registry = _Registry()
+
+
+def register(
+    cls: type,
+    code: int,
+    encode: Callable[[Any], bytes],
+    decode: Callable[[bytes], Any],
+) -> None:
+    """Let values of ``cls`` travel in job data, results and event fields.
+
+    A value of ``cls`` (or a subclass) is packed as msgpack extension type
+    ``code`` holding ``encode(value)``; reading it back calls
+    ``decode(bytes)``. Register the same types with the same codes in every
+    process that adds jobs and every worker.
+
+    Args:
+        cls: the type.
+        code: its extension code, 0 to 127 (unique per application).
+        encode: value to bytes.
+        decode: bytes to value.
+
+    Raises:
+        ValueError: the code is out of range or taken by another type.
+        TypeError: ``cls`` is not a type, or a function is not callable.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a type, not {cls!r}")
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 127:
+        raise ValueError(f"code must be an int from 0 to 127, not {code!r}")
+    if not callable(encode) or not callable(decode):
+        raise TypeError("encode and decode must be callables")
+    with _registry.lock:
+        taken = _registry.by_code.get(code)
+        if taken is not None and taken[0] is not cls:
+            raise ValueError(f"ext code {code} is registered for {taken[0].__qualname__}")
+        _registry.by_type[cls] = (code, encode)
+        _registry.by_code[code] = (cls, decode)
+
+
+def _default(value: Any) -> Any:
+    """msgpack's hook for a value it cannot pack."""
+    if isinstance(value, _dt.datetime):  # an aware one is packed before this hook
+        raise SerializationError(
+            f"naive datetime {value.isoformat()} is refused: without a timezone it "
+            "means different instants on different hosts; pass an aware one "
+            "(e.g. datetime.now(timezone.utc))"
+        )
+    found = _registry.by_type.get(type(value))
+    if found is None:
+        for cls, entry in list(_registry.by_type.items()):
+            if isinstance(value, cls):
+                found = entry
+                break
+    if found is None:
+        raise TypeError(
+            f"can not serialize {type(value).__name__!r} object (register it with "
+            "jobq.serializer.register)"
+        )
+    code, encode_value = found
+    packed = encode_value(value)
+    if not isinstance(packed, bytes):
+        raise TypeError(f"the encoder of {type(value).__name__} returned "
+                        f"{type(packed).__name__}, not bytes")
+    return msgpack.ExtType(code, packed)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    found = _registry.by_code.get(code)
+    if found is None:
+        raise SerializationError(
+            f"extension type {code} is not registered in this process "
+            "(jobq.serializer.register)"
+        )
+    return found[1](data)
+
+
+_packer_kwargs: dict[str, Any] = {"use_bin_type": True, "datetime": True, "default": _default}
 
 
 def encode(value: Any, what: str = "value") -> bytes:
@@ -23,6 +122,7 @@ def encode(value: Any, what: str = "value") -> bytes:
         raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
     # Round-trip once so that data which packs but could never be read back
     # (non-string map keys, which strict_map_key refuses) is refused up front.
+    # Extension types are left packed here: no application decoder runs.
     try:
         msgpack.unpackb(packed, raw=False, strict_map_key=True)
     except (TypeError, ValueError) as exc:
@@ -34,12 +134,15 @@ def decode(data: bytes | None, what: str = "value") -> Any:
     """Decode msgpack bytes (``None`` stays ``None``).
 
     Raises:
-        SerializationError: the bytes are not valid msgpack.
+        SerializationError: the bytes are not valid msgpack, or hold an
+            extension type not registered here.
     """
     if data is None:
         return None
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=True, timestamp=3, ext_hook=_ext_hook
+        )
     except Exception as exc:  # msgpack raises several unrelated types
         raise SerializationError(
             f"{what} could not be decoded ({len(data)} bytes): {exc}"

@@ -36,7 +36,7 @@ from ._signals import StopSignals
 from ._threads import start_thread
 from .calls import TakeArgs
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
-from .errors import ClosedError, UnrecoverableError
+from .errors import ClosedError, JobqError
 from .events import Event
 from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
@@ -427,7 +427,13 @@ class Worker(ListenerMethods):
         assert self._routes is not None
         handler = self._routes.get(job.name)
         if handler is None:
-            raise UnrecoverableError(f"no processor for job name {job.name!r}")
+            # an ordinary failed attempt, retried per `attempts`: during a
+            # rolling deploy a newer worker may know the name
+            known = ", ".join(sorted(map(repr, self._routes)))
+            raise JobqError(
+                f"no processor for job name {job.name!r} in worker {self.name!r}; "
+                f"it handles {known}"
+            )
         return handler
 
     def _take_args(self) -> TakeArgs:

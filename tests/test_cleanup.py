@@ -262,6 +262,9 @@ def test_obliterate_emits_obliterated_and_keeps_mode(
             seen.append(event)
             got.set()
 
+        # the mode is stored on the queue's first use: before the reader
+        # starts, or the reader follows the default (stream) mode
+        assert q.event_mode == mode
         events.on("obliterated", on_event)
         events.on("added", lambda e: added.set())
         assert events.wait_until_ready(WAIT)
@@ -274,8 +277,8 @@ def test_obliterate_emits_obliterated_and_keeps_mode(
         # D: the stored mode and max_events stay, so live readers still hear the queue
         meta = redis_client.hgetall(f"jobq:{{{queue_name}}}:meta")
         assert meta.get(b"em", b"stream") == mode.encode() and meta[b"maxev"] == b"500"
-        with Queue(queue_name, connection=redis_url, event_mode=mode, max_events=500):
-            pass  # asking for the same mode does not raise
+        with Queue(queue_name, connection=redis_url, event_mode=mode, max_events=500) as same:
+            same.count()  # asking for the same mode does not raise
         added.clear()
         q.add("again")
         assert added.wait(WAIT), "the live reader went deaf after obliterate"

@@ -158,10 +158,13 @@ def test_help_everywhere_and_usage_errors(
         assert exited.value.code == 0
         out = capsys.readouterr().out
         assert "--url" in out and "--prefix" in out, command
-    for argv in ([], ["bogus"], ["wait", "q"], ["worker", "x:y"]):  # no command, no id, no -q
+    for argv in ([], ["bogus"], ["wait", "q"]):  # no command, no id
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
+    # -q may be left out only when MODULE:CALLABLE names a Queue
+    assert main(["--url", redis_url, "worker", "tests.tasks:double"]) == 2
+    assert "--queue is required" in capsys.readouterr().err
     assert jobq(redis_url).returncode == 2
     bad = jobq(redis_url, "info", "bad name")
     assert bad.returncode == 2 and "invalid queue name" in bad.stderr
@@ -298,15 +301,16 @@ def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: st
     done = jobq(redis_url, "info", queue.name)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[:5] == ["waiting 3", "delayed 1", "active 0", "completed 2", "failed 1"]
-    assert lines[5:7] == ["paused yes", "workers 0"]
-    assert re.fullmatch(r"completed/min \d+\.\d", lines[7])
-    assert float(lines[7].split()[1]) > 0
-    assert re.fullmatch(r"failed/min \d+\.\d", lines[8])
-    # with no queue named: every known queue, this one included, with headers
+    assert lines[0].split() == ["QUEUE", "WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED",
+                                "PAUSED", "WORKERS", "DONE/MIN", "FAIL/MIN"]
+    row = lines[1].split()
+    assert row[:8] == [queue.name, "3", "1", "0", "2", "1", "yes", "0"]
+    assert re.fullmatch(r"\d+\.\d", row[8]) and float(row[8]) > 0
+    assert re.fullmatch(r"\d+\.\d", row[9])
+    # with no queue named: every known queue, this one included, a row each
     every = jobq(redis_url, "info")
     assert every.returncode == 0
-    assert f"{queue.name} (paused)" in every.stdout.splitlines()
+    assert any(line.split()[0] == queue.name for line in every.stdout.splitlines()[1:])
 
 
 def test_info_watch_plain_when_piped(queue: Queue, redis_url: str) -> None:

@@ -212,11 +212,13 @@ def test_retrying_then_failed_events(queue: Queue, qe: QueueEvents, redis_url: s
     ]  # fmt: skip
     retrying = [e for e in rec.of(job.id) if e.name == "retrying"]
     assert [e.attempt for e in retrying] == [1, 2]
-    assert all(e.failed_reason == "boom" and e.prev == "active" for e in retrying)
+    assert all(e.failed_reason == "ValueError: boom" and e.prev == "active" for e in retrying)
+    assert all(e.exc_type == "ValueError" for e in retrying)
     assert all(e.delay == pytest.approx(0.05) for e in retrying)
     assert [e.attempt for e in rec.of(job.id) if e.name == "active"] == [1, 2, 3]
     failed = rec.first("failed", job.id)
-    assert failed.failed_reason == "boom"
+    assert failed.failed_reason == "ValueError: boom"
+    assert failed.exc_type == "ValueError"
     assert failed.attempt == 3
     assert failed.prev == "active"
     assert isinstance(failed.metrics, JobMetrics) and failed.metrics.attempt == 3
@@ -829,9 +831,15 @@ def test_pubsub_waiter_through_queue_events_shared(queue_name: str, redis_url: s
 
 
 def test_event_mode_mismatch_raises(queue_name: str, redis_url: str) -> None:
-    with Queue(queue_name, connection=redis_url, event_mode="pubsub"):
-        with pytest.raises(JobqError):
-            Queue(queue_name, connection=redis_url, event_mode="stream")
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as first:
+        assert first.event_mode == "pubsub"  # stored on first use
+        # no I/O in the constructor: the mismatch shows at the first use
+        with Queue(queue_name, connection=redis_url, event_mode="stream") as second:
+            with pytest.raises(JobqError, match="uses event mode 'pubsub', not 'stream'"):
+                second.add("x")
+            with pytest.raises(JobqError, match="uses event mode"):
+                second.event_mode  # noqa: B018
+        assert first.count() == 0
 
 
 # -- waiting -----------------------------------------------------------------
@@ -905,13 +913,15 @@ def test_terminal_failure_raises_job_failed_error(queue: Queue, qe: QueueEvents,
             job.wait_until_finished(qe, timeout=WAIT)
         err = info.value
         assert err.job_id == job.id
-        assert err.failed_reason == "bad 7"
+        assert err.failed_reason == "ValueError: bad 7"
+        assert err.exc_type == "ValueError"
         assert isinstance(err.stacktrace, list) and len(err.stacktrace) == 2
         assert all("ValueError: bad 7" in t for t in err.stacktrace)
         # a wait started after the failure gives the same answer
         with pytest.raises(JobFailedError) as later:
             job.wait_until_finished(qe, timeout=WAIT)
-        assert later.value.failed_reason == "bad 7" and len(later.value.stacktrace) == 2
+        assert later.value.failed_reason == "ValueError: bad 7" and len(later.value.stacktrace) == 2
+        assert later.value.exc_type == "ValueError"
 
 
 def test_unrecoverable_error_fails_at_once(queue: Queue, qe: QueueEvents,
@@ -926,7 +936,8 @@ def test_unrecoverable_error_fails_at_once(queue: Queue, qe: QueueEvents,
         job = queue.add("x", attempts=5)
         with pytest.raises(JobFailedError) as info:
             job.wait_until_finished(qe, timeout=WAIT)
-    assert info.value.failed_reason == "nope"
+    assert info.value.failed_reason == "UnrecoverableError: nope"
+    assert info.value.exc_type == "UnrecoverableError"
     assert "UnrecoverableError" in info.value.stacktrace[-1]
     assert rec.wait_name("failed", job.id)
     assert "retrying" not in rec.names(job.id)
@@ -1098,7 +1109,7 @@ def test_as_future_with_wait_and_as_completed(queue: Queue, qe: QueueEvents,
             if i == 13:
                 exc = future.exception(0)
                 assert isinstance(exc, JobFailedError)
-                assert exc.job_id == jobs[13].id and exc.failed_reason == "unlucky"
+                assert exc.job_id == jobs[13].id and exc.failed_reason == "ValueError: unlucky"
             else:
                 assert future.result(0) == i * 2
         # futures of finished, missing, and first-wait-pending jobs

@@ -106,7 +106,7 @@ def test_refresh_reads_the_record(queue: Queue, redis_url: str) -> None:
     job.refresh()
     assert job.return_value == {"r": [1, 2]}
     assert job.attempts_made == 2
-    assert job.failed_reason == "attempt 1 failed"  # kept from the failed attempt
+    assert job.failed_reason == "RuntimeError: attempt 1 failed"  # kept from the failed attempt
     assert job.processed_by == "w-refresh"
     assert job.finished_on is not None
     assert job.data == {"a": 1}
@@ -391,12 +391,14 @@ def test_failed_job_attributes(queue: Queue, redis_url: str) -> None:
         error = finish(job)
     assert isinstance(error, JobFailedError)
     assert error.job_id == job.id
-    assert error.failed_reason == "attempt 3 failed"
+    assert error.failed_reason == "RuntimeError: attempt 3 failed"
+    assert error.exc_type == "RuntimeError"
     assert len(error.stacktrace) == 3
     job.refresh()
     assert job.get_state() == "failed"
     assert job.attempts_made == 3
-    assert job.failed_reason == "attempt 3 failed"  # str(exc), not prefixed
+    assert job.failed_reason == "RuntimeError: attempt 3 failed"  # the type, then str(exc)
+    assert job.exc_type == "RuntimeError"
     assert job.processed_by == "w-fail"
     assert job.finished_on is not None
     assert len(job.stacktrace) == 3
@@ -423,11 +425,11 @@ class Quiet(Exception):
 @pytest.mark.parametrize(
     ("exc", "reason"),
     [
-        (ValueError("bad value"), "bad value"),
-        (KeyError("k"), "'k'"),
+        (ValueError("bad value"), "ValueError: bad value"),
+        (KeyError("missing"), "KeyError: 'missing'"),
         (Quiet(), "Quiet"),
         (RuntimeError(), "RuntimeError"),
-        (jobq.UnrecoverableError("give up"), "give up"),
+        (jobq.UnrecoverableError("give up"), "UnrecoverableError: give up"),
     ],
     ids=["value", "key", "empty-custom", "empty-builtin", "unrecoverable"],
 )
@@ -440,7 +442,9 @@ def test_failed_reason(queue: Queue, redis_url: str, exc: Exception, reason: str
         error = finish(job)
     assert isinstance(error, JobFailedError)
     assert error.failed_reason == reason
+    assert error.exc_type == type(exc).__name__
     assert job.refresh().failed_reason == reason
+    assert job.exc_type == type(exc).__name__
 
 
 def test_unrecoverable_error_skips_retries(queue: Queue, redis_url: str) -> None:
@@ -567,9 +571,11 @@ def test_events_of_a_retried_job(queue: Queue, redis_url: str, redis_client: red
     ]
     retrying = [f for name, f in events if name == "retrying"]
     assert [f["attempt"] for f in retrying] == [b"1", b"2"]
-    assert retrying[0]["failed_reason"] == b"attempt 1 failed"
+    assert retrying[0]["failed_reason"] == b"RuntimeError: attempt 1 failed"
+    assert retrying[0]["exc_type"] == b"RuntimeError"
     [failed] = [f for name, f in events if name == "failed"]
-    assert failed["failed_reason"] == b"attempt 3 failed"
+    assert failed["failed_reason"] == b"RuntimeError: attempt 3 failed"
+    assert failed["exc_type"] == b"RuntimeError"
     assert failed["attempt"] == b"3"
     actives = [f["attempt"] for name, f in events if name == "active"]
     assert actives == [b"1", b"2", b"3"]

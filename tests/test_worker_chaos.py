@@ -98,12 +98,12 @@ def _clipped(text: str) -> str:
 #: (what it raises, given a message) -> (exception, expected failed_reason)
 Raiser = Callable[[str], tuple[BaseException, str]]
 RAISERS: dict[str, Raiser] = {
-    "value": lambda m: (ValueError(m), m),
-    "keyboard": lambda m: (KeyboardInterrupt(m), m),
+    "value": lambda m: (ValueError(m), f"ValueError: {m}"),
+    "keyboard": lambda m: (KeyboardInterrupt(m), f"KeyboardInterrupt: {m}"),
     "keyboard_bare": lambda m: (KeyboardInterrupt(), "KeyboardInterrupt"),
-    "system_exit": lambda m: (SystemExit(m), m),
-    "generator_exit": lambda m: (GeneratorExit(m), m),
-    "custom_base": lambda m: (ChaosBase(m), m),
+    "system_exit": lambda m: (SystemExit(m), f"SystemExit: {m}"),
+    "generator_exit": lambda m: (GeneratorExit(m), f"GeneratorExit: {m}"),
+    "custom_base": lambda m: (ChaosBase(m), f"ChaosBase: {m}"),
     "empty": lambda m: (Exception(""), "Exception"),
     "bad_str": lambda m: (BadStr(m), _unreadable("BadStr")),
     "bad_str_repr": lambda m: (BadStrRepr(m), _unreadable("BadStrRepr")),
@@ -218,7 +218,7 @@ def plan_job(rng: random.Random, i: int, may_corrupt: bool) -> Plan:
         if fails < attempts:
             plan = Plan("flaky", spec, "completed", fails + 1, value=value)
         else:
-            plan = Plan("flaky", spec, "failed", attempts, reason=data["m"])
+            plan = Plan("flaky", spec, "failed", attempts, reason=f"ValueError: {data['m']}")
     elif roll < 0.74:
         how = rng.choice(sorted(RAISERS))
         message = _message(rng, i)
@@ -228,10 +228,12 @@ def plan_job(rng: random.Random, i: int, may_corrupt: bool) -> Plan:
     elif roll < 0.76:
         size = rng.randint(MAX_REASON + 1, 1 << 20)
         data = {"k": "huge", "size": size, "c": rng.choice("xé")}
-        plan = Plan("huge", spec, "failed", attempts, reason=_clipped(data["c"] * size))
+        plan = Plan("huge", spec, "failed", attempts,
+                    reason=_clipped("RuntimeError: " + data["c"] * size))
     elif roll < 0.78:
         data = {"k": "unrecoverable", "m": f"unrecoverable-{i}"}
-        plan = Plan("unrecoverable", spec, "failed", 1, reason=data["m"])
+        plan = Plan("unrecoverable", spec, "failed", 1,
+                    reason=f"UnrecoverableError: {data['m']}")
     elif roll < 0.84:
         what = rng.choice(sorted(BAD_RESULTS))
         data = {"k": "bad_result", "what": what}
@@ -271,7 +273,7 @@ def make_chaos(seed: int, count: int) -> Chaos:
         "marathon",
         {"name": "marathon", "data": {"k": "raise", "how": "value", "m": "marathon"},
          "attempts": MARATHON_ATTEMPTS, "backoff": {"type": "exponential", "delay": 0}},
-        "failed", MARATHON_ATTEMPTS, reason="marathon",
+        "failed", MARATHON_ATTEMPTS, reason="ValueError: marathon",
     )
     plans.insert(rng.randrange(len(plans)), marathon)
     chaos = Chaos(seed, plans)
@@ -673,7 +675,7 @@ def test_message_with_a_lone_surrogate_fails_the_job_with_its_reason(
     with make_worker(queue.name, redis_url, handler, max_stalled_count=0):
         with pytest.raises(JobFailedError) as info:
             job.wait_until_finished(timeout=WAIT)
-    assert (info.value.failed_reason or "").startswith("bad "), info.value.failed_reason
+    assert (info.value.failed_reason or "").startswith("ValueError: bad "), info.value.failed_reason
     assert stream_names(redis_client, queue.name, job.id).count("active") == 1
 
 

@@ -295,6 +295,7 @@ def test_looking_at_a_queue_keeps_its_max_events(
 ) -> None:
     with Queue(queue_name, connection=redis_url, max_events=50) as queue:
         meta = queue._context.keys.meta
+        assert queue.max_events == 50  # stored on first use
         with Queue(queue_name, connection=redis_url) as look:
             assert look.max_events == 50
         assert cli_main(["--url", redis_url, "info", queue_name]) == 0

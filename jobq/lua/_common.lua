@@ -211,14 +211,16 @@ end
 -- Fail a job for good (its lock and active entry already gone): record it
 -- in the failed set under its retention rule and emit `failed`. `prev` is
 -- the state it leaves (default active); `cancelled` adds the field
--- cancelled=1 to the event (waiters raise JobCancelledError).
-local function fail_for_good(id, reason, attempt, now, prev, cancelled)
+-- cancelled=1 to the event (waiters raise JobCancelledError); `exc_type` is
+-- the exception's type name, written as `exc_type` when given.
+local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type)
   local jk = job_key(id)
   local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run', 'ddk', 'ddt')
   if f[6] then _runs[id] = f[6] end
   release_dedup(id, f[7], f[8], cancelled)
-  local fields = append({ 'prev', prev or 'active', 'failed_reason', reason },
-    metrics(f[1], f[2], f[3], attempt, now))
+  local fields = { 'prev', prev or 'active', 'failed_reason', reason }
+  if exc_type and exc_type ~= '' then append(fields, { 'exc_type', exc_type }) end
+  append(fields, metrics(f[1], f[2], f[3], attempt, now))
   if cancelled then append(fields, { 'cancelled', '1' }) end
   record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
@@ -226,6 +228,7 @@ local function fail_for_good(id, reason, attempt, now, prev, cancelled)
     delete_job(id)
   else
     redis.call('HSET', jk, 'state', 'failed', 'fon', now, 'fr', reason)
+    if not exc_type or exc_type == '' then redis.call('HDEL', jk, 'et') end
     retain(K_FAILED, id, now, keep, tonumber(f[5]) or 0)
   end
   emit('failed', id, fields)

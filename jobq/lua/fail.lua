@@ -8,7 +8,8 @@
   ARGV[3]  failed reason
   ARGV[4]  stack traces so far, newest last (msgpack list)
   ARGV[5]  retry delay in ms; -1 forbids a retry (unrecoverable)
-  ARGV[6..10] optional: take the worker's next job in the same call
+  ARGV[6]  the type name of the exception that failed the attempt, or ''
+  ARGV[7..11] optional: take the worker's next job in the same call
   Returns  {1, now} failed for good; {2, now} retry scheduled; now the
            server time (ms, a string); {3, now} the job's cancel was
            requested (cancel.lua): failed for good with the cancel's reason,
@@ -23,17 +24,17 @@
            or active
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
 ]]
-local id, token, reason = ARGV[1], ARGV[2], ARGV[3]
+local id, token, reason, exc_type = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local jk = job_key(id)
 local refused = not_owner(id, token)
-if refused == 0 then return and_take_next(0, 6, now_ms()) end
+if refused == 0 then return and_take_next(0, 7, now_ms()) end
 if refused then return refused end
 local now = now_ms()
 local cancel = redis.call('HGET', jk, 'cx')
 if cancel then  -- cancelled: no retry, and the reason is the cancel's
   redis.call('HSET', jk, 'st', ARGV[4])
   end_cancelled(id, token, cancel, now)
-  local reply = and_take_next(3, 6, now)
+  local reply = and_take_next(3, 7, now)
   emit_if_drained()
   return reply
 end
@@ -42,11 +43,11 @@ local atm = (tonumber(f[1]) or 0) + 1
 local delay = tonumber(ARGV[5])
 redis.call('DEL', lock_key(id))
 redis.call('ZREM', K_ACTIVE, id)
-redis.call('HSET', jk, 'atm', atm, 'fr', reason, 'st', ARGV[4], 'ftok', token)
+redis.call('HSET', jk, 'atm', atm, 'fr', reason, 'et', exc_type, 'st', ARGV[4], 'ftok', token)
 
 if delay >= 0 and atm < (tonumber(f[2]) or 1) then
-  emit('retrying', id, { 'attempt', atm, 'failed_reason', reason, 'delay', delay,
-    'prev', 'active' })
+  emit('retrying', id, { 'attempt', atm, 'failed_reason', reason, 'exc_type', exc_type,
+    'delay', delay, 'prev', 'active' })
   if delay > 0 then
     local run_at = now + delay
     redis.call('ZADD', K_DELAYED, run_at, id)
@@ -59,12 +60,12 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
   end
-  local reply = and_take_next(2, 6, now)
+  local reply = and_take_next(2, 7, now)
   emit_if_drained()
   return reply
 end
 
-fail_for_good(id, reason, atm, now)
-local reply = and_take_next(1, 6, now)
+fail_for_good(id, reason, atm, now, 'active', false, exc_type)
+local reply = and_take_next(1, 7, now)
 emit_if_drained()
 return reply

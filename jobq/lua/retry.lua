@@ -33,7 +33,7 @@ for _, id in ipairs(ids) do
   local jk = job_key(id)
   redis.call('ZREM', set, id)
   local f = redis.call('HMGET', jk, 'priority', 'lifo')
-  redis.call('HDEL', jk, 'fr', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
+  redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
   if reset then redis.call('HDEL', jk, 'atm', 'stc', 'st') end
   redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
   push_ready(id, tonumber(f[1]) or 0, f[2] == '1')

@@ -188,7 +188,8 @@ def test_b5_handler_raising_base_exception_fails_job_only(
         bad = queue.add("work", "raise")
         with pytest.raises(JobFailedError) as failure:
             bad.wait_until_finished(timeout=WAIT)
-        assert failure.value.failed_reason == "from the handler"
+        assert failure.value.failed_reason == f"{exc.__name__}: from the handler"
+        assert failure.value.exc_type == exc.__name__
         assert any(exc.__name__ in line for line in failure.value.stacktrace)
         assert not redis_client.exists(f"jobq:{{{queue_name}}}:lock:{bad.id}")
         good = queue.add("work", "fine")

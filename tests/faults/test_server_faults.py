@@ -458,7 +458,8 @@ def test_f7_warns_when_eviction_policy_is_not_noeviction(
 ) -> None:
     server = make_server(extra_args=("--maxmemory-policy", "allkeys-lru"))
     with caplog.at_level(logging.WARNING, logger="jobq"):
-        Queue(queue_name, connection=server.url).close()
+        with Queue(queue_name, connection=server.url) as queue:
+            queue.count()  # the check runs on first use (no I/O in the constructor)
         with Worker(queue_name, lambda j: None, connection=server.url):
             pass
     warnings = [r for r in caplog.records if "allkeys-lru" in r.getMessage()]

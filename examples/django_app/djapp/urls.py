@@ -1,5 +1,0 @@
-from django.urls import path
-
-from . import views
-
-urlpatterns = [path("add/", views.add)]

@@ -1,0 +1,58 @@
+"""System checks: a missing, malformed or unreachable jobq configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import jobq_settings, queue_options
+
+#: Seconds the reachability check waits for the server at most.
+PING_TIMEOUT = 1.0
+
+
+def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobq.E001 malformed settings, jobq.W001 no settings (defaults used),
+    jobq.W002 the server cannot be reached."""
+    import redis
+
+    from jobq.connection import close_client, describe, resolve
+
+    if getattr(settings, "JOBQ", None) is None:
+        return [checks.Warning(
+            "settings.JOBQ is missing: jobq uses $JOBQ_REDIS_URL, else "
+            "redis://localhost:6379/0, and the prefix 'jobq'",
+            hint='Set JOBQ = {"CONNECTION": "redis://...", "PREFIX": "jobq", "QUEUES": {...}}',
+            id="jobq.W001",
+        )]
+    try:
+        conf = jobq_settings()
+        from jobq import Queue
+
+        for name in conf["QUEUES"]:
+            Queue(name, **queue_options(name)).close()  # no I/O: checks the options
+    except (ImproperlyConfigured, ValueError, TypeError) as exc:
+        return [checks.Error(f"settings.JOBQ: {exc}", id="jobq.E001")]
+    connection = conf["CONNECTION"]
+    try:
+        client, owned = resolve(connection)
+    except (ValueError, TypeError) as exc:
+        return [checks.Error(f'settings.JOBQ["CONNECTION"]: {exc}', id="jobq.E001")]
+    try:
+        if owned and isinstance(client, redis.Redis):  # our own client: a short wait
+            pool = client.connection_pool.connection_kwargs
+            pool.update(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
+        client.ping()
+    except Exception as exc:  # whatever stops jobq from talking to the server
+        return [checks.Warning(
+            f"jobq cannot reach the Redis server at {describe(client)}: {exc}",
+            hint='Start the server, or fix settings.JOBQ["CONNECTION"]',
+            id="jobq.W002",
+        )]
+    finally:
+        if owned:
+            close_client(client)
+    return []

@@ -1,0 +1,189 @@
+"""The decorator API: ``@queue.task`` turns a function into a Task.
+
+A Task runs locally when called, and is added to its queue by ``delay`` /
+``enqueue``: its arguments travel as msgpack in the job's data,
+``{"args": [...], "kwargs": {...}}``, bound against the function's
+signature first, so a wrong call fails with TypeError before anything is
+written. ``queue.tasks`` (task name to processor) is what a Worker runs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .options import JobOptions
+
+if TYPE_CHECKING:
+    from ._context import QueueContext
+    from .job import Job
+    from .queue import Queue
+
+__all__ = ["Task", "current_job"]
+
+R = TypeVar("R")
+
+_current: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+    "jobq_current_job", default=None
+)
+
+
+def current_job() -> Job | None:
+    """The Job whose handler is running on this thread, or None outside a worker."""
+    return _current.get()
+
+
+def run_as_current(job: Job, handler: Callable[[Job], Any]) -> Any:
+    """Call ``handler(job)`` with ``current_job()`` returning ``job``."""
+    token = _current.set(job)
+    try:
+        return handler(job)
+    finally:
+        _current.reset(token)
+
+
+def _on_commit(action: Callable[[], Any], using: str | None) -> None:
+    """Run ``action`` once the current Django transaction commits (at once
+    outside a transaction; never when it rolls back)."""
+    try:
+        from django.db import transaction
+    except ImportError as exc:  # pragma: no cover - needs Django absent
+        raise RuntimeError("*_on_commit needs Django (pip install 'jobq[django]')") from exc
+    transaction.on_commit(action, using=using)
+
+
+def _module_name(func: Callable[..., Any]) -> str:
+    """The module part of a task's default name. A script run as
+    ``python nightly.py`` (or ``python -m pkg.nightly``) names its module
+    ``__main__``, while a worker imports it as ``nightly``: both must agree."""
+    module = str(func.__module__)
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name).removesuffix(".__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.splitext(os.path.basename(path))[0] if path else module
+
+
+class Task(Generic[R]):
+    """A function registered on a queue under a job name.
+
+    Calling the task runs the function here and now; ``delay`` and
+    ``enqueue`` add a job that a worker runs with the same arguments.
+    """
+
+    def __init__(
+        self, queue: Queue, func: Callable[..., R], name: str, options: Mapping[str, Any]
+    ) -> None:
+        self.queue = queue
+        self.func = func
+        self.name = name
+        self.options = dict(options)
+        self._signature = inspect.signature(func)
+        functools.update_wrapper(self, func)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name!r} on queue {self.queue.name!r}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return self.func(*args, **kwargs)
+
+    def _data(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        self._signature.bind(*args, **kwargs)  # TypeError, as a call would raise
+        return {"args": list(args), "kwargs": dict(kwargs)}
+
+    def delay(self, *args: Any, **kwargs: Any) -> Job:
+        """Add a job that runs the task with these arguments; return it.
+
+        Raises:
+            TypeError: the arguments do not fit the function's signature.
+            SerializationError: an argument is not msgpack-encodable.
+        """
+        return self.queue.add(self.name, self._data(args, kwargs), **self.options)
+
+    def enqueue(
+        self,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Job:
+        """Add a job with these arguments and job options (``delay``,
+        ``priority``, ``attempts``, ...: those of ``Queue.add``), which
+        override the task's defaults; return it."""
+        data = self._data(args, kwargs or {})
+        return self.queue.add(self.name, data, **{**self.options, **options})
+
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """As ``delay``, once the current Django transaction commits (nothing
+        is added when it rolls back). The arguments are checked now."""
+        data = self._data(args, kwargs)
+        _on_commit(lambda: self.queue.add(self.name, data, **self.options), None)
+
+    def process(self, job: Job) -> R:
+        """Run the task for a job added by ``delay`` / ``enqueue`` (the
+        processor a Worker calls)."""
+        data = job.data
+        if not isinstance(data, Mapping):
+            raise TypeError(f"job {job.id!r} of task {self.name!r} has no args/kwargs data")
+        args = data.get("args") or []
+        kwargs = data.get("kwargs") or {}
+        return self.func(*args, **kwargs)
+
+
+class QueueTasks:
+    """``task`` and ``tasks`` of a Queue (a mixin)."""
+
+    _tasks: dict[str, Task[Any]]
+    _context: QueueContext
+
+    def task(
+        self, name: str | None = None, **default_options: Any
+    ) -> Callable[[Callable[..., R]], Task[R]]:
+        """Decorate a function as a task of this queue.
+
+        Args:
+            name: the job name (default ``"<module>.<qualname>"``; in a
+                script run as ``python nightly.py``, the module is
+                ``nightly``, as a worker that imports it names it).
+            default_options: job options of every job of the task (those of
+                ``Queue.add``); ``enqueue`` may override them.
+
+        Raises:
+            ValueError: the name is taken by another function, or a bad option.
+        """
+        JobOptions.parse(default_options)  # fail at import time, not at delay()
+
+        def decorate(func: Callable[..., R]) -> Task[R]:
+            task_name = name or f"{_module_name(func)}.{func.__qualname__}"
+            from .queue import _job_name
+
+            _job_name(task_name)
+            existing = self._tasks.get(task_name)
+            if existing is not None and existing.func is not func:
+                raise ValueError(
+                    f"queue {self._context.name!r} has a task named {task_name!r} already"
+                )
+            task = Task(self, func, task_name, default_options)  # type: ignore[arg-type]
+            self._tasks[task_name] = task
+            return task
+
+        return decorate
+
+    @property
+    def tasks(self) -> dict[str, Callable[[Job], Any]]:
+        """The registered tasks: job name to processor, for a ``Worker``."""
+        return {name: task.process for name, task in self._tasks.items()}
+
+    def add_on_commit(self, name: str, data: Any = None, **options: Any) -> None:
+        """``add`` once the current Django transaction commits (nothing when
+        it rolls back). Data and options are checked now."""
+        queue: Any = self
+        queue._prepare(name, data, options)  # refuse bad data before the commit
+        _on_commit(lambda: queue.add(name, data, **options), None)

@@ -1,0 +1,174 @@
+"""jobq.contrib.django with the example project (examples/django_app): the
+shared queues, tasks added on commit (SQLite, ``transaction.atomic()``),
+``manage.py jobq_worker``, the system checks; then the project under
+gunicorn with a ``manage.py jobq_worker`` process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobq import Queue
+from tests.polling import until
+from tests.test_forking_servers import _accepts, _free_port, _get, _stop
+
+django = pytest.importorskip("django")
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "examples" / "django_app"
+WAIT = 20.0
+
+
+@pytest.fixture(scope="module")
+def prefix(redis_url: str) -> Iterator[str]:
+    """Django set up once for this module on the example's settings, with a
+    prefix of its own (settings are read once per process)."""
+    prefix = f"dj-{uuid.uuid4().hex[:8]}"
+    saved = {k: os.environ.get(k) for k in ("JOBQ_REDIS_URL", "JOBQ_PREFIX",
+                                            "DJANGO_SETTINGS_MODULE")}
+    os.environ.update(JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix,
+                      DJANGO_SETTINGS_MODULE="mysite.settings")
+    sys.path.insert(0, str(PROJECT))
+    try:
+        django.setup()
+        yield prefix
+    finally:
+        from jobq.contrib.django import close_queues
+
+        close_queues()
+        sys.path.remove(str(PROJECT))
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def shop(prefix: str) -> Iterator[Any]:
+    from shop import tasks
+
+    tasks.queue.drain(delayed=True)
+    yield tasks
+    tasks.queue.obliterate(force=True)
+
+
+def test_get_queue_is_the_shared_queue_of_the_settings(shop: Any, prefix: str) -> None:
+    from jobq.contrib.django import get_queue
+
+    queue = get_queue()
+    assert queue is get_queue("default") is shop.queue
+    assert queue.prefix == prefix and queue.name == "default"
+    assert get_queue("other") is get_queue("other") is not queue
+    assert sorted(queue.tasks) == ["shop.tasks.add", "shop.tasks.send_welcome"]
+    assert shop.add.delay(1, 2).opts["remove_on_complete"]["count"] == 1000  # QUEUES options
+
+
+def test_delay_on_commit_adds_after_commit_and_nothing_on_rollback(shop: Any) -> None:
+    from django.db import transaction
+
+    queue = shop.queue
+    with transaction.atomic():
+        shop.send_welcome.delay_on_commit("a@example.com")
+        queue.add_on_commit("audit", {"who": "a"})
+        assert queue.get_job_counts("waiting") == {"waiting": 0}  # not yet
+    assert [j.name for j in queue.get_jobs("waiting", asc=True)] == [
+        "shop.tasks.send_welcome", "audit"]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        shop.send_welcome.delay_on_commit("b@example.com")
+        queue.add_on_commit("audit", {"who": "b"})
+        raise RuntimeError("rolled back")
+    assert queue.get_job_counts("waiting") == {"waiting": 2}
+    with pytest.raises(TypeError):  # the arguments are checked at once
+        shop.send_welcome.delay_on_commit()
+
+
+def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(shop: Any) -> None:
+    from django.core.management import call_command
+
+    jobs = [shop.add.delay(n, 1) for n in range(4)] + [shop.send_welcome.delay("c@d.e")]
+    call_command("jobq_worker", "--burst", "--concurrency", "2")
+    queue = shop.queue
+    assert [queue.get_job_result(j.id) for j in jobs] == [
+        1, 2, 3, 4, "welcome mail sent to c@d.e"]
+
+
+def test_manage_py_jobq_worker_refuses_a_queue_without_tasks(shop: Any) -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="no tasks for queue"):
+        call_command("jobq_worker", "nothing-here", "--burst")
+
+
+def test_system_checks_report_missing_malformed_and_unreachable(shop: Any) -> None:
+    from django.test.utils import override_settings
+
+    from jobq.contrib.django.checks import check_configuration
+
+    assert check_configuration() == []
+    with override_settings():
+        from django.conf import settings
+
+        del settings.JOBQ
+        [missing] = check_configuration()
+        assert missing.id == "jobq.W001" and "settings.JOBQ is missing" in missing.msg
+    with override_settings(JOBQ={"URL": "redis://x"}):
+        [bad] = check_configuration()
+        assert bad.id == "jobq.E001" and "unknown keys ['URL']" in bad.msg
+    with override_settings(JOBQ={"QUEUES": {"q": {"event_mode": "carrier pigeon"}}}):
+        [bad] = check_configuration()
+        assert bad.id == "jobq.E001" and "event_mode" in bad.msg
+    with override_settings(JOBQ={"CONNECTION": "redis://:hunter2@127.0.0.1:1/0"}):
+        [down] = check_configuration()
+        assert down.id == "jobq.W002"
+        assert "redis://:***@127.0.0.1:1/0" in down.msg and "hunter2" not in down.msg
+
+
+def test_the_example_project_under_gunicorn_with_a_manage_py_worker(
+    redis_url: str, queue_name: str
+) -> None:
+    pytest.importorskip("gunicorn")
+    prefix = f"djg-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix, PYTHONUNBUFFERED="1",
+               DJANGO_SETTINGS_MODULE="mysite.settings")
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT), str(ROOT)])
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "jobq_worker", "--concurrency", "4"], cwd=PROJECT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2", "--worker-class",
+         "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}", "--timeout", "30",
+         "--graceful-timeout", "5", "--log-level", "warning", "mysite.wsgi:application"],
+        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        until(lambda: server.poll() is not None or _accepts(port), timeout=30)
+        assert server.poll() is None, _stop(server)
+        base = f"http://127.0.0.1:{port}"
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(lambda n: _get(f"{base}/add/?a={n}&b={n}"), range(40)))
+        assert _get(f"{base}/signup/?email=yes@example.com")[0] == 200
+        assert _get(f"{base}/signup/?email=no@example.com&fail=1")[0] == 200
+    finally:
+        server_err = _stop(server)
+        worker_err = _stop(worker)
+    assert server.returncode == 0, server_err
+    assert worker.returncode == 0, worker_err
+    bad = [(n, a) for n, a in enumerate(answers) if a[0] != 200 or a[1].get("result") != 2 * n]
+    assert not bad, bad[:3]
+    assert 1 <= len({body["pid"] for _, body in answers}) <= 2
+    with Queue("default", connection=redis_url, prefix=prefix) as queue:
+        welcomes = [j for j in queue.get_jobs(["waiting", "active", "completed"])
+                    if j.name == "shop.tasks.send_welcome"]
+        assert [j.data["args"] for j in welcomes] == [["yes@example.com"]]
+        queue.obliterate(force=True)

@@ -1,0 +1,87 @@
+"""What travels in job data and results: aware datetimes, registered types,
+tuples as lists; naive datetimes and unknown types refused with a reason."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobq import Job, Queue, SerializationError, Worker, serializer
+
+WAIT = 20.0
+UTC = dt.timezone.utc
+
+
+@pytest.fixture
+def decimals() -> Iterator[None]:
+    """Decimal registered under ext code 42 for the test."""
+    serializer.register(decimal.Decimal, 42, lambda d: str(d).encode(),
+                        lambda b: decimal.Decimal(b.decode()))
+    try:
+        yield
+    finally:
+        with serializer._registry.lock:
+            serializer._registry.by_type.pop(decimal.Decimal, None)
+            serializer._registry.by_code.pop(42, None)
+
+
+def test_aware_datetimes_round_trip_through_a_worker_in_utc(queue: Queue) -> None:
+    paris = dt.timezone(dt.timedelta(hours=1))
+    when = dt.datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=paris)
+
+    def later(job: Job) -> Any:
+        assert job.data["at"] == when
+        return {"at": job.data["at"] + dt.timedelta(days=1)}
+
+    job = queue.add("remind", {"at": when})
+    with Worker(queue.name, later, connection=queue.client, prefix=queue.prefix):
+        result = job.wait_until_finished(timeout=WAIT)
+    assert result["at"] == when + dt.timedelta(days=1)
+    assert result["at"].tzinfo is UTC
+    assert queue.get_job(job.id).data == {"at": when}  # type: ignore[union-attr]
+
+
+def test_a_naive_datetime_is_refused_with_the_reason(queue: Queue) -> None:
+    with pytest.raises(SerializationError, match="naive datetime .* timezone"):
+        queue.add("remind", {"at": dt.datetime(2026, 1, 1)})
+    assert queue.get_job_counts()["waiting"] == 0
+
+
+def test_unregistered_types_are_refused_naming_register(queue: Queue) -> None:
+    with pytest.raises(SerializationError, match=r"'UUID'.*jobq\.serializer\.register"):
+        queue.add("x", uuid.uuid4())
+
+
+def test_registered_types_round_trip(queue: Queue, decimals: None) -> None:
+    job = queue.add("sum", {"items": [decimal.Decimal("1.10"), decimal.Decimal("2.20")]})
+    with Worker(queue.name, lambda j: sum(j.data["items"]), connection=queue.client,
+                prefix=queue.prefix):
+        assert job.wait_until_finished(timeout=WAIT) == decimal.Decimal("3.30")
+
+
+def test_an_unregistered_ext_code_fails_to_decode_without_running_anything(
+    decimals: None,
+) -> None:
+    packed = serializer.encode(decimal.Decimal("1"))
+    with serializer._registry.lock:
+        serializer._registry.by_code.pop(42)
+    with pytest.raises(SerializationError, match="extension type 42 is not registered"):
+        serializer.decode(packed)
+
+
+def test_register_checks_its_arguments(decimals: None) -> None:
+    with pytest.raises(ValueError, match="0 to 127"):
+        serializer.register(uuid.UUID, 128, lambda u: u.bytes, lambda b: uuid.UUID(bytes=b))
+    with pytest.raises(ValueError, match="registered for Decimal"):
+        serializer.register(uuid.UUID, 42, lambda u: u.bytes, lambda b: uuid.UUID(bytes=b))
+    with pytest.raises(TypeError):
+        serializer.register(uuid.UUID, 7, "bytes", lambda b: b)  # type: ignore[arg-type]
+
+
+def test_tuples_come_back_as_lists() -> None:
+    assert serializer.decode(serializer.encode({"t": (1, (2, "x"))})) == {"t": [1, [2, "x"]]}

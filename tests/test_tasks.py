@@ -1,0 +1,155 @@
+"""The decorator API: @queue.task, delay / enqueue, queue.tasks, current_job."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+import jobq
+from jobq import Job, Queue, SerializationError, Worker
+
+WAIT = 20.0
+
+
+def test_a_task_is_added_run_by_a_worker_and_its_result_awaited(queue: Queue) -> None:
+    @queue.task()
+    def greet(name: str, *, punctuation: str = "!") -> str:
+        return f"hello {name}{punctuation}"
+
+    assert greet.name.startswith(f"{__name__}.test_a_task_is_added")
+    assert greet.name.endswith(".<locals>.greet")
+    assert greet("here") == "hello here!"  # a plain call runs it locally
+    job = greet.delay("you", punctuation="?")
+    assert job.name == greet.name
+    assert job.data == {"args": ["you"], "kwargs": {"punctuation": "?"}}
+    with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+        assert job.wait_until_finished(timeout=WAIT) == "hello you?"
+
+
+def test_enqueue_takes_job_options_over_the_task_defaults(queue: Queue) -> None:
+    @queue.task(name="mail.send", priority=5, attempts=3)
+    def send(to: str) -> None: ...
+
+    job = send.enqueue(args=["a@example.com"], priority=1, delay=60)
+    assert job.name == "mail.send"
+    assert job.opts["priority"] == 1 and job.opts["attempts"] == 3
+    assert queue.get_job_state(job.id) == "delayed"
+    assert send.delay("b@example.com").opts["priority"] == 5
+
+
+def test_a_call_that_does_not_fit_the_signature_is_refused_before_any_write(
+    queue: Queue,
+) -> None:
+    @queue.task()
+    def two(a: int, b: int) -> int:
+        return a + b
+
+    with pytest.raises(TypeError, match="missing a required argument: 'b'"):
+        two.delay(1)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        two.enqueue(args=[1, 2], kwargs={"c": 3})
+    with pytest.raises(SerializationError):
+        two.delay(1, object())
+    assert queue.get_job_counts()["waiting"] == 0
+
+
+def test_bad_default_options_and_a_taken_name_fail_at_decoration(queue: Queue) -> None:
+    with pytest.raises(ValueError):
+        queue.task(priority=-1)
+    with pytest.raises(TypeError):
+        queue.task(colour="red")
+
+    @queue.task(name="same")
+    def first() -> None: ...
+
+    with pytest.raises(ValueError, match="has a task named 'same'"):
+        @queue.task(name="same")
+        def second() -> None: ...
+
+
+def test_current_job_is_the_running_job_inside_a_task_and_none_outside(queue: Queue) -> None:
+    seen: list[Any] = []
+
+    @queue.task()
+    def which() -> str | None:
+        current = jobq.current_job()
+        seen.append(current)
+        return None if current is None else current.id
+
+    assert jobq.current_job() is None
+    which()  # a local call: no job
+    assert seen == [None]
+    job = which.delay()
+    with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+        assert job.wait_until_finished(timeout=WAIT) == job.id
+    assert isinstance(seen[1], Job) and seen[1].id == job.id
+    assert jobq.current_job() is None
+
+
+def test_current_job_is_per_thread(queue: Queue) -> None:
+    both = threading.Barrier(2, timeout=WAIT)
+
+    @queue.task()
+    def meet() -> str:
+        both.wait()  # two jobs in flight at once, one per pool thread
+        current = jobq.current_job()
+        assert current is not None
+        return current.id
+
+    jobs = [meet.delay(), meet.delay()]
+    with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix,
+                concurrency=2):
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [j.id for j in jobs]
+
+
+def test_tuples_come_back_as_lists(queue: Queue) -> None:
+    @queue.task()
+    def echo(value: Any) -> Any:
+        return value
+
+    job = echo.delay((1, (2, 3)))
+    with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+        assert job.wait_until_finished(timeout=WAIT) == [1, [2, 3]]
+
+
+def test_a_job_failed_for_good_logs_a_warning_with_info_off(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    @queue.task(attempts=2)
+    def lookup(key: str) -> Any:
+        return {}[key]
+
+    job = lookup.delay("missing")
+    logger_name = f"jobq.jobs.{queue.name}"
+    with caplog.at_level(logging.WARNING, logger=logger_name):
+        with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+            with pytest.raises(jobq.JobFailedError) as info:
+                job.wait_until_finished(timeout=WAIT)
+    assert info.value.failed_reason == "KeyError: 'missing'"
+    assert info.value.exc_type == "KeyError"
+    records = [r for r in caplog.records if r.name == logger_name]
+    # the retried attempt logs at INFO (off); the last one at WARNING
+    assert [r.levelno for r in records] == [logging.WARNING]
+    assert "KeyError: 'missing'" in records[0].getMessage()
+
+
+def test_a_script_names_its_tasks_as_a_worker_importing_it_does(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "nightly.py"
+    script.write_text(
+        "from jobq import Queue\n"
+        "queue = Queue('reports')\n"
+        "@queue.task()\n"
+        "def build(day): pass\n"
+        "print(build.name)\n"
+    )
+    for argv in ([str(script)], ["-m", "nightly"]):
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "nightly.build", argv
