@@ -160,9 +160,12 @@ class CancelListener:
         pubsub, client = self._pubsub, self._client
         self._pubsub = self._client = None
         if pubsub is not None:
-            try:
-                pubsub.close()
-            except Exception:  # closing is best effort
-                pass
+            # a cluster's sharded subscriptions hold a connection per node
+            mapping = getattr(pubsub, "node_pubsub_mapping", None) or {}
+            for sub in (*mapping.values(), pubsub):
+                try:
+                    sub.close()
+                except Exception:  # closing is best effort
+                    pass
         if client is not None:
             close_client(client)

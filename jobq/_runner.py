@@ -263,10 +263,19 @@ class Finisher:
                     reply = send(scripts, take)
                     break
                 except Exception as exc:
-                    if not is_transient(exc) or time.monotonic() >= deadline:
+                    # any failure is tried again until the deadline: the call
+                    # is idempotent per token, and giving up leaves the job
+                    # to stall (a client library's own failure during a slot
+                    # migration, a desynchronised reply, are seen here)
+                    if time.monotonic() >= deadline:
                         logger.error("could not finish job %r: %s", attempt.job_id, exc)
                         self._emit("error", exc)
                         return None, None
+                    if not is_transient(exc):
+                        logger.warning("finishing job %r failed (%s: %s); trying again",
+                                       attempt.job_id, type(exc).__name__, exc)
+                        if conn is not None:
+                            conn.reset()  # its replies may be out of step
                     # resent with the same take token: a lost reply's take
                     # comes back with the retry (see and_take_next)
                     ambiguous = True
@@ -309,6 +318,11 @@ class _HeldConnection:
             if self._connection is None:  # closed under us
                 return self._context.run(script, *argv)
         return self._context.run_on(self._connection, script, *argv)
+
+    def reset(self) -> None:
+        """Drop the socket (the next call connects again)."""
+        if self._connection is not None:
+            self._connection.disconnect()
 
     def release(self) -> None:
         """Give the connection back to the pool."""

@@ -25,6 +25,7 @@ class Proxy:
         self._rules: list[tuple[Match, str, float, threading.Event]] = []
         self._stop = threading.Event()
         self._sockets: list[socket.socket] = []
+        self._replace: dict[socket.socket, bytes] = {}  # client -> its next reply
         self._threads: list[threading.Thread] = []
         self._start(self._accept)
 
@@ -38,6 +39,11 @@ class Proxy:
         connection is closed at once and the reply thrown away. The Event is
         set when that happened."""
         return self._arm(match, "drop", 0.0)
+
+    def replace_reply(self, match: Match, reply: bytes) -> threading.Event:
+        """The next chunk that matches goes to the server, and its client
+        gets ``reply`` (raw RESP) instead of the server's answer."""
+        return self._arm(match, "replace:" + reply.decode(), 0.0)
 
     def delay(self, match: Match, seconds: float) -> threading.Event:
         """The next chunk that matches is held back ``seconds`` (bounded)
@@ -88,6 +94,9 @@ class Proxy:
                     if kind == "delay":
                         hit.set()
                         self._stop.wait(seconds)
+                    elif kind.startswith("replace:"):
+                        self._replace[client] = kind.removeprefix("replace:").encode()
+                        hit.set()
                     else:
                         upstream.sendall(chunk)
                         client.shutdown(socket.SHUT_RDWR)  # the reply never reaches it
@@ -105,6 +114,7 @@ class Proxy:
     def _pump_down(self, upstream: socket.socket, client: socket.socket) -> None:
         try:
             while chunk := upstream.recv(65536):
+                chunk = self._replace.pop(client, chunk)  # a reply to replace is whole
                 try:
                     client.sendall(chunk)
                 except OSError:

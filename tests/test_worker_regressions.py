@@ -544,3 +544,26 @@ def test_a_worker_started_while_the_server_is_away_runs_jobs_once_it_is_back(
         assert all(t.is_alive() for t in worker._roles.runner.threads)  # type: ignore[union-attr]
     finally:
         worker.close(timeout=WAIT)
+
+
+def test_an_unexpected_reply_to_a_finishing_call_is_retried_not_left_to_stall(
+    proxy: Proxy, private_server: RedisServer
+) -> None:
+    # a client library's failure inside the call (seen with redis-py 5 during
+    # a slot migration: a reply out of step, an AttributeError) is retried
+    # like a lost connection: the call is idempotent per lock token
+    with Queue("odd-reply", connection=private_server.url) as queue:
+        queue.obliterate(force=True)
+        job = queue.add("x", job_id="odd-job")
+        after = queue.add("y", job_id="after-job")  # taken along by the odd call
+        replaced = proxy.replace_reply(_calls(_sha("complete", private_server), "odd-job"),
+                                       b"+OK\r\n")
+        worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
+                        lock_duration=5, stalled_interval=INTERVAL)
+        done = Recorder().attach(worker, "completed")
+        with worker:
+            assert job.wait_until_finished(timeout=WAIT) == "x"
+            assert after.wait_until_finished(timeout=3) == "y"
+            assert done.wait("completed", 2)  # the worker knows it finished both
+        assert replaced.is_set()
+        assert after.refresh().stalled_counter == 0 and after.attempts_made == 1
