@@ -38,8 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from run import fmt  # bench/run.py: the same number format as make bench
-
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
@@ -278,6 +276,10 @@ def stats(values: list[float]) -> dict[str, float] | None:
 
 
 def cell(s: dict[str, float] | None) -> str:
+    # bench/run.py's number format; imported here, in the parent only: run.py
+    # puts this checkout first on sys.path, which a measuring child must not
+    from run import fmt
+
     if s is None:
         return "failed"
     if s["n"] == 1:
@@ -314,6 +316,10 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=10_000, help="jobs of W1 and W2")
     ap.add_argument("--server", help="server binary (default: find_server_binary())")
     ap.add_argument("--repo", default=str(ROOT), help="git repository (default: this one)")
+    ap.add_argument("--python", default=PYTHON,
+                    help="interpreter of the measuring runs: one where jobq is not installed "
+                    "in editable mode (an editable install's finder would win over the "
+                    "exported trees; the run checks where jobq came from)")
     args = ap.parse_args()
     if args.repeats < 1 or args.jobs < 1000:
         ap.error("--repeats must be >= 1 and --jobs >= 1000")
@@ -368,7 +374,7 @@ def main() -> int:
                 for side in order:
                     admin.flushall()
                     admin.script_flush()
-                    argv = [PYTHON, str(Path(__file__).resolve()), "child",
+                    argv = [args.python, str(Path(__file__).resolve()), "child",
                             "--jobq-root", str(roots[side]), "--adapters", str(adapters),
                             "--url", server.url, "--workload", workload,
                             "--n", str(args.jobs if workload != "w3" else W3_TRIPS)]

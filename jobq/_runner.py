@@ -140,6 +140,7 @@ class Finisher:
         self.done = 0
         self.failed = 0
         self._job_log = logging.getLogger(f"jobq.jobs.{context.name}")
+        self._scripts = WorkerScripts(context.run)
 
     def complete(
         self, attempt: Attempt, result: Any, conn: _HeldConnection | None, chain: bool
@@ -252,9 +253,9 @@ class Finisher:
         """Send a finishing call until it is answered; (the reply when the
         call finished the attempt, else None; the attempt taken along)."""
         take = self._take_args() if chain and self._gate.begin() else None
-        scripts = WorkerScripts(self._context.run if conn is None else conn.run)
+        scripts = self._scripts if conn is None else conn.scripts
         deadline = time.monotonic() + self._lock_duration
-        backoff = RetryBackoff(cap=1.0)
+        backoff: RetryBackoff | None = None
         ambiguous = False
         taken: Attempt | None = None
         try:
@@ -279,6 +280,7 @@ class Finisher:
                     # resent with the same take token: a lost reply's take
                     # comes back with the retry (see and_take_next)
                     ambiguous = True
+                    backoff = backoff or RetryBackoff(cap=1.0)
                     if self._abandoned.wait(backoff.next()):
                         return None, None
             if reply.next is not None and reply.next.taken is not None:
@@ -309,6 +311,7 @@ class _HeldConnection:
     def __init__(self, context: QueueContext) -> None:
         self._context = context
         self._connection: Any = None
+        self.scripts = WorkerScripts(self.run)
 
     def run(self, script: str, *argv: Any) -> Any:
         """Run a script on the connection (a failed call drops the socket; the

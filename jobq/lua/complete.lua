@@ -33,14 +33,15 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 4, now_ms()) end
 if refused then return refused end
 local now = now_ms()
-local cancel = redis.call('HGET', jk, 'cx')
-if cancel then  -- cancel requested while it ran: it ends failed, result discarded
-  end_cancelled(id, token, cancel, now)
+-- one read of the record: the cancel mark first, then what finishing needs
+local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run', 'ddk', 'ddt',
+  'cx')
+if f[10] then  -- cancel requested while it ran: it ends failed, result discarded
+  end_cancelled(id, token, f[10], now)
   local reply = and_take_next(3, 4, now)
   emit_if_drained()
   return reply
 end
-local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run', 'ddk', 'ddt')
 release_dedup(id, f[8], f[9], false)
 local atm = (tonumber(f[1]) or 0) + 1
 local run = f[7]

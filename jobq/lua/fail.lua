@@ -30,15 +30,14 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 7, now_ms()) end
 if refused then return refused end
 local now = now_ms()
-local cancel = redis.call('HGET', jk, 'cx')
-if cancel then  -- cancelled: no retry, and the reason is the cancel's
+local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority', 'cx')
+if f[4] then  -- cancelled: no retry, and the reason is the cancel's
   redis.call('HSET', jk, 'st', ARGV[4])
-  end_cancelled(id, token, cancel, now)
+  end_cancelled(id, token, f[4], now)
   local reply = and_take_next(3, 7, now)
   emit_if_drained()
   return reply
 end
-local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority')
 local atm = (tonumber(f[1]) or 0) + 1
 local delay = tonumber(ARGV[5])
 redis.call('DEL', lock_key(id))
