@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._threads import BackgroundLoop
-from .connection import BLOCK_CAP, Client, blocking_client, close_client
+from .connection import BLOCK_CAP, Client, blocking_client, close_subscription
 
 if TYPE_CHECKING:
     from ._attempt import AttemptTable
@@ -159,13 +159,4 @@ class CancelListener:
     def _disconnect(self) -> None:
         pubsub, client = self._pubsub, self._client
         self._pubsub = self._client = None
-        if pubsub is not None:
-            # a cluster's sharded subscriptions hold a connection per node
-            mapping = getattr(pubsub, "node_pubsub_mapping", None) or {}
-            for sub in (*mapping.values(), pubsub):
-                try:
-                    sub.close()
-                except Exception:  # closing is best effort
-                    pass
-        if client is not None:
-            close_client(client)
+        close_subscription(client, pubsub)

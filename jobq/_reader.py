@@ -28,7 +28,7 @@ from ._waiters import (
     sid,
     valid_id,
 )
-from .connection import Client, blocking_client, close_client
+from .connection import Client, blocking_client
 from .events import Event
 from .listeners import ListenerRegistry, call_safely
 
@@ -201,7 +201,7 @@ class EventReader:
         self._disconnect()
 
     def _disconnect(self) -> None:
-        _close_reader(self._client, self._pubsub)
+        _connection.close_subscription(self._client, self._pubsub)
         self._client, self._pubsub = None, None
 
     def _connect(self, client: Client) -> Any:
@@ -377,11 +377,3 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def _close_reader(client: Client | None, pubsub: Any) -> None:
-    if pubsub is not None:
-        try:
-            pubsub.close()
-        except Exception:  # closing is best effort
-            pass
-    if client is not None:
-        close_client(client)

@@ -7,9 +7,11 @@ them), stops every loop and joins every thread but those inside user code.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,22 @@ class Settings:
     heartbeat_ttl: float
     max_result_bytes: int | None
     limit: tuple[int, int]  # rate limit: max jobs per window (0: none), window ms
+
+
+class TakeTokens:
+    """The arguments of a worker's next take: a lock token unique to the
+    worker (a random prefix) and to the take (a counter), and its settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._base = uuid.uuid4().hex[:16]
+        self._seq = itertools.count()
+
+    def __call__(self) -> TakeArgs:
+        s = self._settings
+        limit_max, limit_ms = s.limit
+        token = f"{self._base}{next(self._seq):x}"
+        return TakeArgs(token, round(s.lock_duration * 1000), s.name, limit_max, limit_ms)
 
 
 @dataclass

@@ -189,6 +189,20 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def close_subscription(client: Client | None, pubsub: Any) -> None:
+    """Close a (sharded) subscription and its client, ignoring errors: on a
+    cluster each node's subscription holds a connection of its own."""
+    if pubsub is not None:
+        mapping = getattr(pubsub, "node_pubsub_mapping", None) or {}
+        for sub in (*mapping.values(), pubsub):
+            try:
+                sub.close()
+            except Exception:  # closing is best effort
+                pass
+    if client is not None:
+        close_client(client)
+
+
 def close_client(client: Client) -> None:
     """Close a client and disconnect its pool, ignoring errors."""
     try:

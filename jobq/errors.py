@@ -63,6 +63,9 @@ class JobFailedError(JobqError):
         stacktrace: the formatted tracebacks of the attempts, newest last.
     """
 
+    #: how the job ended, in the message
+    _ended = "failed"
+
     def __init__(
         self,
         job_id: str,
@@ -70,7 +73,7 @@ class JobFailedError(JobqError):
         stacktrace: list[str] | None = None,
         exc_type: str | None = None,
     ) -> None:
-        super().__init__(f"job {job_id!r} failed: {failed_reason}")
+        super().__init__(f"job {job_id!r} {self._ended}: {failed_reason}")
         self.job_id = job_id
         self.failed_reason = failed_reason
         self.stacktrace = list(stacktrace or [])
@@ -93,15 +96,7 @@ class JobCancelledError(JobFailedError):
     """A waited-on job was cancelled (``Queue.cancel`` / ``Job.cancel``): it
     failed for good; ``failed_reason`` is the cancel's reason."""
 
-    def __init__(
-        self,
-        job_id: str,
-        failed_reason: str | None,
-        stacktrace: list[str] | None = None,
-        exc_type: str | None = None,
-    ) -> None:
-        super().__init__(job_id, failed_reason, stacktrace, exc_type)
-        self.args = (f"job {job_id!r} was cancelled: {failed_reason}",)
+    _ended = "was cancelled"
 
 
 class JobNotFoundError(JobqError, LookupError):

@@ -126,8 +126,11 @@ class ListenerMethods:
     def _listener_added(self, event: str) -> None:
         """Called after a listener of ``event`` was added."""
 
-    def on(self, event: str, callback: Listener) -> Listener:
-        """Call ``callback`` on each ``event``; return it."""
+    def on(self, event: str, callback: Listener | None = None) -> Any:
+        """Call ``callback`` on each ``event``; return it. Without
+        ``callback``, return a decorator that registers the function."""
+        if callback is None:
+            return lambda cb: self.on(event, cb)
         self._listeners.on(event, callback)
         self._listener_added(event)
         return callback

@@ -21,7 +21,7 @@ from ._threads import join_all, start_thread
 from ._waiters import CLOSED, Failed, Outcome, Waiter, WaiterTable, result_of, valid_id
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
-from .listeners import Listener, ListenerRegistry, call_safely
+from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -39,7 +39,7 @@ _TRANSIENT = _connection.TRANSIENT_ERRORS
 RETRY_CHECK = 0.25
 
 
-class QueueEvents:
+class QueueEvents(ListenerMethods):
     """Read a queue's events on a background thread and dispatch them.
 
     Listeners run on a separate dispatcher thread, in registration order, so a
@@ -186,25 +186,14 @@ class QueueEvents:
 
     # -- listeners --------------------------------------------------------
 
+    # on / once / off / listener_count: ListenerMethods
+
+    def _listener_added(self, event: str) -> None:
+        self._resume()
+
     def _resume(self) -> None:
         if self._restart:  # forked while running: this is the first use
             self.run()
-
-    def on(self, event: str, callback: Listener | None = None) -> Any:
-        """Call ``callback(event)`` on each ``event``; without it, a decorator."""
-        self._resume()
-        if callback is None:
-            return lambda cb: self._listeners.on(event, cb)
-        return self._listeners.on(event, callback)
-
-    def once(self, event: str, callback: Listener) -> Listener:
-        """Call ``callback`` on the next ``event`` only."""
-        self._resume()
-        return self._listeners.once(event, callback)
-
-    def off(self, event: str, callback: Listener) -> bool:
-        """Remove a listener; False if it was not registered."""
-        return self._listeners.off(event, callback)
 
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event."""
@@ -214,10 +203,6 @@ class QueueEvents:
     def off_all_events(self, callback: Listener) -> bool:
         """Remove an ``on_all_events`` listener."""
         return self._listeners.off(ALL, callback)
-
-    def listener_count(self, event: str | None = None) -> int:
-        """Listeners of ``event`` (every listener when None)."""
-        return self._listeners.count(event)
 
     # -- waiting ----------------------------------------------------------
 

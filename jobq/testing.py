@@ -142,6 +142,18 @@ def _log_tail(path: Path) -> str:
     return "\n".join(lines) if lines else "(log is empty)"
 
 
+def _send_shutdown(client: redis.Redis, *, nosave: bool) -> bool:
+    """Ask a server to exit (the client is closed after); False when it did
+    not take the command."""
+    try:
+        with client:
+            client.shutdown(nosave=nosave, save=not nosave, now=True)
+    except (redis.RedisError, OSError) as exc:
+        logger.debug("SHUTDOWN failed on %r: %s", client, exc)
+        return False
+    return True
+
+
 def _command_line(
     binary: str, port: int, directory: Path, appendonly: bool, extra_args: Sequence[str]
 ) -> list[str]:
@@ -384,7 +396,8 @@ class RedisServer:
             deadline = time.monotonic() + timeout
             # A server that did not take the command (stopped by SIGSTOP, say) is
             # terminated at once rather than waited for.
-            if process.poll() is None and self._send_shutdown(nosave=nosave, timeout=timeout):
+            probe = self._probe_client(min(timeout, _PROBE_SOCKET_TIMEOUT))
+            if process.poll() is None and _send_shutdown(probe, nosave=nosave):
                 try:
                     process.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
@@ -502,16 +515,6 @@ class RedisServer:
         """Return True when the last start failed because the port was in use."""
         log_path = self.log_path
         return log_path is not None and "address already in use" in _log_tail(log_path).lower()
-
-    def _send_shutdown(self, *, nosave: bool, timeout: float) -> bool:
-        """Ask the server to exit; return False when it did not take the command."""
-        try:
-            with self._probe_client(min(timeout, _PROBE_SOCKET_TIMEOUT)) as client:
-                client.shutdown(nosave=nosave, save=not nosave, now=True)
-        except (redis.RedisError, OSError) as exc:
-            logger.debug("SHUTDOWN failed on %r: %s", self, exc)
-            return False
-        return True
 
     # -- protocol -----------------------------------------------------------
 

@@ -17,7 +17,7 @@ The Worker is an orchestrator with one lifecycle (``NEW`` -> ``RUNNING`` ->
 from __future__ import annotations
 
 import enum
-import itertools
+import functools
 import logging
 import os
 import re
@@ -30,11 +30,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._context import QueueContext
-from ._roles import Roles, Settings
+from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
 from ._signals import StopSignals
 from ._threads import start_thread
-from .calls import TakeArgs
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
 from .errors import ClosedError, JobqError
 from .events import Event
@@ -205,8 +204,7 @@ class Worker(ListenerMethods):
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
         self._events: QueueEvents | None = None
-        self._token_base = uuid.uuid4().hex[:16]
-        self._token_seq = itertools.count()
+        self._take_args = TakeTokens(self._settings)
         _LIVE.add(self)
         if autorun:
             self.start()
@@ -244,9 +242,10 @@ class Worker(ListenerMethods):
                 return self
             if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
                 self._ensure_events(wait=True)
+            route = functools.partial(_handler_for, self._routes, self._processor, self.name)
             roles = self._roles = Roles.build(
                 self._context, self._settings, self._listeners, paused=self._paused,
-                handler_for=self._handler_for, take_args=self._take_args, status=self._status,
+                handler_for=route, take_args=self._take_args, status=self._status,
             )
             self._state = Lifecycle.RUNNING
             roles.start()
@@ -421,27 +420,6 @@ class Worker(ListenerMethods):
 
     # -- what the roles ask of the worker --------------------------------------
 
-    def _handler_for(self, job: Job) -> Processor:
-        if self._processor is not None:
-            return self._processor
-        assert self._routes is not None
-        handler = self._routes.get(job.name)
-        if handler is None:
-            # an ordinary failed attempt, retried per `attempts`: during a
-            # rolling deploy a newer worker may know the name
-            known = ", ".join(sorted(map(repr, self._routes)))
-            raise JobqError(
-                f"no processor for job name {job.name!r} in worker {self.name!r}; "
-                f"it handles {known}"
-            )
-        return handler
-
-    def _take_args(self) -> TakeArgs:
-        limit_max, limit_ms = self._settings.limit
-        token = f"{self._token_base}{next(self._token_seq):x}"
-        lock_ms = round(self._settings.lock_duration * 1000)
-        return TakeArgs(token, lock_ms, self.name, limit_max, limit_ms)
-
     def _status(self) -> dict[str, Any]:
         roles = self._roles
         return {
@@ -450,6 +428,24 @@ class Worker(ListenerMethods):
             "failed": roles.finisher.failed if roles else 0,
             "active": len(roles.table) if roles else 0, "paused": self._paused,
         }
+
+
+def _handler_for(
+    routes: dict[str, Processor] | None, processor: Processor | None, worker: str, job: Job
+) -> Processor:
+    """The processor of a job: the worker's one, or the route of its name."""
+    if processor is not None:
+        return processor
+    assert routes is not None
+    handler = routes.get(job.name)
+    if handler is None:
+        # an ordinary failed attempt, retried per `attempts`: during a
+        # rolling deploy a newer worker may know the name
+        known = ", ".join(sorted(map(repr, routes)))
+        raise JobqError(
+            f"no processor for job name {job.name!r} in worker {worker!r}; it handles {known}"
+        )
+    return handler
 
 
 def _own_client(connection: object, name: str, concurrency: int) -> Any:

@@ -5,7 +5,6 @@ gunicorn with a ``flask jobq worker`` process."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -15,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobq import Queue
-from tests.polling import until
-from tests.test_forking_servers import _accepts, _free_port, _get, _stop
+from tests.test_forking_servers import _get, gunicorn_with_worker
 
 flask = pytest.importorskip("flask")
 
@@ -81,29 +79,11 @@ def test_the_example_under_gunicorn_with_a_flask_jobq_worker(redis_url: str) -> 
     prefix = f"flg-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES), str(ROOT)])
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "flask", "--app", "flask_app", "jobq", "worker", "-c", "4"],
-        cwd=EXAMPLES, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2", "--worker-class",
-         "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}", "--timeout", "30",
-         "--graceful-timeout", "5", "--log-level", "warning", "flask_app:app"],
-        cwd=EXAMPLES, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        until(lambda: server.poll() is not None or _accepts(port), timeout=30)
-        assert server.poll() is None, _stop(server)
-        base = f"http://127.0.0.1:{port}"
+    worker = [sys.executable, "-m", "flask", "--app", "flask_app", "jobq", "worker", "-c", "4"]
+    with gunicorn_with_worker(EXAMPLES, env, "flask_app:app", worker) as base:
         with ThreadPoolExecutor(max_workers=8) as pool:
             answers = list(pool.map(lambda n: _get(f"{base}/add?a={n}&b={n}"), range(40)))
         assert _get(f"{base}/add?a=x")[0] == 400
-    finally:
-        server_err = _stop(server)
-        worker_err = _stop(worker)
-    assert server.returncode == 0, server_err
-    assert worker.returncode == 0, worker_err
     bad = [(n, a) for n, a in enumerate(answers) if a[0] != 200 or a[1].get("result") != 2 * n]
     assert not bad, bad[:3]
     assert 1 <= len({body["pid"] for _, body in answers}) <= 2

@@ -10,6 +10,7 @@ worst) whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,6 +87,35 @@ def worker(env: dict[str, str], redis_url: str, queue_name: str) -> Iterator[Non
     finally:
         err = _stop(process)
         assert process.returncode == 0, err
+
+
+@contextlib.contextmanager
+def gunicorn_with_worker(
+    cwd: Path, env: dict[str, str], app: str, worker_argv: list[str]
+) -> Iterator[str]:
+    """Run a worker process and ``gunicorn --preload --workers 2`` (gthread)
+    serving ``app``; yield the server's base URL; stop both and check they
+    exited cleanly."""
+    worker = subprocess.Popen(
+        worker_argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2", "--worker-class",
+         "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}", "--timeout", "30",
+         "--graceful-timeout", "5", "--log-level", "warning", app],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        until(lambda: server.poll() is not None or _accepts(port), timeout=30)
+        assert server.poll() is None, _stop(server)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server_err = _stop(server)
+        worker_err = _stop(worker)
+    assert server.returncode == 0, server_err
+    assert worker.returncode == 0, worker_err
 
 
 def _get(url: str) -> tuple[int, dict[str, Any]]:
