@@ -95,16 +95,20 @@ def text(value: bytes | None) -> str | None:
 class Waiter:
     """One caller (or future) waiting for one run of one job."""
 
-    __slots__ = ("job_id", "run", "event", "outcome", "callback", "checkpoint", "_lock")
+    __slots__ = ("job_id", "run", "after", "event", "outcome", "callback", "checkpoint", "_lock")
 
     def __init__(
         self,
         job_id: str,
         run: str | None = None,
         callback: Callable[[Waiter, Outcome], None] | None = None,
+        after: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.run = run  # None: whatever run the record holds (a Job built by hand)
+        # outcomes written at or before this event (a retried job's earlier
+        # attempts, which share its run) do not answer
+        self.after: StreamId | None = sid(after) if after and valid_id(after) else None
         self.event = threading.Event()
         self.outcome: Outcome | None = None
         self.callback = callback
@@ -113,8 +117,11 @@ class Waiter:
         self.checkpoint: StreamId | str | None = None
         self._lock = threading.Lock()
 
-    def matches(self, run: str | None) -> bool:
-        """Whether an outcome of ``run`` (None: unknown) answers this waiter."""
+    def matches(self, run: str | None, at: StreamId | None = None) -> bool:
+        """Whether an outcome of ``run`` (None: unknown) written at ``at``
+        answers this waiter."""
+        if self.after is not None and at is not None and at <= self.after:
+            return False
         return run is None or self.run is None or run == self.run
 
     def resolve(self, outcome: Outcome) -> None:
@@ -197,7 +204,7 @@ class WaiterTable:
             if not closed:
                 self._by_job.setdefault(waiter.job_id, []).append(waiter)
                 known = self._recent.get(waiter.job_id)
-                unseen = follows and (known is None or not waiter.matches(known.run))
+                unseen = follows and (known is None or not waiter.matches(known.run, known.at))
         if closed:
             waiter.resolve(CLOSED)
             return True
@@ -256,12 +263,12 @@ class WaiterTable:
             if len(self._recent) > RECENT_OUTCOMES:
                 _, evicted = self._recent.popitem(last=False)
                 self.evicted_upto = max(self.evicted_upto, evicted.at)
-            return [w for w in self._by_job.get(job_id, ()) if w.matches(run)]
+            return [w for w in self._by_job.get(job_id, ()) if w.matches(run, at)]
 
     def remembered(self, waiter: Waiter) -> Outcome | None:
         """The remembered outcome of the waiter's run, if any."""
         found = self._recent.get(waiter.job_id)
-        if found is None or not waiter.matches(found.run):
+        if found is None or not waiter.matches(found.run, found.at):
             return None
         return found.outcome
 

@@ -79,6 +79,8 @@ class Job:
         # the token of this run of the job (the id of its `added` event in
         # stream mode), from `add` or the record: waits answer for it alone
         self._added_event: str | None = None
+        # the newest event when this process retried the job (see retry())
+        self._retried_at: str | None = None
         # Set by a worker: its local ``progress`` listeners.
         self._on_progress: Callable[[Job, Any], None] | None = None
 
@@ -184,6 +186,11 @@ class Job:
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
         self._checked(self._context.calls.retry(state, 1, reset_attempts, [self.id]), "retry")
+        # the retried attempts share the run: a wait from now on takes no
+        # outcome written before the retry (the reader may not have read the
+        # last one yet). Stream mode: the newest event, at or after the retry's.
+        last = self._context.redis.xrevrange(self._context.keys.events, "+", "-", count=1)
+        self._retried_at = _s(last[0][0]) if last else None
 
     def promote(self) -> None:
         """Run a delayed job now.
@@ -282,9 +289,13 @@ class Job:
             ClosedError: the QueueEvents was closed during the wait.
             ValueError: ``queue_events`` follows another queue (or prefix).
         """
-        return self._events(queue_events).wait_for(self.id, timeout, self._added_event)
+        return self._events(queue_events).wait_for(
+            self.id, timeout, self._added_event, self._retried_at
+        )
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""
-        return self._events(queue_events).future_for(self.id, self._added_event)
+        return self._events(queue_events).future_for(
+            self.id, self._added_event, self._retried_at
+        )
 
