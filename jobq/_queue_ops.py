@@ -190,7 +190,7 @@ class QueueAdmin:
         remaining = int(self._context.redis.zcard(getattr(self._context.keys, state)))
         total = 0
         while remaining > 0:
-            moved = self._context.calls.retry(state, min(BATCH, remaining), reset_attempts)
+            moved, _ = self._context.calls.retry(state, min(BATCH, remaining), reset_attempts)
             if moved <= 0:
                 break
             total += moved

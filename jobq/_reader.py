@@ -25,6 +25,7 @@ from ._waiters import (
     Outcome,
     StreamId,
     WaiterTable,
+    generation,
     sid,
     valid_id,
 )
@@ -154,9 +155,12 @@ class EventReader:
         """Whether this reader sees every event of the run that began with
         the ``added`` event ``run`` (it began before it, and has forgotten
         nothing since)."""
-        if not run or self.mode != "stream" or self.first_id is None or not valid_id(run):
+        if not run or self.mode != "stream" or self.first_id is None:
             return False
-        added = sid(run)
+        first, _ = generation(run)  # a retried run: its generations too
+        if not valid_id(first):
+            return False
+        added = sid(first)
         evicted = self.table.evicted_upto if self.table is not None else (0, 0)
         return added > self.first_id and added > evicted
 

@@ -6,7 +6,9 @@ job was removed). Every run has a token: the id of its ``added`` event in
 stream mode, ``p<n>`` in pub/sub mode. The token is recorded in the job's
 record and carried by the events that end the run (``completed``,
 ``failed``, ``removed``), so that a waiter is only ever answered by the run
-it waits for.
+it waits for. A retry of a finished job begins the run's next generation:
+its token gains ``#<n>`` (retry.lua). A waiter takes an outcome of its
+generation or a later one, never an earlier one.
 """
 
 from __future__ import annotations
@@ -87,6 +89,21 @@ def valid_id(value: str) -> bool:
     return True
 
 
+def generation(token: str) -> tuple[str, int]:
+    """A run token's first part (the run's) and its generation."""
+    first, mark, gen = token.rpartition("#")
+    if mark and gen.isdigit():
+        return first, int(gen)
+    return token, 0
+
+
+def later(token: str, than: str) -> bool:
+    """Whether run token ``token`` is a later generation of ``than``'s run."""
+    first, gen = generation(token)
+    mine, floor = generation(than)
+    return first == mine and gen > floor
+
+
 def text(value: bytes | None) -> str | None:
     """Decode a reply's bytes, None staying None."""
     return None if value is None else value.decode("utf-8", "replace")
@@ -95,20 +112,16 @@ def text(value: bytes | None) -> str | None:
 class Waiter:
     """One caller (or future) waiting for one run of one job."""
 
-    __slots__ = ("job_id", "run", "after", "event", "outcome", "callback", "checkpoint", "_lock")
+    __slots__ = ("job_id", "run", "event", "outcome", "callback", "checkpoint", "_lock")
 
     def __init__(
         self,
         job_id: str,
         run: str | None = None,
         callback: Callable[[Waiter, Outcome], None] | None = None,
-        after: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.run = run  # None: whatever run the record holds (a Job built by hand)
-        # outcomes written at or before this event (a retried job's earlier
-        # attempts, which share its run) do not answer
-        self.after: StreamId | None = sid(after) if after and valid_id(after) else None
         self.event = threading.Event()
         self.outcome: Outcome | None = None
         self.callback = callback
@@ -117,12 +130,14 @@ class Waiter:
         self.checkpoint: StreamId | str | None = None
         self._lock = threading.Lock()
 
-    def matches(self, run: str | None, at: StreamId | None = None) -> bool:
-        """Whether an outcome of ``run`` (None: unknown) written at ``at``
-        answers this waiter."""
-        if self.after is not None and at is not None and at <= self.after:
-            return False
-        return run is None or self.run is None or run == self.run
+    def matches(self, run: str | None) -> bool:
+        """Whether an outcome of ``run`` (None: unknown) answers this waiter:
+        the same run, at the waiter's generation or a later one."""
+        if run is None or self.run is None or run == self.run:
+            return True
+        first, gen = generation(run)
+        mine, floor = generation(self.run)
+        return first == mine and gen >= floor
 
     def resolve(self, outcome: Outcome) -> None:
         """Set the outcome; the first one wins (the reader and a check race)."""
@@ -204,7 +219,7 @@ class WaiterTable:
             if not closed:
                 self._by_job.setdefault(waiter.job_id, []).append(waiter)
                 known = self._recent.get(waiter.job_id)
-                unseen = follows and (known is None or not waiter.matches(known.run, known.at))
+                unseen = follows and (known is None or not waiter.matches(known.run))
         if closed:
             waiter.resolve(CLOSED)
             return True
@@ -263,12 +278,12 @@ class WaiterTable:
             if len(self._recent) > RECENT_OUTCOMES:
                 _, evicted = self._recent.popitem(last=False)
                 self.evicted_upto = max(self.evicted_upto, evicted.at)
-            return [w for w in self._by_job.get(job_id, ()) if w.matches(run, at)]
+            return [w for w in self._by_job.get(job_id, ()) if w.matches(run)]
 
     def remembered(self, waiter: Waiter) -> Outcome | None:
         """The remembered outcome of the waiter's run, if any."""
         found = self._recent.get(waiter.job_id)
-        if found is None or not waiter.matches(found.run, found.at):
+        if found is None or not waiter.matches(found.run):
             return None
         return found.outcome
 
@@ -312,6 +327,13 @@ class WaiterTable:
                     break
                 # a long scan of the run's events goes on in another call
                 cursor, anchored = reply.cursor, reply.anchored
+        if reply.run is not None and reply.state not in ("completed", "failed", "cancelled"):
+            # the record is of a later generation (the job was retried since
+            # this waiter's Job was made): wait for that one, not an earlier
+            # outcome the reader has yet to read
+            with self._lock:
+                if waiter.run is not None and later(reply.run, waiter.run):
+                    waiter.run = reply.run
         if reply.state == "completed":
             waiter.resolve(Completed(serializer.decode(reply.value, "return value")))
         elif reply.state in ("failed", "cancelled"):

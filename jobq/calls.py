@@ -206,6 +206,9 @@ class OutcomeReply(NamedTuple):
     final: bool
     cursor: str | None
     anchored: bool
+    #: the record's run token when the record answered (a later generation
+    #: than the one asked for after a retry)
+    run: str | None = None
 
 
 class QueueScripts:
@@ -265,9 +268,15 @@ class QueueScripts:
         keys it deletes at the end are those of the schema (keys.py)."""
         return int(self._run("obliterate", "1" if force else "0", batch, *OBLITERATED))
 
-    def retry(self, state: str, batch: int, reset: bool, job_ids: Sequence[str] = ()) -> int:
-        """retry.lua: jobs moved back to waiting; -1 / -3 for a given id."""
-        return int(self._run("retry", state, batch, "1" if reset else "0", *job_ids))
+    def retry(
+        self, state: str, batch: int, reset: bool, job_ids: Sequence[str] = ()
+    ) -> tuple[int, str]:
+        """retry.lua: jobs moved back to waiting (-1 / -3 for a given id) and
+        the new run token of the last of them."""
+        reply = self._run("retry", state, batch, "1" if reset else "0", *job_ids)
+        if not isinstance(reply, list):
+            return int(reply), ""
+        return int(reply[0]), _text(reply[1]) or ""
 
     def promote(self, job_id: str) -> int:
         """promote.lua: 1, -1 no such job, -3 not delayed."""
@@ -308,7 +317,7 @@ class QueueScripts:
         first tick collides, the next tick's id)."""
         reply = self._run("upsertScheduler", scheduler_id, *schedule, spec, first, after,
                           *template)
-        return int(reply[0]), _text(reply[1]) or ""
+        return int(reply[0]), _text(reply[1]) or "" or ""
 
     def scheduler_sync(
         self, scheduler_id: str, pending: str, after_pending: str, first: str, after_first: str
@@ -334,11 +343,12 @@ class QueueScripts:
         """getOutcome.lua: what a waiter needs of one run, with the checkpoint."""
         reply = self._run("getOutcome", job_id, run, cursor, "1" if anchored else "")
         state, value, reason, stacktrace, checkpoint, final = reply[:6]
-        more = len(reply) >= 7  # a scan cut short: go on from its cursor
+        more = len(reply) >= 7 and reply[6] is not None  # a scan cut short: its cursor
         return OutcomeReply(
             _text(state), _raw(value), _text(reason), _raw(stacktrace), _text(checkpoint),
             bool(final), (_text(reply[6]) or "") if more else None,
             bool(reply[7]) if more else False,
+            _text(reply[8]) if len(reply) >= 9 else None,
         )
 
 

@@ -77,10 +77,9 @@ class Job:
         self.cancelled = threading.Event()
         self._token: str | None = None
         # the token of this run of the job (the id of its `added` event in
-        # stream mode), from `add` or the record: waits answer for it alone
-        self._added_event: str | None = None
-        # the newest event when this process retried the job (see retry())
-        self._retried_at: str | None = None
+        # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
+        # the record: waits answer for it (or a later generation) alone
+        self._run: str | None = None
         # Set by a worker: its local ``progress`` listeners.
         self._on_progress: Callable[[Job, Any], None] | None = None
 
@@ -111,7 +110,7 @@ class Job:
         self.processed_on = _f(get(b"pon"))
         self.finished_on = _f(get(b"fon"))
         self.processed_by = _s(get(b"pb"))
-        self._added_event = _s(get(b"run")) or self._added_event
+        self._run = _s(get(b"run")) or self._run
 
     def __repr__(self) -> str:
         return f"<Job {self.id!r} name={self.name!r} queue={self._context.name!r}>"
@@ -178,19 +177,19 @@ class Job:
         The job keeps ``attempts_made``, ``stalled_counter`` and its stack
         traces (as in BullMQ), so a job that used up its attempts gets one
         more; ``reset_attempts=True`` clears all three and gives it its whole
-        set of attempts again.
+        set of attempts again. A wait on this ``Job`` after the retry is for
+        the retried job's outcome, never the one that ended it before.
 
         Raises:
             JobqError: the job is not in that state.
         """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
-        self._checked(self._context.calls.retry(state, 1, reset_attempts, [self.id]), "retry")
-        # the retried attempts share the run: a wait from now on takes no
-        # outcome written before the retry (the reader may not have read the
-        # last one yet). Stream mode: the newest event, at or after the retry's.
-        last = self._context.redis.xrevrange(self._context.keys.events, "+", "-", count=1)
-        self._retried_at = _s(last[0][0]) if last else None
+        moved, run = self._context.calls.retry(state, 1, reset_attempts, [self.id])
+        self._checked(moved, "retry")
+        # the retry began the run's next generation: waits from now on are
+        # for it (or a later one), never for the outcome before the retry
+        self._run = run or self._run
 
     def promote(self) -> None:
         """Run a delayed job now.
@@ -289,13 +288,9 @@ class Job:
             ClosedError: the QueueEvents was closed during the wait.
             ValueError: ``queue_events`` follows another queue (or prefix).
         """
-        return self._events(queue_events).wait_for(
-            self.id, timeout, self._added_event, self._retried_at
-        )
+        return self._events(queue_events).wait_for(self.id, timeout, self._run)
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""
-        return self._events(queue_events).future_for(
-            self.id, self._added_event, self._retried_at
-        )
+        return self._events(queue_events).future_for(self.id, self._run)
 

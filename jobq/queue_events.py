@@ -206,10 +206,7 @@ class QueueEvents(ListenerMethods):
 
     # -- waiting ----------------------------------------------------------
 
-    def wait_for(
-        self, job_id: str, timeout: float | None = None, run: str | None = None,
-        after: str | None = None,
-    ) -> Any:
+    def wait_for(self, job_id: str, timeout: float | None = None, run: str | None = None) -> Any:
         """Block until job ``job_id`` finishes; see ``Job.wait_until_finished``.
 
         ``run`` is the token of the run waited for (the id of its ``added``
@@ -230,7 +227,7 @@ class QueueEvents(ListenerMethods):
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
-        waiter = Waiter(job_id, run, after=after)
+        waiter = Waiter(job_id, run)
         unseen = self._table.register(waiter, self._reader.follows(run))
         try:
             # a run the reader has not yet seen end needs no look at its
@@ -254,9 +251,7 @@ class QueueEvents(ListenerMethods):
         finally:
             self._table.unregister(waiter)
 
-    def future_for(
-        self, job_id: str, run: str | None = None, after: str | None = None
-    ) -> Future[Any]:
+    def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
 
         Its done-callbacks run on the dispatcher thread (or on the calling
@@ -282,7 +277,7 @@ class QueueEvents(ListenerMethods):
             else:
                 settle()
 
-        waiter = Waiter(job_id, run, resolved, after)
+        waiter = Waiter(job_id, run, resolved)
         future.set_running_or_notify_cancel()
         self._table.register(waiter)
         self.wait_until_ready(0)  # starts the reader; it checks waiters once ready

@@ -96,6 +96,97 @@ def test_reused_id_never_returns_the_previous_runs_value(
             assert second.wait_until_finished(qe, timeout=WAIT) == "run-2"
 
 
+def test_a_wait_after_retry_is_not_answered_by_the_outcome_before_it(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The reader lags behind the failure that ended the job's first run;
+    a wait begun after ``job.retry()`` must take the retried run's outcome."""
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def handler(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt")
+        started.set()
+        assert release.wait(WAIT)
+        return "second"
+
+    actives: list[Any] = []
+    qe.on("active", actives.append)
+    with Worker(queue.name, handler, connection=redis_url):
+        with ReaderKiller(redis_client, queue.name):
+            job = queue.add("x", attempts=1)
+            until(lambda: job.get_state() == "failed", WAIT)
+            job.retry()
+            assert started.wait(WAIT)
+            future = job.as_future(qe)
+        # the reader reads the failure, then the second run's start
+        until(lambda: len([e for e in actives if e.job_id == job.id]) == 2, WAIT)
+        assert not future.done()
+        release.set()
+        assert future.result(WAIT) == "second"
+
+
+def test_a_job_retried_elsewhere_is_waited_for_as_retried(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A ``Job`` made before another process retried it: its wait finds the
+    record retried and waits for the retried job, even when the reader has
+    yet to read the failure before the retry."""
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def handler(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt")
+        started.set()
+        assert release.wait(WAIT)
+        return "second"
+
+    actives: list[Any] = []
+    qe.on("active", actives.append)
+    with Worker(queue.name, handler, connection=redis_url):
+        with ReaderKiller(redis_client, queue.name):
+            job = queue.add("x", attempts=1)
+            until(lambda: job.get_state() == "failed", WAIT)
+            with Queue(queue.name, connection=redis_url) as elsewhere:
+                assert elsewhere.retry_jobs() == 1
+            assert started.wait(WAIT)
+            future = job.as_future(qe)  # the record check sees the retry
+        until(lambda: len([e for e in actives if e.job_id == job.id]) == 2, WAIT)
+        assert not future.done()
+        release.set()
+        assert future.result(WAIT) == "second"
+    assert job.wait_until_finished(qe, timeout=WAIT) == "second"
+
+
+def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
+    queue: Queue, redis_url: str
+) -> None:
+    """The record is gone: a reader begun afterwards scans the run's events
+    and must skip the failure before the retry."""
+    calls: list[int] = []
+
+    def handler(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt")
+        return "second"
+
+    job = queue.add("x", attempts=1, remove_on_complete=True)
+    with Worker(queue.name, handler, connection=redis_url) as worker:
+        cond, done = completed_counter(worker)
+        until(lambda: job.get_state() == "failed", WAIT)
+        job.retry()
+        with cond:
+            assert cond.wait_for(lambda: done == ["second"], WAIT)
+    assert queue.get_job(job.id) is None
+    with QueueEvents(queue.name, connection=redis_url) as late:
+        assert job.wait_until_finished(late, timeout=WAIT) == "second"
+
+
 def test_reused_ids_under_load_each_wait_gets_its_own_run(
     queue: Queue, qe: QueueEvents, redis_url: str
 ) -> None:

@@ -6,13 +6,16 @@
 
   KEYS[1]  queue base prefix
   ARGV[1]  job id
-  ARGV[2]  the run's token (its `added` event's id in stream mode), or ''
-           for whatever run the record holds
+  ARGV[2]  the run's token (its `added` event's id in stream mode, then
+           '#' and a generation after retries: see retry.lua), or '' for
+           whatever run the record holds. A later generation of the run
+           answers too: a job retried since its waiter's Job was made.
   ARGV[3]  optional: go on scanning the run's events after this id (the
            cursor of the previous call), else from the run's `added` event
   ARGV[4]  optional: '1' when the scan so far began at the `added` event
   Returns  {state or false, return value, failed reason, stack traces,
-            last event id or '', final, cursor, anchored}; state is
+            last event id or '', final, cursor, anchored, the record's run
+            token when the record answered}; state is
            'cancelled' for a job that failed by a cancel (cancel.lua)
            The record answers when it is of that run. Else the result kept
            under result:<run> (see complete.lua); else, in stream mode, the
@@ -26,6 +29,20 @@
 ]]
 local SCAN = 2000
 local id, run = ARGV[1], ARGV[2] or ''
+
+-- A token's first part (the run's) and its generation.
+local function generation(token)
+  local first, gen = string.match(token, '^(.*)#(%d+)$')
+  if first then return first, tonumber(gen) end
+  return token, 0
+end
+local first, gen = generation(run)
+-- Whether a token (of the record or an event) is of this run, at the
+-- waiter's generation or a later one.
+local function answers(token)
+  local f, g = generation(token)
+  return f == first and g >= gen
+end
 local f = redis.call('HMGET', job_key(id), 'state', 'rv', 'fr', 'st', 'run', 'cx')
 if f[1] == 'failed' and f[6] then f[1] = 'cancelled' end
 local stream = meta()[1] ~= 'pubsub'
@@ -34,17 +51,17 @@ if stream then
   local e = redis.call('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', 1)
   if e[1] then last = e[1][1] end
 end
-if f[1] and (run == '' or not f[5] or f[5] == run) then
-  return { f[1], f[2], f[3], f[4], last, false }
+if f[1] and (run == '' or not f[5] or answers(f[5])) then
+  return { f[1], f[2], f[3], f[4], last, false, false, false, f[5] or false }
 end
 if run == '' then return { false, false, false, false, last, false } end
 local kept = redis.call('GET', base .. 'result:' .. run)
 if kept then return { 'completed', kept, false, false, last, false } end
-if not stream or last == '' or not string.match(run, '^%d+%-%d+$') then
+if not stream or last == '' or not string.match(first, '^%d+%-%d+$') then
   return { false, false, false, false, last, false }
 end
 local cursor = ARGV[3] or ''
-local start = run
+local start = first
 if cursor ~= '' then start = '(' .. cursor end
 local entries = redis.call('XRANGE', K_EVENTS, start, last, 'COUNT', SCAN)
 for _, entry in ipairs(entries) do
@@ -53,7 +70,7 @@ for _, entry in ipairs(entries) do
   if e[4] == id and RUN_ENDS[e[2]] then
     local got = {}
     for i = 5, #e, 2 do got[e[i]] = e[i + 1] end
-    if not got['run'] or got['run'] == run then
+    if not got['run'] or answers(got['run']) then
       if e[2] == 'completed' and got['result'] then
         return { 'completed', got['result'], false, false, last, false }
       elseif e[2] == 'failed' then
@@ -68,7 +85,7 @@ for _, entry in ipairs(entries) do
 end
 local anchored
 if cursor == '' then
-  anchored = entries[1] ~= nil and entries[1][1] == run
+  anchored = entries[1] ~= nil and entries[1][1] == first
 else
   anchored = ARGV[4] == '1'
 end

@@ -11,15 +11,22 @@
   ARGV[3]  '1' resets attempts_made, the stall count and the stack traces;
            '0' keeps them
   ARGV[4..] job ids; none: the oldest jobs of that state, a batch
-  Returns  number of jobs moved; -1 when a given id does not exist, -3 when
-           it is not in that state (nothing is moved then)
+  Returns  {number of jobs moved, the last one's new run token}; -1 when a
+           given id does not exist, -3 when it is not in that state (nothing
+           is moved then)
   Events   waiting (prev: the state) per job
+
+  A retry begins the next generation of the job's run: its token becomes
+  the run's first token, '#' and the number of retries (see getOutcome.lua),
+  so that a wait for the retried job is never answered by the outcome that
+  ended it before, and a wait for an earlier generation takes a later one.
 ]]
 local state = ARGV[1]
 local set = base .. state
 local reset = ARGV[3] == '1'
 local now = now_ms()
 local ids = {}
+local run = ''
 if #ARGV > 3 then
   for i = 4, #ARGV do
     if redis.call('EXISTS', job_key(ARGV[i])) == 0 then return -1 end
@@ -32,11 +39,14 @@ end
 for _, id in ipairs(ids) do
   local jk = job_key(id)
   redis.call('ZREM', set, id)
-  local f = redis.call('HMGET', jk, 'priority', 'lifo')
+  local f = redis.call('HMGET', jk, 'priority', 'lifo', 'run')
+  local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
+  if not first then first, gen = f[3] or '', 0 end
+  run = first .. '#' .. (tonumber(gen) + 1)
   redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
   if reset then redis.call('HDEL', jk, 'atm', 'stc', 'st') end
-  redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
+  redis.call('HSET', jk, 'state', 'waiting', 'rdy', now, 'run', run)
   push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
   emit('waiting', id, { 'prev', state })
 end
-return #ids
+return { #ids, run }
