@@ -80,6 +80,12 @@ class Job:
         # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
         # the record: waits answer for it (or a later generation) alone
         self._run: str | None = None
+        # whether this object's token is that of a run this process began
+        # (by add or retry) and no wait has been made on it since: its first
+        # wait may then skip the record, since the reader sees every event of
+        # that run. Otherwise a wait reads the record first (a retry made
+        # elsewhere since may have begun a later generation: see _waiters.py).
+        self._fresh = False
         # Set by a worker: its local ``progress`` listeners.
         self._on_progress: Callable[[Job, Any], None] | None = None
 
@@ -190,6 +196,7 @@ class Job:
         # the retry began the run's next generation: waits from now on are
         # for it (or a later one), never for the outcome before the retry
         self._run = run or self._run
+        self._fresh = True
 
     def promote(self) -> None:
         """Run a delayed job now.
@@ -288,9 +295,13 @@ class Job:
             ClosedError: the QueueEvents was closed during the wait.
             ValueError: ``queue_events`` follows another queue (or prefix).
         """
-        return self._events(queue_events).wait_for(self.id, timeout, self._run)
+        events = self._events(queue_events)
+        fresh, self._fresh = self._fresh, False
+        return events.wait_for(self.id, timeout, self._run, fresh=fresh)
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""
-        return self._events(queue_events).future_for(self.id, self._run)
+        events = self._events(queue_events)
+        self._fresh = False
+        return events.future_for(self.id, self._run)
 

@@ -283,7 +283,7 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
                         result.append(existing)
                         continue
                 job = Job(self._context, job_id, new.name, data, opts, timestamp)
-                job._run = run
+                job._run, job._fresh = run, True
                 result.append(job)
         if result:
             self._record()  # after the add: an add whose reply is lost is never resent

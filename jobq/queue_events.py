@@ -206,13 +206,18 @@ class QueueEvents(ListenerMethods):
 
     # -- waiting ----------------------------------------------------------
 
-    def wait_for(self, job_id: str, timeout: float | None = None, run: str | None = None) -> Any:
+    def wait_for(
+        self, job_id: str, timeout: float | None = None, run: str | None = None,
+        fresh: bool = True,
+    ) -> Any:
         """Block until job ``job_id`` finishes; see ``Job.wait_until_finished``.
 
         ``run`` is the token of the run waited for (the id of its ``added``
-        event in stream mode): only that run's outcome answers. If this
-        reader began before that event, every later event of the run
-        reaches the reader, so the record need not be read first.
+        event in stream mode): only that run's outcome (or a later
+        generation's, after a retry) answers. If this reader began before
+        that event, every later event of the run reaches the reader, so the
+        record need not be read first, unless the token may be stale
+        (``fresh`` False: the run may have been retried since).
         """
         if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
             raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
@@ -228,7 +233,7 @@ class QueueEvents(ListenerMethods):
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
         waiter = Waiter(job_id, run)
-        unseen = self._table.register(waiter, self._reader.follows(run))
+        unseen = self._table.register(waiter, fresh and self._reader.follows(run))
         try:
             # a run the reader has not yet seen end needs no look at its
             # record: its last event will reach this waiter

@@ -162,6 +162,46 @@ def test_a_job_retried_elsewhere_is_waited_for_as_retried(
     assert job.wait_until_finished(qe, timeout=WAIT) == "second"
 
 
+def test_a_second_wait_after_a_retry_elsewhere_reads_the_record(
+    queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A Job that has been waited on once may be stale: its next wait reads
+    the record (which a retry elsewhere moved on) before trusting the
+    reader, which has yet to read the first outcome."""
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def handler(job: Job) -> int:
+        calls.append(1)
+        if len(calls) == 2:
+            started.set()
+            assert release.wait(WAIT)
+        return len(calls)
+
+    actives: list[Any] = []
+    qe.on("active", actives.append)
+    results: list[Any] = []
+    with Worker(queue.name, handler, connection=redis_url):
+        with ReaderKiller(redis_client, queue.name):
+            job = queue.add("x")
+            until(lambda: job.get_state() == "completed", WAIT)
+            assert job.as_future(qe).result(WAIT) == 1  # from the record
+            with Queue(queue.name, connection=redis_url) as elsewhere:
+                assert elsewhere.retry_jobs("completed") == 1
+            assert started.wait(WAIT)
+            waiter = threading.Thread(
+                target=lambda: results.append(job.wait_until_finished(qe, timeout=WAIT)),
+                name="test-second-wait",
+            )
+            waiter.start()
+            until(lambda: waiting_on(qe, job.id), WAIT)
+        until(lambda: len([e for e in actives if e.job_id == job.id]) == 2, WAIT)
+        assert results == []
+        release.set()
+        waiter.join(WAIT)
+    assert results == [2]
+
+
 def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
     queue: Queue, redis_url: str
 ) -> None:
