@@ -374,6 +374,7 @@ def main() -> int:
                 for side in order:
                     admin.flushall()
                     admin.script_flush()
+                    admin.function_flush()
                     argv = [args.python, str(Path(__file__).resolve()), "child",
                             "--jobq-root", str(roots[side]), "--adapters", str(adapters),
                             "--url", server.url, "--workload", workload,

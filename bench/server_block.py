@@ -31,7 +31,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobq import Queue, serializer  # noqa: E402
-from jobq.scripts import _SCRIPT_NAMES, _compiled  # noqa: E402
+from jobq.scripts import _SCRIPT_NAMES, _library, function_name  # noqa: E402
 from jobq.testing import RedisServer, find_server_binary  # noqa: E402
 
 CHUNK = 1000  # jobs per add_bulk chunk and per pipeline of takes / finishes
@@ -51,7 +51,7 @@ class Timings:
 
     def __init__(self, client: redis.Redis, q: Queue) -> None:
         self.client = client
-        self.names = {_compiled(name)[1]: name for name in _SCRIPT_NAMES}
+        self.names = {function_name(name): name for name in _SCRIPT_NAMES}
         self.longest: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
         self.pending: dict[str, int] = defaultdict(int)
@@ -78,7 +78,7 @@ class Timings:
         self.client.slowlog_reset()
         for entry in entries:
             duration, args = int(entry[2]), entry[3]
-            if args and args[0].upper() == b"EVALSHA":
+            if args and args[0].upper() == b"FCALL":
                 k = key(self.names.get(args[1].decode(), "?"))
                 self.longest[k] = max(self.longest[k], duration)
         for script, n in self.pending.items():
@@ -223,8 +223,7 @@ def main() -> int:
     binary = args.server or find_server_binary()
     with RedisServer(binary) as server, server.client() as client:
         say(f"{server.server_name} {server.version} ({binary}), {args.jobs:,} jobs")
-        for name in _SCRIPT_NAMES:  # pipelines below call EVALSHA only
-            client.script_load(_compiled(name)[0])
+        client.function_load(_library()[0])  # pipelines below call FCALL only
         with Queue("bench", connection=server.url) as q:
             t = Timings(client, q)
             plan = fill(q, args.jobs, t, say)

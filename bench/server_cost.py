@@ -8,7 +8,9 @@ Needs valgrind (``apt-get install valgrind``) and /usr/bin/redis-server (or
 ``--server PATH``). Prints instructions per job for: a plain SET (the floor
 of one round trip), a single add, a bulk add (chunks of 1,000), and a drain at
 concurrency 1 (finish one job and take the next, one script call per job).
-Not part of ``make bench``: valgrind slows the server some 50-fold.
+Not part of ``make bench``: valgrind slows the server some 50-fold. With
+``--keep DIR`` the dumps stay there: ``callgrind_annotate`` on the newest
+shows where a phase's instructions go.
 """
 
 from __future__ import annotations
@@ -88,13 +90,15 @@ class Callgrind:
             self._control("-i", "off")
         return self._dump_total()
 
-    def close(self) -> None:
+    def close(self, keep: str | None = None) -> None:
         self.proc.terminate()
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(30)
+        if keep:  # each phase's dump, for callgrind_annotate
+            shutil.copytree(self.dir, keep, dirs_exist_ok=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -102,6 +106,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", nargs="?", type=int, default=1000)
     parser.add_argument("--server", default="/usr/bin/redis-server")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="keep the dumps there (the last one is the drain's)")
     args = parser.parse_args()
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is needed: apt-get install valgrind")
@@ -148,7 +154,7 @@ def main() -> None:
         q.close()
         raw.close()
     finally:
-        cg.close()
+        cg.close(args.keep)
     print(f"Server instructions per job (callgrind, {n} jobs per row):")
     for label, value in rows:
         print(f"  {label:34s} {value / 1000:8.1f}k")

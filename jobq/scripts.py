@@ -1,4 +1,5 @@
-"""The Lua scripts of jobq: loaded once, called by EVALSHA (NOSCRIPT reloads).
+"""The Lua scripts of jobq: one library of functions (FUNCTION LOAD once per
+server, again when a call finds it missing), each script called by FCALL.
 
 This module runs scripts: ``Scripts.run(name, base, *argv)``; ``calls.py``
 gives each script a typed method (its arguments built and its reply decoded
@@ -11,12 +12,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import threading
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    ResponseError,
+    TryAgainError,
+)
 
 from .connection import Client, take_connection
 
@@ -64,13 +72,18 @@ def _read(name: str) -> str:
     return (resources.files(__package__) / "lua" / name).read_text(encoding="utf-8")
 
 
-_DEFINES = re.compile(r"^local (?:function )?(\w+)", re.M)
-_WORD = re.compile(r"\w+")
+_LOCAL = re.compile(r"^local ((?:\w+)(?:,\s*\w+)*)\s*=", re.M)
+_FLAGS = re.compile(r"flags=(\S+)")
+_PER_CALL = re.compile(r"\b(?:KEYS|ARGV|base|K_\w+)\b")
+#: The reply of FCALL naming a function the server does not have (a restarted
+#: or new server, or FUNCTION FLUSH): the library is loaded, and the call sent
+#: again.
+_MISSING = "Function not found"
 
 
-def _units(common: str) -> list[tuple[set[str], str]]:
-    """The top-level definitions of _common.lua, in order: the names each
-    defines and its text (with the comment lines just above it)."""
+def _units(common: str) -> list[str]:
+    """The top-level definitions of _common.lua, in order, each with the
+    comment lines just above it (a definition starts at a line "local")."""
     units: list[list[str]] = [[]]
     after_comment = False
     for line in common.splitlines():
@@ -79,45 +92,73 @@ def _units(common: str) -> list[tuple[set[str], str]]:
         units[-1].append(line)
         if line.strip():
             after_comment = line.startswith("--") and not line.startswith("--[[")
-    texts = ["\n".join(unit) for unit in units if unit]
-    return [(set(_DEFINES.findall(text)), text) for text in texts]
+    return ["\n".join(unit) for unit in units if unit]
 
 
-def _source(name: str) -> str:
-    """A script with the helpers of _common.lua it uses, directly or not:
-    each call runs the whole chunk, so unused helpers would cost every call."""
-    body = _read(f"{name}.lua")
-    shebang, _, rest = body.partition("\n")
+def _register(name: str, function: str) -> str:
+    """One script as a function of the library: ``lua/<name>.lua``'s body
+    run with the call's keys and arguments, its shebang's flags kept."""
+    shebang, _, body = _read(f"{name}.lua").partition("\n")
     if not shebang.startswith("#!lua"):
         raise RuntimeError(f"lua/{name}.lua must start with a #!lua line")
-    units = [unit for unit in _units(_read("_common.lua")) if unit[0]]
-    used = set(_WORD.findall(rest))
-    keep = [False] * len(units)
-    changed = True
-    while changed:  # a helper may use earlier ones
-        changed = False
-        for i in reversed(range(len(units))):
-            names, text = units[i]
-            if not keep[i] and names & used:
-                keep[i] = changed = True
-                used |= set(_WORD.findall(text))
-    helpers = "\n".join(text for (_, text), kept in zip(units, keep, strict=True) if kept)
-    return f"{shebang}\n{helpers}\n{rest}"
+    flags = _FLAGS.search(shebang)
+    listed = ", ".join(f"'{flag}'" for flag in flags.group(1).split(",")) if flags else ""
+    return (
+        f"redis.register_function{{function_name = '{function}', flags = {{{listed}}},\n"
+        f"callback = function(keys, args)\nKEYS, ARGV = keys, args\n_per_call()\n"
+        f"{body}\nend}}\n"
+    )
 
 
 @functools.cache
-def _compiled(name: str) -> tuple[str, str]:
-    """The full source of a script and its SHA1 (constant for a release)."""
-    source = _source(name)
-    return source, hashlib.sha1(source.encode("utf-8")).hexdigest()
+def _library() -> tuple[str, str]:
+    """The library of every script, and its name (from a hash of its text,
+    so that two releases of jobq on one server never share a function).
+
+    Loaded once per server (FUNCTION LOAD), it defines the helpers of
+    _common.lua once; a call runs only its own function. Each top-level
+    value of _common.lua (the keys derived from KEYS[1], the per-call caches)
+    is declared at the top of the library and assigned afresh by
+    ``_per_call()`` at the start of every call, in the order written.
+    """
+    declared = ["KEYS", "ARGV"]
+    per_call: list[str] = []
+    helpers: list[str] = []
+    for unit in _units(_read("_common.lua")):
+        found = _LOCAL.search(unit)
+        if found is None:  # a function, or the header comment
+            helpers.append(unit)
+            continue
+        names = [n.strip() for n in found.group(1).split(",")]
+        declared += names
+        assignment = unit[: found.start()] + unit[found.start() + len("local "):]
+        if all(n.isupper() for n in names) and not _PER_CALL.search(unit[found.end():]):
+            helpers.append(assignment)  # a constant: set once, when loaded
+        else:
+            per_call.append(assignment)
+    body = "\n".join(
+        ["local " + ", ".join(declared), *helpers, "local function _per_call()",
+         *per_call, "end"]
+    )
+    tag = hashlib.sha1(
+        (body + "".join(_read(f"{n}.lua") for n in _SCRIPT_NAMES)).encode("utf-8")
+    ).hexdigest()[:12]
+    library = f"jobq_{tag}"
+    functions = "".join(_register(name, f"{library}_{name}") for name in _SCRIPT_NAMES)
+    return f"#!lua name={library}\n{body}\n{functions}", library
+
+
+def function_name(name: str) -> str:
+    """The server-side name of script ``name`` (its function in the library)."""
+    return f"{_library()[1]}_{name}"
 
 
 class Scripts:
-    """Run the scripts on one client: EVALSHA, and SCRIPT LOAD on NOSCRIPT."""
+    """Run the scripts on one client: FCALL, and FUNCTION LOAD when the
+    server does not have them."""
 
     def __init__(self, client: Client) -> None:
-        for name in _SCRIPT_NAMES:
-            _compiled(name)  # a broken script fails here, not on first use
+        _library()  # a broken script fails here, not on first use
         self._client = client
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
@@ -176,13 +217,16 @@ class Scripts:
                 )
             finally:
                 pool.release(connection)
-        source, sha = _compiled(name)
-        guard = base + "slot-guard"
+        command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
+        if isinstance(target, RedisCluster):
+            return _on_cluster(target, base, command, name in RESENDABLE)
         try:
-            return target.evalsha(sha, 2, base, guard, *args)
-        except NoScriptError:  # a restarted or new server: load it once
-            target.script_load(source)
-            return target.evalsha(sha, 2, base, guard, *args)
+            return target.execute_command(*command)
+        except ResponseError as exc:
+            if _MISSING not in str(exc):
+                raise
+        _load(target)  # a restarted or new server: load the library once
+        return target.execute_command(*command)
 
     def run_on(self, connection: Any, name: str, base: str, *args: Any) -> Any:
         """Run script ``name`` on one connection (a pool's, or a thread's
@@ -191,19 +235,68 @@ class Scripts:
         An error reply leaves the connection usable; any other failure drops
         it (the next call reconnects) and is raised: the caller retries.
         """
-        source, sha = _compiled(name)
-        command = ("EVALSHA", sha, 2, base, base + "slot-guard", *args)
+        command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
             try:
                 connection.send_command(*command)
                 return connection.read_response()
-            except NoScriptError:  # a restarted or new server: load it once
-                connection.send_command("SCRIPT", "LOAD", source)
+            except ResponseError as exc:
+                if _MISSING not in str(exc):
+                    raise
+            # a restarted or new server: load the library once
+            connection.send_command("FUNCTION", "LOAD", _library()[0])
+            try:
                 connection.read_response()
-                connection.send_command(*command)
-                return connection.read_response()
+            except ResponseError as exc:
+                if "already exists" not in str(exc):  # loaded by another client
+                    raise
+            connection.send_command(*command)
+            return connection.read_response()
         except ResponseError:
             raise
         except BaseException:
             connection.disconnect()
+            raise
+
+
+#: Calls a cluster client makes for one script when the slot's node answers
+#: that nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, the library missing).
+_CLUSTER_TRIES = 5
+
+
+def _on_cluster(
+    cluster: RedisCluster, base: str, command: tuple[Any, ...], resendable: bool
+) -> Any:
+    """Send ``command`` to the node serving ``base``'s slot, as the slot map
+    says. A cluster client cannot tell FCALL's keys by itself (it would ask
+    a node with COMMAND GETKEYS on every call, a node that may be the one
+    that died), so the slot is looked up here. A connection error refreshes
+    the slot map (redis-py does, for a named node); it is raised unless the
+    script may run twice to the same effect (``resendable``)."""
+    for attempt in range(_CLUSTER_TRIES):
+        node = cluster.get_node_from_key(base)  # type: ignore[no-untyped-call]
+        try:
+            return cluster.execute_command(*command, target_nodes=node)  # type: ignore[no-untyped-call]
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            if not resendable or attempt == _CLUSTER_TRIES - 1:
+                raise
+            threading.Event().wait(0.05 * 2**attempt)  # a failover ends
+        except (MovedError, AskError, ClusterDownError, TryAgainError):
+            if attempt == _CLUSTER_TRIES - 1:
+                raise
+            cluster.nodes_manager.initialize()
+            threading.Event().wait(0.05 * 2**attempt)  # a migration or failover ends
+        except ResponseError as exc:
+            if _MISSING not in str(exc) or attempt == _CLUSTER_TRIES - 1:
+                raise
+            _load(node.redis_connection)  # a new or restarted node
+    raise AssertionError("unreachable")
+
+
+def _load(client: Any) -> None:
+    """Load the library on ``client``'s server (another client may have)."""
+    try:
+        client.function_load(_library()[0])
+    except ResponseError as exc:
+        if "already exists" not in str(exc):
             raise

@@ -161,10 +161,10 @@ def test_clean_waiting_removes_without_one_lrem_per_job(
     before = command_calls(redis_client)
     assert sorted(queue.clean(60, state="waiting")) == sorted(old)
     after = command_calls(redis_client)
-    calls = {c: after.get(c, 0) - before.get(c, 0) for c in ("lrem", "lrange", "evalsha")}
+    calls = {c: after.get(c, 0) - before.get(c, 0) for c in ("lrem", "lrange", "fcall")}
     # one slice per call: 3 of the wait list, 1 more to find its end, 1 of prioritized
-    assert calls["evalsha"] <= 5
-    assert calls["lrem"] <= calls["evalsha"] and calls["lrange"] <= calls["evalsha"]
+    assert calls["fcall"] <= 5
+    assert calls["lrem"] <= calls["fcall"] and calls["lrange"] <= calls["fcall"]
 
 
 def test_clean_waiting_keeps_order_and_removes_exactly_the_old(

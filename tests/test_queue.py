@@ -1180,10 +1180,14 @@ def test_get_jobs_of_finished_states(queue: Queue, redis_url: str) -> None:
     assert queue.get_jobs("active") == []
 
 
-def test_scripts_are_loaded_again_after_a_script_flush(
+def test_scripts_are_loaded_again_after_a_function_flush(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
+    """A restarted server without persistence, or FUNCTION FLUSH: the next
+    call loads the library again, whichever path it takes."""
     queue.add("before")
-    redis_client.script_flush()
-    job = queue.add("after")
+    redis_client.function_flush()
+    job = queue.add("after")  # a script that is never resent
     assert queue.get_job_state(job.id) == "waiting"
+    redis_client.function_flush()
+    assert queue.get_job_counts("waiting") == {"waiting": 2}  # a resendable one

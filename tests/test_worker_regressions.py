@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from jobq import Job, JobFailedError, Queue, Worker
 from jobq.cli import main as cli_main
-from jobq.scripts import _compiled
+from jobq.scripts import _library, function_name
 from jobq.testing import RedisServer, find_server_binary
 from tests.polling import until
 from tests.proxy import Proxy
@@ -48,18 +48,21 @@ def proxy(private_server: RedisServer) -> Iterator[Proxy]:
         yield p
 
 
-def _sha(script: str, server: RedisServer) -> bytes:
-    """The SHA1 of a script, loaded on ``server`` first: a rule matching its
-    first EVALSHA must meet a call that runs, not a NOSCRIPT refusal."""
-    source, sha = _compiled(script)
+def _fcall(script: str, server: RedisServer) -> bytes:
+    """What a call of ``script`` carries: its function's name. The library
+    is loaded on ``server`` first: a rule matching the first call must meet
+    one that runs, not a "Function not found" refusal."""
     with server.client() as client:
-        client.script_load(source)
-    return sha.encode()
+        try:
+            client.function_load(_library()[0])
+        except redis.ResponseError as exc:
+            assert "already exists" in str(exc)
+    return function_name(script).encode()
 
 
-def _calls(sha: bytes, job_id: str) -> Any:
-    """Match a chunk that calls the script of ``sha`` for ``job_id``."""
-    return lambda chunk: sha in chunk and job_id.encode() in chunk
+def _calls(function: bytes, job_id: str) -> Any:
+    """Match a chunk that calls ``function`` for ``job_id``."""
+    return lambda chunk: function in chunk and job_id.encode() in chunk
 
 
 # -- 1. nothing a handler raises kills a pool thread --------------------------------
@@ -146,7 +149,7 @@ def test_a_lost_reply_of_a_finish_that_took_the_next_job_loses_no_job(
         queue.obliterate(force=True)
         first = queue.add("first", job_id="first-job")
         second = queue.add("second", job_id="second-job")
-        dropped = proxy.drop_reply(_calls(_sha("complete", private_server), "first-job"))
+        dropped = proxy.drop_reply(_calls(_fcall("complete", private_server), "first-job"))
         worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
                         lock_duration=5, stalled_interval=INTERVAL)
         with worker:
@@ -390,7 +393,7 @@ def test_a_slow_timeout_failure_does_not_hold_back_lock_renewal(
     with Queue("renewal", connection=private_server.url) as queue:
         queue.obliterate(force=True)
         long = queue.add("long", job_id="long-job")
-        held = proxy.delay(_calls(_sha("fail", private_server), "short-job"), 3 * LOCK)
+        held = proxy.delay(_calls(_fcall("fail", private_server), "short-job"), 3 * LOCK)
         short = queue.add("times-out", job_id="short-job", timeout=0.2)
         worker = Worker(queue.name, handler, connection=proxy.url, concurrency=2,
                         lock_duration=LOCK, stalled_interval=INTERVAL, max_stalled_count=0)
@@ -556,7 +559,7 @@ def test_an_unexpected_reply_to_a_finishing_call_is_retried_not_left_to_stall(
         queue.obliterate(force=True)
         job = queue.add("x", job_id="odd-job")
         after = queue.add("y", job_id="after-job")  # taken along by the odd call
-        replaced = proxy.replace_reply(_calls(_sha("complete", private_server), "odd-job"),
+        replaced = proxy.replace_reply(_calls(_fcall("complete", private_server), "odd-job"),
                                        b"+OK\r\n")
         worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
                         lock_duration=5, stalled_interval=INTERVAL)

@@ -1,8 +1,11 @@
 --[[
-  Helpers shared by the scripts. The loader inserts, right after a script's
-  shebang line, the top-level definitions below that the script uses
-  (directly or through another helper), each with the comment lines just
-  above it; a definition starts at a line beginning "local".
+  Helpers shared by the scripts. All scripts make one library of functions
+  (scripts.py), loaded once per server: the helpers below are defined once,
+  when it loads. Every other top-level value (a line "local NAME = ...")
+  is assigned afresh at the start of each call, in the order written,
+  unless it is a constant (an upper-case name whose value uses neither KEYS,
+  ARGV, base nor a K_ key), which is set once. Each script's body runs with
+  KEYS and ARGV as in a script.
 
   KEYS[1] is always the queue's base prefix
   "<prefix>:{<queue>}:", and every other key is derived from it, so all keys
@@ -30,6 +33,19 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 end
 
+-- A number as redis.call would send it (%.17g), formatted once per call:
+-- the same clock reading is written several times by one call, and each
+-- formatting of a fraction costs the server a few thousand instructions.
+local _formatted = {}
+local function fmt(n)
+  local s = _formatted[n]
+  if not s then
+    s = string.format('%.17g', n)
+    _formatted[n] = s
+  end
+  return s
+end
+
 local function job_key(id) return base .. 'job:' .. id end
 local function lock_key(id) return base .. 'lock:' .. id end
 
@@ -39,7 +55,8 @@ local _meta = nil
 local function meta()
   if not _meta then
     local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl')
-    _meta = { m[1] or 'stream', tonumber(m[2]) or 10000, m[3] == '1', tonumber(m[4]) or 60000 }
+    _meta = { m[1] or 'stream', m[2] and string.match(m[2], '^%d+$') or '10000', m[3] == '1',
+      tonumber(m[4]) or 60000 }
   end
   return _meta
 end
@@ -95,7 +112,7 @@ end
 local _marked = false
 local function mark_ready()
   if not _marked then
-    redis.call('ZADD', K_MARKER, 0, '0')
+    redis.call('ZADD', K_MARKER, '0', '0')
     _marked = true
   end
 end
@@ -105,7 +122,7 @@ end
 local function push_ready(id, priority, front)
   if priority > 0 then
     local seq = redis.call('INCR', base .. 'pc')
-    if seq >= 2147483647 then redis.call('SET', base .. 'pc', 0) end
+    if seq >= 2147483647 then redis.call('SET', base .. 'pc', '0') end
     local offset
     if front then offset = 2147483648 - seq else offset = 2147483648 + seq end
     redis.call('ZADD', K_PRIO, priority * 4294967296 + offset, id)
@@ -138,9 +155,9 @@ end
 -- count < 0 keeps all, count > 0 keeps the newest `count`; age_ms > 0 also
 -- removes jobs finished more than age_ms ago. Removes at most 1000 per call.
 local function retain(set, id, finished, count, age_ms)
-  redis.call('ZADD', set, finished, id)
+  redis.call('ZADD', set, fmt(finished), id)
   if age_ms > 0 then
-    local old = redis.call('ZRANGEBYSCORE', set, '-inf', finished - age_ms, 'LIMIT', 0, 1000)
+    local old = redis.call('ZRANGEBYSCORE', set, '-inf', finished - age_ms, 'LIMIT', '0', '1000')
     for _, oid in ipairs(old) do
       delete_job(oid)
       redis.call('ZREM', set, oid)
@@ -150,9 +167,9 @@ local function retain(set, id, finished, count, age_ms)
     local excess = redis.call('ZCARD', set) - count
     if excess > 0 then
       if excess > 1000 then excess = 1000 end
-      local old = redis.call('ZRANGE', set, 0, excess - 1)
+      local old = redis.call('ZRANGE', set, '0', excess - 1)
       for _, oid in ipairs(old) do delete_job(oid) end
-      redis.call('ZREMRANGEBYRANK', set, 0, excess - 1)
+      redis.call('ZREMRANGEBYRANK', set, '0', excess - 1)
     end
   end
 end
@@ -194,11 +211,11 @@ local function record_metric(kind, now, f_pon, f_rdy)
       local counts = { count - mbase }
       for i = 2, math.min(minute - last, METRICS_MINUTES) do counts[i] = 0 end
       redis.call('LPUSH', key .. ':data', unpack(counts))
-      redis.call('LTRIM', key .. ':data', 0, METRICS_MINUTES - 1)
+      redis.call('LTRIM', key .. ':data', '0', METRICS_MINUTES - 1)
     end
-    last, mbase = minute, count
+    redis.call('HSET', key, 'min', minute, 'mbase', count)  -- a new minute
   end
-  redis.call('HSET', key, 'min', last, 'mbase', mbase, 'count', count + 1,
+  redis.call('HSET', key, 'count', count + 1,
     'wait', (tonumber(m[4]) or 0) + math.floor(math.max(0, pon - rdy) + 0.5),
     'run', (tonumber(m[5]) or 0) + math.floor(math.max(0, now - pon) + 0.5))
 end
@@ -227,7 +244,7 @@ local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type
   if keep == 0 then
     delete_job(id)
   else
-    redis.call('HSET', jk, 'state', 'failed', 'fon', now, 'fr', reason)
+    redis.call('HSET', jk, 'state', 'failed', 'fon', fmt(now), 'fr', reason)
     if not exc_type or exc_type == '' then redis.call('HDEL', jk, 'et') end
     retain(K_FAILED, id, now, keep, tonumber(f[5]) or 0)
   end
@@ -354,7 +371,7 @@ end
 -- Whatever else becomes ready in the same call goes after them: order of
 -- readiness is order of running.
 local function promote_due(now)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', fmt(now), 'LIMIT', '0', '1000')
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
     local f = redis.call('HMGET', job_key(id), 'state', 'priority', 'lifo')
@@ -374,7 +391,7 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   promote_due(now)
 
   local function next_delay()
-    local nxt = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+    local nxt = redis.call('ZRANGE', K_DELAYED, '0', '0', 'WITHSCORES')
     if nxt[2] then return math.max(0, math.ceil(tonumber(nxt[2]) - now)) end
     return -1
   end
@@ -426,8 +443,8 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
       slot = rec[i + 1]
     end
   end
-  local pon = string.format('%.17g', now)
-  redis.call('ZADD', K_ACTIVE, now, id)
+  local pon = fmt(now)
+  redis.call('ZADD', K_ACTIVE, pon, id)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
@@ -453,7 +470,7 @@ end
 -- a taken job ({1, id, record}), or nil. Scans the active set: only calls
 -- retried after a lost reply use it.
 local function taken_by(token)
-  for _, aid in ipairs(redis.call('ZRANGE', K_ACTIVE, 0, -1)) do
+  for _, aid in ipairs(redis.call('ZRANGE', K_ACTIVE, '0', '-1')) do
     if redis.call('GET', lock_key(aid)) == token then
       return { 1, aid, redis.call('HGETALL', job_key(aid)) }
     end
@@ -468,7 +485,7 @@ end
 -- finalised the job already) gets back the job its first run took with the
 -- same take token, when that job is still locked by it.
 local function and_take_next(code, i, now)
-  local stamp = string.format('%.17g', now)
+  local stamp = fmt(now)
   if ARGV[i] and ARGV[i] ~= '' then
     local taken = code == 0 and taken_by(ARGV[i])
     if not taken then

@@ -53,7 +53,7 @@ end
 local n = tonumber(ARGV[1])
 local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
-local out = { string.format('%.17g', now) }
+local out = { fmt(now) }
 -- the settings a debounce replaces on the pending job (others are kept)
 local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
 -- The owner of a dedup key if the key holds: 2 deduplicated, 3 debounced
@@ -113,13 +113,13 @@ for j = 0, n - 1 do
     local delay = tonumber(ARGV[a + 4])
     local priority = tonumber(ARGV[a + 5])
     local lifo = ARGV[a + 6]
-    local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', now }
+    local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', fmt(now) }
     local run_at = now
     if delay > 0 then
       run_at = now + delay
       append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', delay })
     else
-      append(fields, { 'state', 'waiting', 'rdy', now })
+      append(fields, { 'state', 'waiting', 'rdy', fmt(now) })
     end
     -- settings at their default are left out: readers take a missing field
     -- as its default (fewer fields: less memory and work per job)

@@ -32,7 +32,7 @@ if state == 'active' then
   return 2
 end
 if state == 'waiting' then
-  if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, 1, id) end
+  if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, '1', id) end
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
 end

@@ -15,7 +15,7 @@ local state = redis.call('HGET', jk, 'state')
 if not state then return -1 end
 redis.call('HSET', jk, 'priority', priority, 'lifo', lifo)
 if state == 'waiting' then
-  local removed = redis.call('LREM', K_WAIT, 0, id) + redis.call('ZREM', K_PRIO, id)
+  local removed = redis.call('LREM', K_WAIT, '0', id) + redis.call('ZREM', K_PRIO, id)
   if removed > 0 then push_ready(id, priority, lifo == '1') end
 end
 return 1

@@ -64,7 +64,7 @@ end
 
 if state == 'completed' or state == 'failed' then
   local set = base .. state
-  out = redis.call('ZRANGEBYSCORE', set, '-inf', cutoff, 'LIMIT', 0, batch)
+  out = redis.call('ZRANGEBYSCORE', set, '-inf', cutoff, 'LIMIT', '0', batch)
   if #out > 0 then redis.call('ZREM', set, unpack(out)) end
   if #out == batch then nxt = 'z' end
 elseif state == 'delayed' then
@@ -89,7 +89,7 @@ else
     end
   end
   if #gone > 0 and at_end then
-    redis.call('LTRIM', K_WAIT, 0, -(#gone + 1))
+    redis.call('LTRIM', K_WAIT, '0', -(#gone + 1))
   elseif #gone > 0 then
     for _, from_end in ipairs(gone) do
       redis.call('LSET', K_WAIT, -(from_end + 1), TOMBSTONE)

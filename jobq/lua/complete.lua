@@ -55,7 +55,7 @@ local removable = keep ~= -1 or (tonumber(f[6]) or 0) > 0
 if keep == 0 then
   delete_job(id)
 else
-  redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', now, 'atm', atm,
+  redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', fmt(now), 'atm', atm,
     'ftok', token)
   retain(K_COMPLETED, id, now, keep, tonumber(f[6]) or 0)
 end

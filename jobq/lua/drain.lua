@@ -21,12 +21,12 @@ local function take(ids, prev)
 end
 take(redis.call('LPOP', K_WAIT, batch) or {}, 'waiting')
 if removed < batch then
-  local ids = redis.call('ZRANGE', K_PRIO, 0, batch - removed - 1)
+  local ids = redis.call('ZRANGE', K_PRIO, '0', batch - removed - 1)
   if #ids > 0 then redis.call('ZREM', K_PRIO, unpack(ids)) end
   take(ids, 'waiting')
 end
 if ARGV[1] == '1' and removed < batch then
-  local ids = redis.call('ZRANGE', K_DELAYED, 0, batch - removed - 1)
+  local ids = redis.call('ZRANGE', K_DELAYED, '0', batch - removed - 1)
   if #ids > 0 then redis.call('ZREM', K_DELAYED, unpack(ids)) end
   take(ids, 'delayed')
 end

@@ -12,4 +12,4 @@ local key = base .. 'metrics:' .. ARGV[1]
 local m = redis.call('HMGET', key, 'count', 'wait', 'run', 'min', 'mbase')
 return { now_ms(), tonumber(m[1]) or 0, tonumber(m[2]) or 0, tonumber(m[3]) or 0,
          tonumber(m[4]) or false, tonumber(m[5]) or 0,
-         redis.call('LRANGE', key .. ':data', 0, -1) }
+         redis.call('LRANGE', key .. ':data', '0', '-1') }

@@ -48,7 +48,7 @@ if f[1] == 'failed' and f[6] then f[1] = 'cancelled' end
 local stream = meta()[1] ~= 'pubsub'
 local last = ''
 if stream then
-  local e = redis.call('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', 1)
+  local e = redis.call('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', '1')
   if e[1] then last = e[1][1] end
 end
 if f[1] and (run == '' or not f[5] or answers(f[5])) then

@@ -30,7 +30,7 @@ for _, id in ipairs(redis.call('LPOP', K_WAIT, batch) or {}) do
 end
 for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED }) do
   if n >= batch then break end
-  local ids = redis.call('ZRANGE', key, 0, batch - n - 1)
+  local ids = redis.call('ZRANGE', key, '0', batch - n - 1)
   for _, id in ipairs(ids) do
     delete_job(id)
     n = n + 1
@@ -38,15 +38,15 @@ for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED }) do
   if #ids > 0 then redis.call('ZREM', key, unpack(ids)) end
 end
 if n < batch then
-  for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', 0, -1)) do
+  for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', '0', '-1')) do
     redis.call('DEL', base .. 'worker:' .. name)
   end
-  for _, sid in ipairs(redis.call('ZRANGE', base .. 'schedulers', 0, -1)) do
+  for _, sid in ipairs(redis.call('ZRANGE', base .. 'schedulers', '0', '-1')) do
     redis.call('DEL', base .. 'scheduler:' .. sid)
   end
   for i = 3, #ARGV do redis.call('DEL', base .. ARGV[i]) end
   redis.call('HDEL', K_META, 'paused')
-  if redis.call('EXISTS', K_EVENTS) == 1 then redis.call('XTRIM', K_EVENTS, 'MAXLEN', 0) end
+  if redis.call('EXISTS', K_EVENTS) == 1 then redis.call('XTRIM', K_EVENTS, 'MAXLEN', '0') end
   emit('obliterated', false, {})
 end
 return n

@@ -12,7 +12,7 @@ if ARGV[1] == '1' then
   emit('paused', false, {})
 else
   redis.call('HDEL', K_META, 'paused')
-  redis.call('ZADD', K_MARKER, 0, '0')
+  redis.call('ZADD', K_MARKER, '0', '0')
   emit('resumed', false, {})
 end
 return 1

@@ -18,7 +18,7 @@ local state = f[1]
 if not state then return 0 end
 if state == 'active' and redis.call('EXISTS', lock_key(id)) == 1 then return -2 end
 if state == 'waiting' then
-  if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, 1, id) end
+  if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, '1', id) end
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
 elseif state == 'active' then

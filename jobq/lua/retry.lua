@@ -34,7 +34,7 @@ if #ARGV > 3 then
     ids[#ids + 1] = ARGV[i]
   end
 else
-  ids = redis.call('ZRANGE', set, 0, tonumber(ARGV[2]) - 1)
+  ids = redis.call('ZRANGE', set, '0', tonumber(ARGV[2]) - 1)
 end
 for _, id in ipairs(ids) do
   local jk = job_key(id)

@@ -36,10 +36,10 @@ end
 if not state and s[5] ~= s[2] then
   -- the pending tick job is gone before it was taken (removed, lost):
   -- produce it again, due now when its slot passed
-  redis.call('HINCRBY', skey, 'count', -1)  -- the same tick, counted once
+  redis.call('HINCRBY', skey, 'count', '-1')  -- the same tick, counted once
   local id = schedule_tick(sid, pending, s[4] or '', now)
   if id == false then
-    redis.call('HINCRBY', skey, 'count', 1)
+    redis.call('HINCRBY', skey, 'count', '1')
     return -5
   end
   return 2

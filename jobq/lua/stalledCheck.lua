@@ -21,13 +21,13 @@ local limit = tonumber(ARGV[3])
 local now = now_ms()
 local out = {}
 local failed_any = false
-local ids = redis.call('ZRANGE', K_ACTIVE, 0, -1)
+local ids = redis.call('ZRANGE', K_ACTIVE, '0', '-1')
 for _, id in ipairs(ids) do
   if redis.call('EXISTS', lock_key(id)) == 0 then
     local jk = job_key(id)
     redis.call('ZREM', K_ACTIVE, id)
     if redis.call('EXISTS', jk) == 1 then
-      local stalled = redis.call('HINCRBY', jk, 'stc', 1)
+      local stalled = redis.call('HINCRBY', jk, 'stc', '1')
       local f = redis.call('HMGET', jk, 'atm', 'priority', 'cx')
       local atm = tonumber(f[1]) or 0
       emit('stalled', id, { 'attempt', atm + 1 })

@@ -23,7 +23,7 @@ else
   local n = redis.call('RPUSH', lk, value)
   local keep = tonumber(ARGV[4])
   if keep > 0 and n > keep then
-    redis.call('LTRIM', lk, -keep, -1)
+    redis.call('LTRIM', lk, -keep, '-1')
     n = keep
   end
   return n
