@@ -109,6 +109,16 @@ class _AttemptSpan:
         self._span.end()
 
 
+class _NoSpan:
+    """The span of an attempt whose span could not be opened."""
+
+    def failed(self, exc: BaseException) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
 class _Hook:
     """What ``jobq._tracing.hook`` holds while instrumented."""
 
@@ -142,7 +152,16 @@ class _Hook:
                 span.set_attribute("messaging.message.id", jobs[0].id)
             return jobs
 
-    def attempt(self, job: Job, carrier: bytes | None, scheduled: bool) -> _AttemptSpan:
+    def attempt(
+        self, job: Job, carrier: bytes | None, scheduled: bool
+    ) -> _AttemptSpan | _NoSpan:
+        try:
+            return self._attempt(job, carrier, scheduled)
+        except Exception:  # tracing must never cost a job its attempt
+            logger.exception("could not open the span of job %r", job.id)
+            return _NoSpan()
+
+    def _attempt(self, job: Job, carrier: bytes | None, scheduled: bool) -> _AttemptSpan:
         parent = otel_context.Context()  # never whatever happens to be current
         links: list[Link] = []
         if carrier:

@@ -253,6 +253,18 @@ def test_a_context_recorded_by_a_traced_producer_is_harmless_to_an_untraced_work
     assert [s.name for s in traced.spans()] == [f"send {queue.name}"]
 
 
+def test_a_malformed_context_makes_a_root_span_and_the_job_runs(
+    queue: Queue, traced: Traced
+) -> None:
+    job = queue.add("first", delay=60)  # delayed: no worker takes it before the change
+    queue.client.hset(queue._context.keys.job(job.id), "tc", b"not\xffa traceparent")
+    job.promote()
+    with _worker(queue, lambda j: "ran"):
+        assert job.wait_until_finished(timeout=WAIT) == "ran"
+        (process,) = traced.wait_spans(f"process {queue.name}", 1)
+    assert process.parent is None and not process.links
+
+
 def test_without_a_valid_span_context_no_field_is_written(queue: Queue) -> None:
     # instrumented with the API's no-op provider: spans are not recorded,
     # and there is no context worth carrying
