@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._tracing import AttemptSpan
     from .job import Job
 
 
@@ -24,11 +25,12 @@ class Attempt:
     ``record`` is the job's hash as the take returned it (flat field/value
     list); ``job`` is built from it by the runner, and ``error`` is what the
     attempt fails with instead of running (a record that cannot be read).
+    ``span`` is its trace span while tracing is on (see _tracing.py).
     """
 
     __slots__ = (
         "job_id", "token", "record", "job", "deadline", "started", "claimed", "error", "lost",
-        "stop",
+        "stop", "span",
     )
 
     def __init__(self, job_id: str, token: str, record: list[bytes]) -> None:
@@ -42,6 +44,7 @@ class Attempt:
         self.error: BaseException | None = None
         self.lost = False  # its lock is gone: renewed no more
         self.stop = False  # told to stop, maybe before its Job was built
+        self.span: AttemptSpan | None = None
 
     def cancel(self) -> None:
         """Tell a cooperative handler to stop (``job.cancelled``); an

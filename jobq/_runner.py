@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import serializer
+from . import _tracing, serializer
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
 from ._threads import RetryBackoff, start_thread
@@ -186,6 +186,8 @@ class Finisher:
         attempt taken along."""
         job = attempt.job
         assert job is not None
+        if attempt.span is not None:
+            attempt.span.failed(exc)
         attempt_no = job.attempts_made + 1
         reason = failure_reason(exc)
         delay_ms = retry_delay_ms(job, exc, attempt_no)
@@ -241,7 +243,10 @@ class Finisher:
             self.failed += 1
         if self._job_log.isEnabledFor(logging.INFO):  # asked for: not a warning
             self._job_log.info("job %s (%s) cancelled: %s", job.id, job.name, reason)
-        self._emit("failed", job, JobCancelledError(job.id, reason))
+        error = JobCancelledError(job.id, reason)
+        if attempt.span is not None:
+            attempt.span.failed(error)
+        self._emit("failed", job, error)
 
     def _call(
         self,
@@ -413,9 +418,17 @@ class Runner:
     def _serve(self, attempt: Attempt, conn: _HeldConnection | None) -> Attempt | None:
         """Run one attempt; return the next one taken along, if any. Never
         raises: a failure of jobq's own making is logged, and the job is
-        left to be recovered as stalled."""
+        left to be recovered as stalled. While tracing is on, the attempt's
+        span covers the handler and the finishing call."""
         try:
             job = self._prepare(attempt)
+            hook = _tracing.hook
+            if hook is not None:
+                flat = attempt.record
+                attempt.span = hook.attempt(
+                    job, _tracing.record_field(flat, _tracing.FIELD),
+                    _tracing.record_field(flat, b"sch") is not None,
+                )
             self._emit("active", job)
             name = threading.current_thread().name
             self._in_user_code.add(name)
@@ -440,6 +453,9 @@ class Runner:
             self._table.discard(attempt)
             self._emit("error", exc)
             return None
+        finally:
+            if attempt.span is not None:
+                attempt.span.end()
 
     def _prepare(self, attempt: Attempt) -> Job:
         """Build the attempt's Job from the record its take returned; a record

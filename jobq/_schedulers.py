@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from . import serializer
+from . import _tracing, serializer
 from .errors import JobqError, ScriptCode
 from .keys import validate_job_id
 from .options import JobOptions
@@ -253,6 +253,8 @@ class QueueSchedulers:
         complete_count, complete_age = opts.remove_on_complete.to_script()
         fail_count, fail_age = opts.remove_on_fail.to_script()
 
+        hook = _tracing.hook
+
         def setting(value: Any, default: Any) -> str:
             return "" if value == default else str(value)
 
@@ -261,6 +263,9 @@ class QueueSchedulers:
             setting(opts.priority, 0), "1" if opts.lifo else "",
             setting(opts.attempts, 1), setting(complete_count, -1), setting(complete_age, 0),
             setting(fail_count, -1), setting(fail_age, 0),
+            # each tick job keeps the upsert's trace context: its attempts
+            # start traces of their own, linked to it (see _tracing.py)
+            "" if hook is None else hook.carrier(),
         )
         schedule = (_ms(every_s), cron or "", (tz or "UTC") if cron else "",
                     _ms(start_s), _ms(end_s), "" if limit is None else str(limit),

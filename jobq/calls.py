@@ -159,6 +159,8 @@ class NewJob(NamedTuple):
     keep_failed_age_ms: int
     #: (dedup id or '', ttl ms or 0, extend '1' | '0', replace '1' | '0')
     dedup: tuple[str, int, str, str]
+    #: the trace context to store with the job ('' for none: see _tracing.py)
+    trace: str = ""
 
 
 class Added(NamedTuple):
@@ -223,7 +225,7 @@ class QueueScripts:
         """add.lua: add jobs atomically; (the server's time, s; each job)."""
         argv: list[Any] = [len(jobs)]
         for job in jobs:
-            argv += (*job[:6], "1" if job.lifo else "0", *job[7:12], *job.dedup)
+            argv += (*job[:6], "1" if job.lifo else "0", *job[7:12], *job.dedup, job.trace)
         reply = self._run("add", *argv)
         added = [
             Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)

@@ -115,6 +115,8 @@ JOB_FIELDS: dict[str, str] = {
     "ddt": "'1' when that key is a throttle (it expires by itself)",
     "sch": "the scheduler that produced it",
     "slot": "its scheduler's slot (ms)",
+    "tc": "the W3C trace context of its producer (traceparent, then a newline and the "
+          "tracestate when there is one); written only while tracing is on",
 }
 
 

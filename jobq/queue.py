@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from . import serializer
+from . import _tracing, serializer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._context import QueueContext
@@ -266,11 +266,21 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
                 raise ValueError("each job needs a 'name'")
             args, opts = self._prepare(spec["name"], spec.get("data"), options)
             prepared.append((args, opts, spec.get("data")))
+        hook = _tracing.hook
+        if hook is None:
+            return self._write(prepared, "")
+        return hook.send(self.name, [new.name for new, _, _ in prepared],
+                         lambda carrier: self._write(prepared, carrier))
+
+    def _write(self, prepared: list[tuple[NewJob, dict[str, Any], Any]], trace: str) -> list[Job]:
+        """Write validated jobs, a chunk per round trip; ``trace``: the trace
+        context each job stores ('' for none)."""
         result: list[Job] = []
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
+            jobs = [new._replace(trace=trace) if trace else new for new, _, _ in chunk]
             try:
-                timestamp, added = self._context.calls.add([new for new, _, _ in chunk])
+                timestamp, added = self._context.calls.add(jobs)
             except redis.exceptions.OutOfMemoryError as exc:
                 raise RedisOOMError(
                     f"Redis is out of memory and refused the add (used_memory > maxmemory, "

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import _tracing
 from ._context import QueueContext
 from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
@@ -334,6 +335,9 @@ class Worker(ListenerMethods):
                 logger.debug("worker %r could not leave the registry: %s", self.name, exc)
         emit("closed")
         roles.dispatcher.stop(max(0.0, until - time.monotonic()))
+        hook = _tracing.hook
+        if hook is not None:  # the attempts' spans leave before the process may end
+            hook.flush()
         self._context.close()
 
     def __enter__(self) -> Worker:

@@ -118,7 +118,7 @@ def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], 
         "cancel": lambda: q.cancel("nope", "why"),
         "upsertScheduler": lambda: q.upsert_scheduler(
             "s", ("1000", "", "", "", "", "", "0"), "every=1000", "", "",
-            ("tick", msgpack.packb(None), msgpack.packb({}), "", "", "", "", "", "", "")),
+            ("tick", msgpack.packb(None), msgpack.packb({}), "", "", "", "", "", "", "", "")),
         "schedulerSync": lambda: q.scheduler_sync("s", "", "", "", ""),
         "removeScheduler": lambda: q.remove_scheduler("s"),
     }

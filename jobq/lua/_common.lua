@@ -285,7 +285,10 @@ end
 -- is a pure function of (scheduler id, slot), and its record names both
 -- (fields sch, slot), so whoever produces a tick twice makes one job.
 local K_SCHEDULERS = base .. 'schedulers'
-local TEMPLATE = { 'name', 'data', 'opts', 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
+-- (tc: the trace context of the upsert, present only while tracing was on;
+-- each tick job keeps it, and its attempts link to it: see jobq/_tracing.py)
+local TEMPLATE = { 'name', 'data', 'opts', 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa',
+  'tc' }
 local function tick_id(sid, slot) return 'repeat:' .. sid .. ':' .. string.format('%d', slot) end
 
 -- Produce the tick job of scheduler `sid` at `slot` (ms): delayed until

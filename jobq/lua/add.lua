@@ -3,14 +3,15 @@
   Add one or more jobs, atomically.
 
   KEYS[1]  queue base prefix
-  ARGV[1]  N, the number of jobs; then 16 values per job:
+  ARGV[1]  N, the number of jobs; then 17 values per job:
            job_id ('' to generate one), name, data (msgpack), opts (msgpack),
            delay_ms, priority, lifo ('1' | '0'), attempts,
            keep_completed_count, keep_completed_age_ms,
            keep_failed_count, keep_failed_age_ms,
            dedup id ('' for none), dedup ttl ms (0: simple mode, the key
            holds until its job is finished), extend ('1' | '0'), replace
-           ('1' | '0')
+           ('1' | '0'), trace context ('' for none: sent only while
+           tracing is on, stored as the record's tc; see jobq/_tracing.py)
   Returns  {timestamp ms, id, duplicated, added, id, duplicated, added, ...}
            (duplicated: 0 added; 1 a job with that custom id already
            existed, left as it was; 2 deduplicated: id is the job that owns
@@ -94,7 +95,7 @@ local function dedup_hit(a, now)
   return owner, 3
 end
 for j = 0, n - 1 do
-  local a = 2 + j * 16
+  local a = 2 + j * 17
   local id = ARGV[a]
   local added = ''
   local owner, dup = dedup_hit(a, now)
@@ -140,6 +141,7 @@ for j = 0, n - 1 do
         append(fields, { 'ddk', ddk })
       end
     end
+    if ARGV[a + 16] ~= '' then append(fields, { 'tc', ARGV[a + 16] }) end
     redis.call('HSET', job_key(id), unpack(fields))
     added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
     if delay > 0 then

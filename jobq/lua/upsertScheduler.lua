@@ -14,10 +14,10 @@
   ARGV[10] cron: the first slot, ms, computed in Python from now (server
            TIME) or start, zone-aware ('' for every)
   ARGV[11] cron: the slot after it ('' for every)
-  ARGV[12..21] the job template: name, data (msgpack), opts (msgpack),
+  ARGV[12..22] the job template: name, data (msgpack), opts (msgpack),
            priority, lifo, attempts, keep_completed_count,
-           keep_completed_age_ms, keep_failed_count, keep_failed_age_ms
-           (each '' when at its default: not stored)
+           keep_completed_age_ms, keep_failed_count, keep_failed_age_ms,
+           trace context (each '' when at its default: not stored)
   Returns  {0, next}  the same schedule: template replaced, the pending tick
                       kept (a retried or concurrent upsert never doubles a
                       tick); next '' when the schedule is over
