@@ -225,8 +225,12 @@ def test_missed_ticks_after_downtime_make_one_job(
         ids = ledger.wait(3)
     queue.remove_scheduler("m")
     assert ids[1] == pending[0].id  # the due tick runs once
-    # the next tick is on the grid after the restart: no burst of missed ticks
-    assert restart < _slot(ids[2]) <= restart + 100
+    # the next tick is the first grid point after the due tick was taken
+    # (whenever that was): no burst of the ticks missed while down
+    taken = queue.get_job(ids[1])
+    assert taken is not None and taken.processed_on is not None
+    assert restart < _slot(ids[2])
+    assert _slot(ids[2]) - 50 <= taken.processed_on * 1000 < _slot(ids[2])
     assert (_slot(ids[2]) - slot) % 50 == 0
 
 
@@ -241,7 +245,9 @@ def test_a_removed_pending_tick_is_recreated_by_the_workers_check(
         ids = ledger.wait(2)
     queue.remove_scheduler("w")
     assert ids[0] == tick  # the same tick, produced again when due
-    assert _slot(ids[1]) - _slot(ids[0]) == 300
+    # the next one on the grid (a later point if the machine was slow to take it)
+    gap = _slot(ids[1]) - _slot(ids[0])
+    assert gap > 0 and gap % 300 == 0
 
 
 def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(queue: Queue) -> None:
