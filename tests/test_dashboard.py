@@ -405,18 +405,16 @@ def test_many_pollers_share_one_read_per_interval(queue: Queue, redis_url: str) 
         assert cached.cache.reads == 2
 
 
-def test_close_is_idempotent_and_keeps_a_callers_client(queue: Queue, redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        app = create_app(client, cache_ttl=0)
-        queue.add("a")
-        assert werkzeug_test.Client(app).get(f"/queue?q={queue.name}").status_code == 200
-        app.close()
-        app.close()
-        assert "closed" in repr(app)
-        assert client.ping()
-    finally:
-        client.close()
+def test_close_is_idempotent_and_keeps_a_callers_client(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    app = create_app(redis_client, cache_ttl=0)
+    queue.add("a")
+    assert werkzeug_test.Client(app).get(f"/queue?q={queue.name}").status_code == 200
+    app.close()
+    app.close()
+    assert "closed" in repr(app)
+    assert redis_client.ping()
     with pytest.raises(TypeError):
         create_app(redis_url, auth="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError):

@@ -70,11 +70,11 @@ def queue_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
     toggle = form(ctx, "resume", "Resume", {"q": q}) if s.paused else \
         form(ctx, "pause", "Pause", {"q": q})
     live = (
-        f'<p class="status">{status} {toggle} '
+        f'<div class="status">{status} {toggle} '
         f'<a href="{e(ctx.url("/workers", q=q))}">{s.workers} live worker(s)</a> · '
         f'<a href="{e(ctx.url("/schedulers", q=q))}">{s.scheduler_count} scheduler(s)</a> · '
         f"{s.completed_rate:.1f} completed/min, {s.failed_rate:.1f} failed/min "
-        f"(last {_data.RATE_MINUTES} min)</p>"
+        f"(last {_data.RATE_MINUTES} min)</div>"
         + state_links(ctx, q, s.counts)
         + "<h2>Jobs per minute</h2>"
         + chart(s.completed_minutes, s.failed_minutes, _data.CHART_MINUTES)
