@@ -26,8 +26,9 @@ demo: $(VENV)/.installed
 # Default selection (setup.cfg), then the same tests again on a one-node
 # cluster, which checks that every script and pipeline stays in one slot,
 # and again with RESP3 clients (redis.Redis(protocol=3): maps for XREAD,
-# pushes for pub/sub), which checks every reply jobq parses.
-CLUSTER_RUN = -m "not cluster and not fault and not slow and not load and not sentinel and not tls"
+# pushes for pub/sub), which checks every reply jobq parses. The browser tests
+# (headless Chromium) run in the first pass only: the other two would repeat them.
+CLUSTER_RUN = -m "not cluster and not fault and not slow and not load and not sentinel and not tls and not browser"
 RESP3_RUN = $(CLUSTER_RUN)
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

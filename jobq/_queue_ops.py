@@ -101,6 +101,7 @@ class QueueAdmin:
     """Administering a queue (a mixin of Queue)."""
 
     _context: QueueContext
+    _recorded: bool
 
     @property
     def name(self) -> str:
@@ -176,6 +177,7 @@ class QueueAdmin:
                 raise script_error(deleted, action="obliterate")
             if deleted < BATCH:
                 self._context.redis.srem(queues_key(self._context.prefix), self.name)
+                self._recorded = False  # listed again by the next add
                 return
 
     def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:

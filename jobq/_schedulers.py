@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -190,6 +191,7 @@ class QueueSchedulers:
     """Job schedulers of a queue (a mixin of Queue)."""
 
     _context: QueueContext
+    _record: Callable[[], None]
 
     def upsert_scheduler(
         self,
@@ -289,6 +291,7 @@ class QueueSchedulers:
                 "which exists (a kept job of an earlier run): remove it, or use another "
                 "scheduler id"
             )
+        self._record()  # listed with the known queues (jobq info, the dashboard)
         found = self.get_scheduler(sid)
         if found is None:  # removed by another caller in between
             raise JobqError(f"scheduler {sid!r} was removed while it was upserted")

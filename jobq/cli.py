@@ -5,7 +5,7 @@ not exist, ``job`` found nothing, ``obliterate`` refused); 2 usage error (bad
 arguments, an unloadable ``MODULE:CALLABLE``, ``obliterate`` without
 ``--yes``); 3 Redis unreachable or erroring; 4 ``wait --timeout`` elapsed;
 130 ``wait`` interrupted. Long-running commands (``worker``, ``info --watch``,
-``events``, ``server``, ``metrics``) exit 0 when stopped by SIGINT or SIGTERM.
+``events``, ``server``, ``metrics``, ``dashboard``) exit 0 when stopped by SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -590,6 +590,12 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard._command import run
+
+    return run(args)
+
+
 # -- parser ------------------------------------------------------------------------
 
 
@@ -742,6 +748,11 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--port", type=int, default=9090, help="port (default: 9090)")
     metrics.add_argument("--host", default="127.0.0.1",
                          help="address to listen on (default: 127.0.0.1)")
+
+    from .dashboard._command import add_arguments
+
+    add_arguments(command("dashboard", _cmd_dashboard,
+                          "serve the web dashboard at http://HOST:PORT/"))
     return parser
 
 

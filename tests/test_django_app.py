@@ -152,3 +152,57 @@ def test_the_example_project_under_gunicorn_with_a_manage_py_worker(
                     if j.name == "shop.tasks.send_welcome"]
         assert [j.data["args"] for j in welcomes] == [["yes@example.com"]]
         queue.obliterate(force=True)
+
+
+class _User:
+    """A request's user as the auth middleware sets it (this example project
+    has no auth app: the view reads only these attributes)."""
+
+    def __init__(self, staff: bool, authenticated: bool = True) -> None:
+        self.is_authenticated = authenticated
+        self.is_active = True
+        self.is_staff = staff
+
+
+def _dashboard_request(method: str, url: str, user: _User | None, **extra: Any) -> Any:
+    from django.test import RequestFactory
+    from django.urls import resolve
+
+    factory = RequestFactory()
+    request = getattr(factory, method)(url, **extra)
+    if user is not None:
+        request.user = user
+    match = resolve(request.path)
+    return match.func(request, *match.args, **match.kwargs)
+
+
+def test_the_dashboard_mount_is_for_staff_only(shop: Any) -> None:
+    import re
+    from urllib.parse import urlencode
+
+    shop.queue.add("audit", {"who": "<b>a</b>"})
+    anonymous = _dashboard_request("get", "/jobq/", None)
+    assert anonymous.status_code == 302 and "login" in anonymous["Location"]
+    assert _dashboard_request("get", "/jobq/", _User(staff=False)).status_code == 403
+    page = _dashboard_request("get", "/jobq/queue?q=default", _User(staff=True))
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'href="/jobq/jobs?q=default&amp;state=waiting"' in body
+    assert page["Content-Security-Policy"].startswith("default-src 'none'")
+    cookie = page.cookies["jobq_csrf"].value
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', body)
+    assert token
+    # an action, POSTed with the cookie and token of that page
+    done = _dashboard_request(
+        "post", "/jobq/action", _User(staff=True),
+        data=urlencode({"csrf": token.group(1), "action": "pause", "q": "default"}),
+        content_type="application/x-www-form-urlencoded", HTTP_COOKIE=f"jobq_csrf={cookie}",
+    )
+    assert done.status_code == 303 and done["Location"].startswith("/jobq/queue?q=default")
+    assert shop.queue.is_paused()
+    refused = _dashboard_request("post", "/jobq/action", _User(staff=True),
+                                 data=urlencode({"action": "resume", "q": "default"}),
+                                 content_type="application/x-www-form-urlencoded",
+                                 HTTP_COOKIE=f"jobq_csrf={cookie}")
+    assert refused.status_code == 403 and shop.queue.is_paused()
+    shop.queue.resume()

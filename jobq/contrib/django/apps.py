@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
 from django.core import checks
 
 from jobq import Queue
 
-from .conf import queue_options
+from .conf import jobq_settings, queue_options
+
+if TYPE_CHECKING:
+    from jobq.dashboard import Dashboard
 
 
 class JobqConfig(AppConfig):
@@ -24,6 +27,7 @@ class JobqConfig(AppConfig):
     def __init__(self, app_name: str, app_module: Any) -> None:
         super().__init__(app_name, app_module)
         self._queues: dict[str, Queue] = {}
+        self._dashboard: Dashboard | None = None
         self._lock = threading.Lock()
 
     def ready(self) -> None:
@@ -45,9 +49,22 @@ class JobqConfig(AppConfig):
         with self._lock:
             return dict(self._queues)
 
+    def dashboard(self) -> Dashboard:
+        """The process's dashboard app (``jobq.contrib.django.urls``), made on first use."""
+        with self._lock:
+            if self._dashboard is None:
+                from jobq.dashboard import create_app
+
+                conf = jobq_settings()
+                self._dashboard = create_app(conf["CONNECTION"], conf["PREFIX"])
+            return self._dashboard
+
     def close_queues(self) -> None:
-        """Close and forget the shared queues."""
+        """Close and forget the shared queues (and the dashboard app)."""
         with self._lock:
             queues, self._queues = self._queues, {}
+            dashboard, self._dashboard = self._dashboard, None
         for queue in queues.values():
             queue.close()
+        if dashboard is not None:
+            dashboard.close()

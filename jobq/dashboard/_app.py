@@ -1,0 +1,442 @@
+"""The dashboard as a WSGI application: routing, authentication, CSRF,
+security headers, and the actions.
+
+Routes (below wherever the app is mounted; names and ids travel in the
+query string, so any queue name or job id works)::
+
+    GET  /                              every queue
+    GET  /queue?q=NAME                  one queue
+    GET  /jobs?q=NAME&state=S&page=N    a page of one state's jobs
+    GET  /job?q=NAME&id=ID              one job
+    GET  /raw?q=NAME&id=ID&part=P       a job's whole data/result/progress/opts, as JSON
+    GET  /workers?q=NAME, /schedulers?q=NAME
+    GET  /static/dashboard.js, /static/dashboard.css
+    POST /action                        retry, remove, promote, cancel, pause,
+                                        resume, clean, retry_all
+
+A GET with the header ``X-Jobq-Partial: 1`` answers only the page's live
+part: the script polls it to update the page in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.cookies
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, parse_qsl, urlencode
+
+import redis
+
+from ..connection import close_client, resolve
+from ..errors import JobqError
+from ..job import STATES
+from ..keys import validate_name
+from ..queue import Queue
+from ..registry import known_queues
+from . import _data, _pages
+from ._html import Ctx, e, layout, pretty
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+StartResponse = Callable[..., Any]
+Auth = Callable[[dict[str, Any]], bool]
+
+#: The cookie holding the browser's CSRF secret (double submit: each form
+#: carries an HMAC of it under the app's key).
+CSRF_COOKIE = "jobq_csrf"
+#: Largest request body read (forms are small).
+MAX_BODY = 64 * 1024
+#: Seconds between two refreshes of the live parts by the script (default).
+POLL_INTERVAL = 2.0
+
+SECURITY_HEADERS = [
+    ("Content-Security-Policy",
+     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "same-origin"),
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+]
+
+_STATIC = {"dashboard.js": "text/javascript; charset=utf-8",
+           "dashboard.css": "text/css; charset=utf-8"}
+
+_REASONS = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+            409: "Conflict", 503: "Service Unavailable"}
+
+
+class _Response:
+    def __init__(self, status: int, body: str | bytes = b"",
+                 content_type: str = "text/html; charset=utf-8") -> None:
+        self.status = status
+        self.body = body.encode() if isinstance(body, str) else body
+        self.headers: list[tuple[str, str]] = [("Content-Type", content_type)]
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Dashboard:
+    """The jobq dashboard, a WSGI application (see :func:`create_app`).
+
+    It starts no thread: reads go through one shared cache refreshed on
+    demand. ``close()`` closes the queues it opened and the client it made.
+    """
+
+    def __init__(
+        self,
+        connection: object = None,
+        prefix: str = "jobq",
+        read_only: bool = False,
+        auth: Auth | None = None,
+        *,
+        cache_ttl: float = 1.0,
+        poll_interval: float = POLL_INTERVAL,
+        secret: bytes | None = None,
+    ) -> None:
+        self.prefix = validate_name(prefix, "prefix")
+        self.read_only = bool(read_only)
+        if auth is not None and not callable(auth):
+            raise TypeError("auth must be a callable taking the WSGI environ, or None")
+        self.auth = auth
+        if cache_ttl < 0 or poll_interval < 0:
+            raise ValueError("cache_ttl and poll_interval must be >= 0 seconds")
+        self.cache = _data.SharedCache(cache_ttl)
+        self.poll_ms = round(poll_interval * 1000)
+        self._key = secret if secret is not None else secrets.token_bytes(32)
+        self.client, self._owned = resolve(connection)
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._static = {
+            name: resources.files("jobq.dashboard").joinpath("static").joinpath(name).read_bytes()
+            for name in _STATIC
+        }
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Dashboard prefix={self.prefix!r} read_only={self.read_only} {state}>"
+
+    # -- queues ---------------------------------------------------------------
+
+    def queue_names(self) -> list[str]:
+        """The queues known under the app's prefix, sorted."""
+        return known_queues(self.client, self.prefix)
+
+    def queue(self, name: str) -> Queue:
+        """The app's Queue of that name (made on first use, on the app's client)."""
+        with self._lock:
+            if self._closed:
+                raise JobqError("the dashboard is closed")
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = Queue(name, connection=self.client, prefix=self.prefix)
+                self._queues[name] = queue
+            return queue
+
+    def _known_queue(self, name: str | None) -> Queue:
+        if not name:
+            raise _HTTPError(400, "no queue named (q=...)")
+        known = self.cache.get(("names",), self.queue_names)
+        if name not in known:
+            known = self.queue_names()  # a queue made since the last read
+            if name not in known:
+                raise _HTTPError(404, f"no queue {name!r} under prefix {self.prefix!r}")
+        return self.queue(name)
+
+    def close(self) -> None:
+        """Close the queues the app opened and the client it made (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            queues, self._queues = list(self._queues.values()), {}
+        for queue in queues:
+            queue.close()
+        if self._owned:
+            close_client(self.client)
+
+    def __enter__(self) -> Dashboard:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- CSRF -------------------------------------------------------------------
+
+    def _sign(self, value: str) -> str:
+        return hmac.new(self._key, value.encode(), hashlib.sha256).hexdigest()
+
+    @staticmethod
+    def _cookie(environ: dict[str, Any]) -> str | None:
+        jar = http.cookies.SimpleCookie()
+        try:
+            jar.load(environ.get("HTTP_COOKIE", ""))
+        except http.cookies.CookieError:
+            return None
+        morsel = jar.get(CSRF_COOKIE)
+        value = morsel.value if morsel is not None else ""
+        return value if len(value) == 32 and value.isalnum() else None
+
+    def _check_csrf(self, environ: dict[str, Any], form: dict[str, str]) -> None:
+        if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
+            raise _HTTPError(403, "cross-site request refused")
+        cookie = self._cookie(environ)
+        token = form.get("csrf", "")
+        if cookie is None or not hmac.compare_digest(token, self._sign(cookie)):
+            raise _HTTPError(403, "missing or wrong CSRF token: reload the page and try again")
+
+    # -- WSGI -------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse
+                 ) -> Iterable[bytes]:
+        base = environ.get("SCRIPT_NAME", "").rstrip("/")
+        path = environ.get("PATH_INFO", "") or ""
+        cookie = self._cookie(environ)
+        new_cookie = cookie is None
+        if cookie is None:
+            cookie = secrets.token_hex(16)
+        ctx = Ctx(base, self._sign(cookie), self.read_only, self.poll_ms)
+        try:
+            if self.auth is not None and not self.auth(environ):
+                raise _HTTPError(403, "not allowed")
+            response = self._route(environ, ctx, path)
+        except _HTTPError as exc:
+            response = self._error(ctx, exc.status, exc.message)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            logger.warning("dashboard: Redis unreachable: %s", exc)
+            response = self._error(ctx, 503, f"Redis is unreachable: {exc}")
+        response.headers += SECURITY_HEADERS
+        if not path.startswith("/static/"):
+            response.headers.append(("Cache-Control", "no-store"))
+        if new_cookie:
+            secure = "; Secure" if environ.get("wsgi.url_scheme") == "https" else ""
+            response.headers.append((
+                "Set-Cookie",
+                f"{CSRF_COOKIE}={cookie}; Path={base or '/'}; HttpOnly; SameSite=Strict{secure}",
+            ))
+        response.headers.append(("Content-Length", str(len(response.body))))
+        reason = _REASONS.get(response.status, "Error")
+        start_response(f"{response.status} {reason}", response.headers)
+        return [response.body]
+
+    def _error(self, ctx: Ctx, status: int, message: str) -> _Response:
+        body = layout(ctx, _REASONS.get(status, "Error"), [("queues", ctx.url("/"))],
+                      f"<h1>{status} {e(_REASONS.get(status, 'Error'))}</h1>"
+                      f'<p class="error">{e(message)}</p>', "")
+        return _Response(status, body)
+
+    def _route(self, environ: dict[str, Any], ctx: Ctx, path: str) -> _Response:
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        if path.startswith("/static/"):
+            name = path[len("/static/"):]
+            if name not in self._static:
+                raise _HTTPError(404, "no such file")
+            response = _Response(200, self._static[name], _STATIC[name])
+            response.headers.append(("Cache-Control", "max-age=3600"))
+            return response
+        if path == "":
+            return _redirect(ctx.url("/"))
+        if path == "/action":
+            if method != "POST":
+                raise _HTTPError(405, "actions are POST only")
+            return self._action(environ, ctx)
+        if method not in ("GET", "HEAD"):
+            raise _HTTPError(405, "only GET here (actions are POSTs to /action)")
+        query = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        page = self._page(ctx, path, query, _back(path, environ.get("QUERY_STRING", "")))
+        if page is None:
+            raise _HTTPError(404, f"no page {path!r}")
+        if isinstance(page, _Response):
+            return page
+        if environ.get("HTTP_X_JOBQ_PARTIAL") == "1":
+            return _Response(200, page.live)
+        return _Response(200, layout(ctx, page.title, page.crumbs, page.head, page.live,
+                                     page.tail, query.get("msg")))
+
+    def _page(self, ctx: Ctx, path: str, query: dict[str, str], back: str
+              ) -> _pages.Page | _Response | None:
+        if path == "/":
+            return _pages.overview(self, ctx)
+        if path not in ("/queue", "/jobs", "/job", "/raw", "/workers", "/schedulers"):
+            return None
+        queue = self._known_queue(query.get("q"))
+        if path == "/queue":
+            return _pages.queue_page(self, ctx, queue)
+        if path == "/jobs":
+            state = query.get("state", "waiting")
+            if state not in STATES:
+                raise _HTTPError(404, f"no state {state!r}; states are {', '.join(STATES)}")
+            try:
+                number = int(query.get("page", "1"))
+            except ValueError:
+                raise _HTTPError(400, "page must be a number") from None
+            if not 1 <= number <= 1_000_000:
+                raise _HTTPError(400, "page must be from 1")
+            return _pages.jobs_page(self, ctx, queue, state, number, back)
+        if path in ("/job", "/raw"):
+            job_id = query.get("id", "").strip()
+            detail = self.cache.get(("job", queue.name, job_id),
+                                    lambda: _data.job_detail(queue, job_id) if job_id else None)
+            if detail is None:
+                raise _HTTPError(404, f"no job {job_id!r} in queue {queue.name!r}")
+            if path == "/raw":
+                return _raw(detail, query.get("part", "data"))
+            return _pages.job_page(self, ctx, queue, detail, back)
+        if path == "/workers":
+            return _pages.workers_page(self, ctx, queue)
+        return _pages.schedulers_page(self, ctx, queue)
+
+    # -- actions ----------------------------------------------------------------
+
+    def _action(self, environ: dict[str, Any], ctx: Ctx) -> _Response:
+        if self.read_only:
+            raise _HTTPError(403, "the dashboard is read-only")
+        form = _read_form(environ)
+        self._check_csrf(environ, form)
+        queue = self._known_queue(form.get("q"))
+        action = form.get("action", "")
+        job_id = form.get("id", "")
+        back = form.get("back", "")
+        if not _is_back(back):
+            back = ("/job?" + _query(q=queue.name, id=job_id)) if job_id else \
+                ("/queue?" + _query(q=queue.name))
+        try:
+            message = self._act(queue, action, job_id, form)
+        except JobqError as exc:
+            message = f"{action} refused: {exc}"
+        except ValueError as exc:
+            raise _HTTPError(400, str(exc)) from None
+        finally:
+            self.cache.clear()
+        if action == "remove" and back.startswith("/job?"):
+            back = "/queue?" + _query(q=queue.name)
+        sep = "&" if "?" in back else "?"
+        return _redirect(ctx.base + back + sep + _query(msg=message))
+
+    def _act(self, queue: Queue, action: str, job_id: str, form: dict[str, str]) -> str:
+        if action in ("pause", "resume"):
+            queue.pause() if action == "pause" else queue.resume()
+            return f"queue {queue.name} {action}d"
+        if action == "retry_all":
+            return f"{queue.retry_jobs('failed')} failed job(s) moved back to waiting"
+        if action == "clean":
+            state = form.get("state", "completed")
+            try:
+                grace = float(form.get("grace", "0") or 0)
+            except ValueError:
+                raise ValueError("grace must be a number of seconds") from None
+            removed = queue.clean(grace, 0, state)
+            return f"{len(removed)} {state} job(s) cleaned"
+        if action not in ("retry", "remove", "promote", "cancel"):
+            raise ValueError(f"unknown action {action!r}")
+        if not job_id:
+            raise ValueError(f"{action} needs a job id")
+        if action == "remove":
+            done = queue.remove(job_id)
+            return f"job {job_id} removed" if done else f"no job {job_id}"
+        if action == "cancel":
+            done = queue.cancel(job_id, "cancelled from the dashboard")
+            return f"job {job_id} cancelled" if done else f"job {job_id} is finished or gone"
+        job = queue.get_job(job_id)
+        if job is None:
+            return f"no job {job_id}"
+        if action == "promote":
+            job.promote()
+            return f"job {job_id} promoted"
+        state = queue.get_job_state(job_id)
+        job.retry("completed" if state == "completed" else "failed")
+        return f"job {job_id} retried"
+
+
+def _query(**params: str) -> str:
+    return urlencode(params)
+
+
+def _back(path: str, query_string: str) -> str:
+    """The page to come back to after an action taken on it (its message dropped)."""
+    params = [(k, v) for k, v in parse_qsl(query_string) if k != "msg"]
+    return path + ("?" + urlencode(params) if params else "")
+
+
+def _is_back(value: str) -> bool:
+    """Whether a form's ``back`` is a page of this app (never another site)."""
+    return value.split("?", 1)[0] in ("/", "/queue", "/jobs", "/job")
+
+
+def _read_form(environ: dict[str, Any]) -> dict[str, str]:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise _HTTPError(400, "bad Content-Length") from None
+    if length > MAX_BODY:
+        raise _HTTPError(400, "request body too large")
+    body = environ["wsgi.input"].read(length) if length > 0 else b""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _HTTPError(400, "the form is not UTF-8") from None
+    return {k: v[-1] for k, v in parse_qs(text, keep_blank_values=True).items()}
+
+
+def _redirect(location: str) -> _Response:
+    response = _Response(303, f'<a href="{e(location)}">continue</a>')
+    response.headers.append(("Location", location))
+    return response
+
+
+def _raw(detail: _data.JobDetail, part: str) -> _Response:
+    job = detail.job
+    values = {"data": job.data, "result": job.return_value, "progress": job.progress,
+              "opts": job.opts}
+    if part not in values:
+        raise _HTTPError(404, f"no part {part!r}; parts are {', '.join(values)}")
+    return _Response(200, pretty(values[part]), "application/json; charset=utf-8")
+
+
+def create_app(
+    connection: object = None,
+    prefix: str = "jobq",
+    read_only: bool = False,
+    auth: Auth | None = None,
+    **options: Any,
+) -> Dashboard:
+    """Return the dashboard as a WSGI application.
+
+    Mount it anywhere a WSGI app goes: under a path of a Flask app
+    (``werkzeug.middleware.dispatcher.DispatcherMiddleware``), in Django
+    (``path("jobq/", include("jobq.contrib.django.urls"))``, staff only), or
+    alone under gunicorn (``gunicorn 'jobq.dashboard:create_app()'``).
+
+    Args:
+        connection: as ``Queue``'s: None (``$JOBQ_REDIS_URL``, else
+            localhost), a URL, or a client (left open by ``close()``).
+        prefix: the key prefix of the queues shown.
+        read_only: refuse every action (403) and show no action buttons.
+        auth: ``auth(environ) -> bool``, asked on every request; False
+            answers 403.
+        options: ``cache_ttl`` (seconds a read from Redis is shared by every
+            request, default 1), ``poll_interval`` (seconds between live
+            refreshes in the browser, default 2; 0 turns them off),
+            ``secret`` (bytes keying the CSRF tokens, default random per
+            app: give one when several processes serve the same users).
+
+    The app starts no thread; call its ``close()`` when done with it.
+    """
+    return Dashboard(connection, prefix, read_only, auth, **options)

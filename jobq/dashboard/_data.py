@@ -1,0 +1,240 @@
+"""What the dashboard reads from Redis, and the cache that bounds how often.
+
+Every read is bounded by what a page shows: one page of a state's jobs
+(LRANGE / ZRANGE of that page, then one HGETALL per job in a pipeline), the
+newest lines of a job's log, the newest entries of the event stream. Nothing
+scans a whole state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..events import Event, from_stream
+from ..job import STATES, Job
+from ..registry import WorkerInfo
+
+if TYPE_CHECKING:
+    from .._schedulers import Scheduler
+    from ..queue import Queue
+
+T = TypeVar("T")
+
+#: Jobs per page of a state's list.
+PAGE_SIZE = 25
+#: Newest log lines shown on a job's page.
+LOG_LINES = 200
+#: Newest entries of the event stream searched for a job's timeline.
+TIMELINE_SCAN = 2000
+#: Minutes of completed / failed counts drawn in a queue's chart.
+CHART_MINUTES = 60
+#: Minutes over which jobs per minute are averaged.
+RATE_MINUTES = 5
+
+
+class SharedCache:
+    """Reads shared by every request of one app: each key is read from Redis
+    at most once per ``ttl`` seconds, and one read runs at a time, so the
+    load on Redis stays bounded however many browsers poll.
+
+    No thread of its own: a request that finds its entry stale reads it
+    again (under the one read lock; the others wait for it and take its
+    result).
+    """
+
+    def __init__(self, ttl: float, max_entries: int = 256) -> None:
+        self.ttl = ttl
+        self._max = max_entries
+        self._entries: dict[Hashable, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        #: how many reads went to Redis (for tests and the curious)
+        self.reads = 0
+
+    def _fresh(self, key: Hashable) -> tuple[bool, Any]:
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return True, hit[1]
+        return False, None
+
+    def get(self, key: Hashable, read: Callable[[], T]) -> T:
+        """The cached value of ``key``, read again by ``read()`` when stale."""
+        found, value = self._fresh(key)
+        if found:
+            return value  # type: ignore[no-any-return]
+        with self._read_lock:
+            found, value = self._fresh(key)  # another request may have read it meanwhile
+            if found:
+                return value  # type: ignore[no-any-return]
+            value = read()
+            self.reads += 1
+            with self._lock:
+                self._entries[key] = (time.monotonic() + self.ttl, value)
+                if len(self._entries) > self._max:
+                    now = time.monotonic()
+                    for old in [k for k, (exp, _) in self._entries.items() if exp <= now]:
+                        del self._entries[old]
+                    while len(self._entries) > self._max:  # the oldest inserted go first
+                        del self._entries[next(iter(self._entries))]
+            return value
+
+    def clear(self) -> None:
+        """Forget everything (after an action, so that its effect shows at once)."""
+        with self._lock:
+            self._entries.clear()
+
+
+@dataclass(frozen=True)
+class QueueSummary:
+    """One queue as the overview and the queue page show it."""
+
+    name: str
+    counts: dict[str, int]
+    paused: bool
+    workers: int
+    completed_rate: float
+    failed_rate: float
+    completed_minutes: list[int] = field(default_factory=list)
+    failed_minutes: list[int] = field(default_factory=list)
+    scheduler_count: int = 0
+
+
+def summary(queue: Queue, minutes: int = CHART_MINUTES) -> QueueSummary:
+    """Counts, paused flag, live workers and per-minute metrics of a queue."""
+    completed = queue.get_metrics("completed", 0, max(minutes, RATE_MINUTES) - 1)
+    failed = queue.get_metrics("failed", 0, max(minutes, RATE_MINUTES) - 1)
+    client = queue._context.redis
+    return QueueSummary(
+        name=queue.name,
+        counts=queue.get_job_counts(),
+        paused=queue.is_paused(),
+        workers=len(queue.get_workers()),
+        completed_rate=completed.per_minute(RATE_MINUTES),
+        failed_rate=failed.per_minute(RATE_MINUTES),
+        completed_minutes=completed.data[:minutes],
+        failed_minutes=failed.data[:minutes],
+        scheduler_count=int(client.zcard(queue._context.keys.schedulers)),
+    )
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of the jobs of one state."""
+
+    state: str
+    page: int
+    total: int
+    jobs: list[Job]
+
+    @property
+    def pages(self) -> int:
+        """How many pages there are (at least 1)."""
+        return max(1, -(-self.total // PAGE_SIZE))
+
+
+def job_page(queue: Queue, state: str, page: int) -> JobPage:
+    """Page ``page`` (from 1) of the jobs in ``state``: waiting in the order
+    they will run, delayed soonest first, active oldest first, finished jobs
+    newest first. Reads only that page."""
+    if state not in STATES:
+        raise ValueError(f"unknown state {state!r}")
+    context = queue._context
+    keys = context.keys
+    client = context.redis
+    start = (page - 1) * PAGE_SIZE
+    end = start + PAGE_SIZE - 1
+    ids: list[bytes] = []
+    if state == "waiting":
+        pipe = client.pipeline(transaction=False)
+        pipe.llen(keys.wait)
+        pipe.zcard(keys.prioritized)
+        in_list, prioritized = pipe.execute()
+        total = int(in_list) + int(prioritized)
+        if start < in_list:
+            # the wait list is taken from its right end: index i in run order
+            # is -(i + 1) from the left
+            last = min(end, in_list - 1)
+            ids.extend(client.lrange(keys.wait, -(last + 1), -(start + 1))[::-1])
+        if end >= in_list:
+            ids.extend(client.zrange(keys.prioritized, max(0, start - in_list), end - in_list))
+    else:
+        key = getattr(keys, state)
+        total = int(client.zcard(key))
+        newest_first = state in ("completed", "failed")
+        ids.extend(client.zrange(key, start, end, desc=newest_first))
+    pipe = client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hgetall(keys.job(job_id.decode()))
+    jobs = [
+        Job.from_record(context, job_id.decode(), record)
+        for job_id, record in zip(ids, pipe.execute(), strict=True)
+        if record
+    ]
+    return JobPage(state, page, total, jobs)
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    """Everything a job's page shows."""
+
+    job: Job
+    state: str
+    log_total: int
+    logs: list[str]
+    timeline: list[Event]
+    scheduler: Scheduler | None
+
+
+def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
+    """A job with its newest log lines, its events among the newest
+    ``TIMELINE_SCAN`` entries of the stream, and its scheduler; None when
+    there is no such job."""
+    context = queue._context
+    keys = context.keys
+    client = context.redis
+    record = client.hgetall(keys.job(job_id))
+    if not record:
+        return None
+    job = Job.from_record(context, job_id, record)
+    state = record.get(b"state", b"unknown").decode()
+    logs_key = keys.logs(job_id)
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(logs_key)
+    pipe.lrange(logs_key, -LOG_LINES, -1)
+    log_total, lines = pipe.execute()
+    timeline: list[Event] = []
+    if queue.event_mode == "stream":
+        for entry_id, raw in client.xrevrange(keys.events, count=TIMELINE_SCAN):
+            if raw.get(b"jid") == job_id.encode():
+                try:
+                    timeline.append(from_stream(entry_id, raw))
+                except Exception:  # an entry of another version: leave it out
+                    continue
+        timeline.reverse()
+    scheduler = None
+    sid = record.get(b"sch")
+    if sid:
+        scheduler = queue.get_scheduler(sid.decode("utf-8", "replace"))
+    return JobDetail(
+        job=job,
+        state=state,
+        log_total=int(log_total),
+        logs=[line.decode("utf-8", "replace") for line in lines],
+        timeline=timeline,
+        scheduler=scheduler,
+    )
+
+
+def workers(queue: Queue) -> list[WorkerInfo]:
+    """The queue's live workers."""
+    return queue.get_workers()
+
+
+def schedulers(queue: Queue) -> list[Scheduler]:
+    """The queue's schedulers, soonest next run first."""
+    return queue.get_schedulers()

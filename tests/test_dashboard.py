@@ -1,0 +1,494 @@
+"""The dashboard at the WSGI level (werkzeug's test client, no HTTP server):
+every page, every action and its effect in Redis, CSRF, read-only mode, the
+auth hook, escaping, 404s, paging, the shared cache; the ``jobq dashboard``
+command; a Flask mount. Real server; bounded waits."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import Queue, Worker
+from jobq.dashboard import create_app
+from jobq.dashboard._app import Dashboard
+from jobq.dashboard._data import PAGE_SIZE
+from tests.polling import until
+
+werkzeug_test = pytest.importorskip("werkzeug.test")
+
+WAIT = 20.0
+XSS = "<script>alert(1)</script>"
+
+
+def processor(job: Any) -> Any:
+    """Succeeds, or fails when the job's name says so; logs and reports progress."""
+    job.log(f"log line of {job.name}")
+    job.update_progress({"step": XSS})
+    if job.name.startswith("fail"):
+        raise RuntimeError(f"failed: {XSS}")
+    return {"echo": job.data}
+
+
+def run_until_finished(queue: Queue, redis_url: str, expected: int) -> None:
+    """Run a worker until ``expected`` jobs are completed or failed."""
+    worker = Worker(queue.name, processor, connection=redis_url).start()
+    try:
+        until(lambda: sum(queue.get_job_counts("completed", "failed").values()) >= expected,
+              WAIT)
+    finally:
+        worker.close(timeout=WAIT)
+
+
+@pytest.fixture
+def app(queue: Queue, redis_url: str) -> Iterator[Dashboard]:
+    """A dashboard without caching (each request reads Redis)."""
+    with create_app(redis_url, cache_ttl=0) as dashboard:
+        yield dashboard
+
+
+@pytest.fixture
+def client(app: Dashboard) -> Any:
+    return werkzeug_test.Client(app)
+
+
+def text(response: Any) -> str:
+    return str(response.get_data(as_text=True))
+
+
+def csrf(client: Any, queue: Queue) -> str:
+    """The CSRF token of the client's forms (its cookie set by a GET)."""
+    page = text(client.get(f"/queue?q={queue.name}"))
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert match, "no CSRF token on the page"
+    return match.group(1)
+
+
+def act(client: Any, queue: Queue, action: str, **fields: Any) -> Any:
+    return client.post("/action", data={"csrf": csrf(client, queue), "action": action,
+                                        "q": queue.name, **fields})
+
+
+# -- pages -----------------------------------------------------------------------
+
+
+def test_overview_lists_the_queues_with_counts_and_security_headers(
+    client: Any, queue: Queue
+) -> None:
+    queue.add("a")
+    queue.add("b", delay=60)
+    response = client.get("/")
+    assert response.status_code == 200
+    body = text(response)
+    assert f'href="/queue?q={queue.name}"' in body
+    assert f'href="/jobs?q={queue.name}&amp;state=waiting" data-count="waiting">1</a>' in body
+    assert 'data-count="delayed">1</a>' in body
+    csp = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert "frame-ancestors 'none'" in csp
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert "<script>" not in body.replace('<script src="/static/dashboard.js" defer></script>',
+                                          "")
+
+
+def test_queue_page_shows_counts_workers_chart_and_pause_state(
+    client: Any, queue: Queue, redis_url: str
+) -> None:
+    queue.add("ok", 1)
+    queue.add("fail", 2)
+    run_until_finished(queue, redis_url, 2)
+    queue.add("waits")
+    body = text(client.get(f"/queue?q={queue.name}"))
+    assert 'data-count="completed">1</span>' in body
+    assert 'data-count="failed">1</span>' in body
+    assert 'data-count="waiting">1</span>' in body
+    assert '<svg class="chart"' in body and 'class="series completed"' in body
+    assert "0 live worker(s)" in body
+    assert 'data-action="pause"' in body and "running" in body
+    queue.pause()
+    body = text(client.get(f"/queue?q={queue.name}"))
+    assert 'class="badge paused"' in body and 'data-action="resume"' in body
+
+
+def test_workers_page_lists_live_workers(client: Any, queue: Queue, redis_url: str) -> None:
+    with Worker(queue.name, processor, connection=redis_url, name=f"w-{XSS}") as worker:
+        worker.start()
+        until(lambda: queue.get_workers(), WAIT)
+        body = text(client.get(f"/workers?q={queue.name}"))
+        assert "w-&lt;script&gt;" in body and XSS not in body
+        assert "1 live worker(s)" in text(client.get(f"/queue?q={queue.name}"))
+    assert "No live worker." in text(client.get(f"/workers?q={queue.name}"))
+
+
+def test_schedulers_page_and_a_tick_job_names_its_scheduler(client: Any, queue: Queue) -> None:
+    queue.upsert_scheduler("nightly", cron="0 3 * * *", tz="Europe/Paris", data={"x": XSS})
+    body = text(client.get(f"/schedulers?q={queue.name}"))
+    assert "nightly" in body and "cron 0 3 * * * (Europe/Paris)" in body
+    assert XSS not in body
+    tick = queue.get_jobs("delayed")[0]
+    body = text(client.get(f"/job?q={queue.name}&id={tick.id}"))
+    assert "<h3>Scheduler</h3>" in body and "nightly" in body
+
+
+def test_jobs_of_a_state_are_paged_in_run_order(client: Any, queue: Queue) -> None:
+    ids = [queue.add("j", i).id for i in range(PAGE_SIZE + 5)]
+    urgent = queue.add("urgent", priority=1).id
+    first = text(client.get(f"/jobs?q={queue.name}&state=waiting"))
+    shown = re.findall(r'class="job" href="[^"]*">([^<]+)</a>', first)
+    assert shown == ids[:PAGE_SIZE]
+    assert "page 1 of 2" in first and 'rel="next"' in first and 'rel="prev"' not in first
+    second = text(client.get(f"/jobs?q={queue.name}&state=waiting&page=2"))
+    shown = re.findall(r'class="job" href="[^"]*">([^<]+)</a>', second)
+    assert shown == [*ids[PAGE_SIZE:], urgent]
+    assert "page 2 of 2" in second and 'rel="prev"' in second
+    empty = text(client.get(f"/jobs?q={queue.name}&state=failed"))
+    assert "No failed job." in empty and "page 1 of 1" in empty
+    assert client.get(f"/jobs?q={queue.name}&state=waiting&page=x").status_code == 400
+    assert client.get(f"/jobs?q={queue.name}&state=nope").status_code == 404
+
+
+def test_finished_jobs_list_newest_first_with_reasons(
+    client: Any, queue: Queue, redis_url: str
+) -> None:
+    queue.add("fail-a")
+    queue.add("ok")
+    run_until_finished(queue, redis_url, 2)
+    body = text(client.get(f"/jobs?q={queue.name}&state=failed"))
+    assert "failed: &lt;script&gt;" in body and XSS not in body
+    assert 'data-action="retry"' in body and 'data-action="remove"' in body
+
+
+def test_job_page_shows_everything_escaped(client: Any, queue: Queue, redis_url: str) -> None:
+    failing = queue.add(XSS + "fail", {"html": XSS}, job_id="fail-x")  # not "fail..."
+    ok = queue.add("ok", {"html": XSS})
+    queue.add("fail-b", {"html": XSS}, job_id="fail-b")
+    run_until_finished(queue, redis_url, 3)
+    body = text(client.get(f"/job?q={queue.name}&id={ok.id}"))
+    assert XSS not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    for section in ("Progress", "Data", "Result", "Options", "Logs", "Timeline"):
+        assert f"<h3>{section}" in body
+    assert "log line of ok" in body
+    assert '<span class="ev">added</span>' in body and '<span class="ev">completed</span>' in body
+    assert 'data-action="retry"' in body
+    body = text(client.get(f"/job?q={queue.name}&id=fail-b"))
+    assert "Stack traces" in body and "RuntimeError" in body and XSS not in body
+    assert '<span class="ev">failed</span>' in body
+    body = text(client.get(f"/job?q={queue.name}&id={failing.id}"))
+    assert XSS not in body and "&lt;script&gt;alert(1)&lt;/script&gt;fail" in body
+
+
+def test_a_large_value_is_cut_with_a_link_to_all_of_it(client: Any, queue: Queue) -> None:
+    job = queue.add("big", {"blob": "<i>" + "x" * 50_000})
+    body = text(client.get(f"/job?q={queue.name}&id={job.id}"))
+    assert "Showing 10,000 of" in body
+    raw = client.get(f"/raw?q={queue.name}&id={job.id}&part=data")
+    assert raw.status_code == 200 and raw.headers["Content-Type"].startswith("application/json")
+    assert raw.headers["X-Content-Type-Options"] == "nosniff"
+    assert "x" * 50_000 in text(raw)
+    assert client.get(f"/raw?q={queue.name}&id={job.id}&part=nope").status_code == 404
+
+
+def test_unknown_things_are_404(client: Any, queue: Queue) -> None:
+    queue.add("a")
+    assert client.get("/nope").status_code == 404
+    assert client.get("/queue?q=no-such-queue").status_code == 404
+    assert client.get("/queue").status_code == 400
+    assert client.get(f"/job?q={queue.name}&id=missing").status_code == 404
+    assert client.get(f"/job?q={queue.name}").status_code == 404
+    assert client.get("/static/nope.js").status_code == 404
+    response = client.get(f"/job?q={queue.name}&id={XSS}")
+    assert response.status_code == 404 and XSS not in text(response)
+
+
+def test_static_files_are_served_from_the_package(client: Any) -> None:
+    js = client.get("/static/dashboard.js")
+    assert js.status_code == 200 and js.headers["Content-Type"].startswith("text/javascript")
+    assert "X-Jobq-Partial" in text(js)
+    css = client.get("/static/dashboard.css")
+    assert css.status_code == 200 and css.headers["Content-Type"].startswith("text/css")
+
+
+def test_partial_answers_only_the_live_part(client: Any, queue: Queue) -> None:
+    queue.add("a")
+    response = client.get(f"/queue?q={queue.name}", headers={"X-Jobq-Partial": "1"})
+    body = text(response)
+    assert response.status_code == 200
+    assert "<html" not in body and 'data-count="waiting">1</span>' in body
+
+
+def test_messages_in_the_query_are_shown_as_text(client: Any, queue: Queue) -> None:
+    queue.add("a")
+    body = text(client.get(f"/queue?q={queue.name}&msg={XSS}"))
+    assert XSS not in body and 'class="flash"' in body
+
+
+def test_mounted_under_a_path_links_stay_under_it(app: Dashboard, queue: Queue) -> None:
+    queue.add("a")
+    environ: dict[str, Any] = {}
+    seen: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        seen.append(status)
+
+    from wsgiref.util import setup_testing_defaults
+
+    setup_testing_defaults(environ)
+    environ.update(SCRIPT_NAME="/ops/jobq", PATH_INFO="/")
+    body = b"".join(app(environ, start_response)).decode()
+    assert seen == ["200 OK"]
+    assert f'href="/ops/jobq/queue?q={queue.name}"' in body
+    assert 'src="/ops/jobq/static/dashboard.js"' in body
+    environ.update(PATH_INFO="")
+    app(environ, start_response)
+    assert seen[-1].startswith("303")
+
+
+# -- actions ---------------------------------------------------------------------
+
+
+def test_retry_moves_a_failed_job_back_to_waiting(
+    client: Any, queue: Queue, redis_url: str
+) -> None:
+    job = queue.add("fail-once")
+    run_until_finished(queue, redis_url, 1)
+    response = act(client, queue, "retry", id=job.id)
+    assert response.status_code == 303
+    assert response.headers["Location"].startswith(f"/job?q={queue.name}&id={job.id}&msg=")
+    assert queue.get_job_state(job.id) == "waiting"
+
+
+def test_remove_promote_cancel(client: Any, queue: Queue) -> None:
+    removed = queue.add("r")
+    delayed = queue.add("d", delay=600)
+    cancelled = queue.add("c")
+    back = f"/jobs?q={queue.name}&state=waiting"
+    response = act(client, queue, "remove", id=removed.id, back=back)
+    assert response.headers["Location"].startswith(back + "&msg=")
+    assert queue.get_job(removed.id) is None
+    act(client, queue, "promote", id=delayed.id)
+    assert queue.get_job_state(delayed.id) == "waiting"
+    act(client, queue, "cancel", id=cancelled.id)
+    assert queue.get_job_state(cancelled.id) == "failed"
+    assert queue.get_job(cancelled.id).failed_reason == "cancelled from the dashboard"
+    # a job gone meanwhile: a message, no error
+    response = act(client, queue, "remove", id=removed.id)
+    assert response.status_code == 303 and "no+job" in response.headers["Location"]
+    # a refused action (promote a job that is not delayed) says why
+    response = act(client, queue, "promote", id=delayed.id)
+    assert response.status_code == 303 and "promote+refused" in response.headers["Location"]
+
+
+def test_pause_resume_clean_and_retry_all(client: Any, queue: Queue, redis_url: str) -> None:
+    queue.add("fail-1")
+    act(client, queue, "pause")
+    assert queue.is_paused()
+    act(client, queue, "resume")
+    assert not queue.is_paused()
+    queue.add("fail-2")
+    queue.add("ok")
+    run_until_finished(queue, redis_url, 3)
+    response = act(client, queue, "retry_all")
+    assert "2+failed+job" in response.headers["Location"]
+    assert queue.get_job_counts("waiting", "failed") == {"waiting": 2, "failed": 0}
+    act(client, queue, "clean", state="completed", grace="0")
+    assert queue.get_job_counts("completed") == {"completed": 0}
+    act(client, queue, "clean", state="waiting", grace="0")
+    assert queue.get_job_counts("waiting") == {"waiting": 0}
+    assert act(client, queue, "clean", state="waiting", grace="x").status_code == 400
+    assert act(client, queue, "explode").status_code == 400
+
+
+def test_an_action_shows_at_once_despite_the_cache(queue: Queue, redis_url: str) -> None:
+    with create_app(redis_url, cache_ttl=60) as cached:
+        client = werkzeug_test.Client(cached)
+        queue.add("a")
+        assert "running" in text(client.get(f"/queue?q={queue.name}"))
+        response = act(client, queue, "pause")
+        assert 'class="badge paused"' in text(client.get(response.headers["Location"]))
+
+
+def test_actions_need_the_csrf_token_of_the_cookie(
+    client: Any, queue: Queue, app: Dashboard
+) -> None:
+    job = queue.add("a")
+    token = csrf(client, queue)
+    fields = {"action": "remove", "q": queue.name, "id": job.id}
+    assert client.post("/action", data=fields).status_code == 403
+    assert client.post("/action", data={**fields, "csrf": "0" * 64}).status_code == 403
+    # another browser's token (another cookie) is refused too
+    other = werkzeug_test.Client(app)
+    assert other.post("/action", data={**fields, "csrf": token}).status_code == 403
+    # so is a cross-site form post carrying the right token
+    response = client.post("/action", data={**fields, "csrf": token},
+                           headers={"Sec-Fetch-Site": "cross-site"})
+    assert response.status_code == 403
+    assert client.get("/action").status_code == 405
+    assert queue.get_job(job.id) is not None
+    assert client.post("/action", data={**fields, "csrf": token}).status_code == 303
+    assert queue.get_job(job.id) is None
+
+
+def test_read_only_refuses_actions_and_shows_no_forms(queue: Queue, redis_url: str) -> None:
+    job = queue.add("a", delay=60)
+    with create_app(redis_url, read_only=True, cache_ttl=0) as read_only:
+        client = werkzeug_test.Client(read_only)
+        for url in ("/", f"/queue?q={queue.name}", f"/jobs?q={queue.name}&state=delayed",
+                    f"/job?q={queue.name}&id={job.id}"):
+            body = text(client.get(url))
+            assert "<form" not in body.replace('<form class="search"', "")
+            assert "read-only" in body
+        # even a well-formed, signed request is refused
+        cookie_client = werkzeug_test.Client(read_only)
+        cookie_client.get("/")
+        cookie = cookie_client.get_cookie("jobq_csrf").value
+        token = read_only._sign(cookie)
+        response = cookie_client.post("/action", data={"csrf": token, "action": "promote",
+                                                       "q": queue.name, "id": job.id})
+        assert response.status_code == 403
+    assert queue.get_job_state(job.id) == "delayed"
+
+
+def test_the_auth_hook_guards_every_request(queue: Queue, redis_url: str) -> None:
+    queue.add("a")
+    seen: list[str] = []
+
+    def auth(environ: dict[str, Any]) -> bool:
+        seen.append(environ["PATH_INFO"])
+        return bool(environ.get("HTTP_X_USER") == "ops")
+
+    with create_app(redis_url, auth=auth, cache_ttl=0) as guarded:
+        client = werkzeug_test.Client(guarded)
+        for url in ("/", f"/queue?q={queue.name}", "/static/dashboard.js", "/nope"):
+            response = client.get(url)
+            assert response.status_code == 403 and "jobq" in text(response)
+            assert queue.name not in text(response)
+        assert client.post("/action", data={"action": "pause", "q": queue.name}
+                           ).status_code == 403
+        assert client.get("/", headers={"X-User": "ops"}).status_code == 200
+    assert seen[:3] == ["/", "/queue", "/static/dashboard.js"]
+    assert not queue.is_paused()
+
+
+# -- load, lifecycle ---------------------------------------------------------------
+
+
+def test_many_pollers_share_one_read_per_interval(queue: Queue, redis_url: str) -> None:
+    queue.add("a")
+    with create_app(redis_url, cache_ttl=60) as cached:
+        results: list[int] = []
+
+        def poll() -> None:
+            client = werkzeug_test.Client(cached)
+            for _ in range(10):
+                results.append(client.get(f"/queue?q={queue.name}",
+                                          headers={"X-Jobq-Partial": "1"}).status_code)
+
+        threads = [threading.Thread(target=poll) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert results == [200] * 80
+        # one read of the queue's summary, one of the known queues' names
+        assert cached.cache.reads == 2
+
+
+def test_close_is_idempotent_and_keeps_a_callers_client(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    app = create_app(redis_client, cache_ttl=0)
+    queue.add("a")
+    assert werkzeug_test.Client(app).get(f"/queue?q={queue.name}").status_code == 200
+    app.close()
+    app.close()
+    assert "closed" in repr(app)
+    assert redis_client.ping()
+    with pytest.raises(TypeError):
+        create_app(redis_url, auth="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        create_app(redis_url, prefix="a b")
+
+
+def test_redis_unreachable_is_a_503_page() -> None:
+    with create_app("redis://127.0.0.1:1/0", cache_ttl=0) as app:
+        response = werkzeug_test.Client(app).get("/")
+        assert response.status_code == 503 and "unreachable" in text(response)
+
+
+# -- mounts, command -----------------------------------------------------------------
+
+
+def test_mounted_in_flask(queue: Queue, redis_url: str) -> None:
+    flask = pytest.importorskip("flask")
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    site = flask.Flask(__name__)
+
+    @site.get("/")
+    def home() -> str:
+        return "home"
+
+    with create_app(redis_url, cache_ttl=0) as dashboard:
+        site.wsgi_app = DispatcherMiddleware(site.wsgi_app,  # type: ignore[method-assign]
+                                             {"/admin/jobq": dashboard})
+        queue.add("a", delay=60)
+        client = site.test_client()
+        assert text(client.get("/")) == "home"
+        body = text(client.get("/admin/jobq/"))
+        assert f'href="/admin/jobq/queue?q={queue.name}"' in body
+        page = text(client.get(f"/admin/jobq/jobs?q={queue.name}&state=delayed"))
+        token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert token
+        job_id = queue.get_jobs("delayed")[0].id
+        response = client.post("/admin/jobq/action", data={
+            "csrf": token.group(1), "action": "promote", "q": queue.name, "id": job_id})
+        assert response.status_code == 303
+        assert response.headers["Location"].startswith("/admin/jobq/job?")
+        assert queue.get_job_state(job_id) == "waiting"
+
+
+def test_command_refuses_a_public_bind_without_auth(redis_url: str) -> None:
+    from jobq.cli import main
+
+    assert main(["--url", redis_url, "dashboard", "--host", "0.0.0.0"]) == 2
+
+
+def test_command_serves_until_interrupted(queue: Queue, redis_url: str) -> None:
+    queue.add("a")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobq", "--url", redis_url, "dashboard", "--port", "0",
+         "--read-only"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = f"http://127.0.0.1:{match.group(1)}/queue?q={queue.name}"
+        with urllib.request.urlopen(url, timeout=WAIT) as response:
+            body = response.read().decode()
+            assert response.status == 200 and "read-only" in body
+            assert response.headers["Content-Security-Policy"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=WAIT)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
