@@ -96,17 +96,34 @@ def test_adds_while_the_job_runs_are_deduplicated(queue: Queue, redis_url: str) 
         job.wait_until_finished(timeout=WAIT)
 
 
-@pytest.mark.parametrize("how", ["remove", "cancel", "remove_dedup_key"])
-def test_key_is_released_by_remove_and_cancel(queue: Queue, how: str) -> None:
+@pytest.mark.parametrize(
+    "how", ["remove", "cancel", "remove_dedup_key", "drain", "clean", "obliterate"]
+)
+def test_key_is_released_by_every_removal(
+    queue: Queue, redis_client: redis.Redis, how: str
+) -> None:
+    """Whatever removes a job releases its key, whatever its mode: no key is
+    left behind (it would outlive the queue, and a later job reusing the id
+    would inherit it)."""
     for mode in ({"id": "k"}, {"id": "t", "ttl": 60}):
-        job = queue.add("d", delay=60, dedup=mode)
+        job = queue.add("d", delay=60, dedup=mode, job_id=f"owner-{mode['id']}")
         if how == "remove":
             assert queue.remove(job.id) is True
         elif how == "cancel":
             assert queue.cancel(job.id) is True
-        else:
+        elif how == "remove_dedup_key":
             assert queue.remove_dedup_key(mode["id"]) is True
+        elif how == "drain":
+            queue.drain(delayed=True)
+        elif how == "clean":
+            assert queue.clean(0, state="delayed") == [job.id]
+        else:
+            queue.obliterate(force=True)
         assert queue.get_dedup_job_id(mode["id"]) is None
+        if how != "cancel":  # a cancelled job stays, failed
+            assert not redis_client.exists(f"jobq:{{{queue.name}}}:dedup:{mode['id']}")
+            # an unrelated job reusing the id does not hold the key
+            assert queue.add("d", job_id=job.id).id == job.id
         assert queue.add("d", dedup=mode).id != job.id
 
 

@@ -134,12 +134,6 @@ local function push_ready(id, priority, front)
   mark_ready()
 end
 
-local function delete_job(id)
-  local run = redis.call('HGET', job_key(id), 'run')
-  if run then _runs[id] = run end
-  redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
-end
-
 -- Release the dedup key a job holds (fields ddk, its key, and ddt, set for
 -- a throttle key with a ttl): the key stores its owner's id, so a key taken
 -- over by a newer job is left alone. `always`: a throttle key too (the job
@@ -149,6 +143,18 @@ local function release_dedup(id, ddk, ddt, always)
     local key = base .. 'dedup:' .. ddk
     if redis.call('GET', key) == id then redis.call('DEL', key) end
   end
+end
+
+-- Delete a job's record, logs and lock. `removed`: the job is removed (by
+-- remove, drain, clean, obliterate or its scheduler), so the dedup key it
+-- owns goes too, whatever its mode; a job dropped by a retention rule has
+-- released its simple key when it finished, and a throttle key keeps
+-- throttling until its ttl.
+local function delete_job(id, removed)
+  local f = redis.call('HMGET', job_key(id), 'run', 'ddk', 'ddt')
+  if f[1] then _runs[id] = f[1] end
+  if removed then release_dedup(id, f[2], f[3], true) end
+  redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
 end
 
 -- Add a finished job to its set and apply a retention rule:

@@ -24,6 +24,7 @@
   Returns  {ids removed, next cursor ('' when done)}
   Events   removed (prev: the state) per job removed; then cleaned (count,
            state) when any was
+  Dedup    releases each removed job's dedup key, whatever its mode
 ]]
 local state = ARGV[1]
 local grace = tonumber(ARGV[2])
@@ -105,7 +106,7 @@ else
 end
 
 for _, id in ipairs(out) do
-  delete_job(id)
+  delete_job(id, true)
   emit('removed', id, { 'prev', state })
 end
 if #out > 0 then emit('cleaned', false, { 'count', #out, 'state', state }) end

@@ -9,12 +9,13 @@
   ARGV[2]  batch size
   Returns  number of jobs removed (less than the batch size: done)
   Events   removed (prev: waiting | delayed) per job
+  Dedup    releases each removed job's dedup key, whatever its mode
 ]]
 local batch = tonumber(ARGV[2])
 local removed = 0
 local function take(ids, prev)
   for _, id in ipairs(ids) do
-    delete_job(id)
+    delete_job(id, true)
     emit('removed', id, { 'prev', prev })
     removed = removed + 1
   end

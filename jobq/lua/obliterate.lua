@@ -20,19 +20,20 @@
            gone); -4 when active jobs exist and force is not set
   Events   obliterated (no job id), once, by the last call, after every
            job and key is gone: readers re-check whoever waits on a job
+  Dedup    releases each deleted job's dedup key, whatever its mode
 ]]
 if ARGV[1] ~= '1' and redis.call('ZCARD', K_ACTIVE) > 0 then return -4 end
 local batch = tonumber(ARGV[2])
 local n = 0
 for _, id in ipairs(redis.call('LPOP', K_WAIT, batch) or {}) do
-  delete_job(id)
+  delete_job(id, true)
   n = n + 1
 end
 for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED }) do
   if n >= batch then break end
   local ids = redis.call('ZRANGE', key, '0', batch - n - 1)
   for _, id in ipairs(ids) do
-    delete_job(id)
+    delete_job(id, true)
     n = n + 1
   end
   if #ids > 0 then redis.call('ZREM', key, unpack(ids)) end

@@ -13,8 +13,7 @@
            of the wait list from its newest end, in C)
 ]]
 local id = ARGV[1]
-local f = redis.call('HMGET', job_key(id), 'state', 'ddk')
-local state = f[1]
+local state = redis.call('HGET', job_key(id), 'state')
 if not state then return 0 end
 if state == 'active' and redis.call('EXISTS', lock_key(id)) == 1 then return -2 end
 if state == 'waiting' then
@@ -28,7 +27,6 @@ elseif state == 'completed' then
 elseif state == 'failed' then
   redis.call('ZREM', K_FAILED, id)
 end
-release_dedup(id, f[2], false, true)
-delete_job(id)
+delete_job(id, true)
 emit('removed', id, { 'prev', state })
 return 1

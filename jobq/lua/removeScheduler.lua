@@ -16,7 +16,7 @@ if nxt ~= '' then
   local pid = tick_id(sid, tonumber(nxt))
   if redis.call('HGET', job_key(pid), 'state') == 'delayed' then
     redis.call('ZREM', K_DELAYED, pid)
-    delete_job(pid)
+    delete_job(pid, true)
     emit('removed', pid, { 'prev', 'delayed' })
   end
 end

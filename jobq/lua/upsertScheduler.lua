@@ -48,7 +48,7 @@ if old[2] and old[2] ~= '' then
   local pid = tick_id(sid, tonumber(old[2]))
   if redis.call('HGET', job_key(pid), 'state') == 'delayed' then
     redis.call('ZREM', K_DELAYED, pid)
-    delete_job(pid)
+    delete_job(pid, true)
     emit('removed', pid, { 'prev', 'delayed' })
   end
 end
