@@ -5,6 +5,7 @@ run on the one-node cluster pass."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from jobq import (
+    CrossSlotFlowError,
     FlowProducer,
     Job,
     JobFailedError,
@@ -383,3 +385,12 @@ def test_a_cancelled_child_fails_its_parent_by_policy(flow: FlowProducer) -> Non
     assert node.children[0].job.cancel("stop")
     assert node.job.get_state() == "failed"
     assert node.job.refresh().failed_reason == f"child cx:{node.children[0].job.id} failed: stop"
+
+
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") != "1", reason="cluster pass only")
+def test_on_a_cluster_queues_in_two_slots_are_refused(redis_url: str) -> None:
+    with FlowProducer(connection=redis_url) as producer, pytest.raises(
+        CrossSlotFlowError, match="prefix='{flows}'"
+    ):
+        producer.add({"name": "p", "queue": "slot-a", "children": [
+            {"name": "c", "queue": "slot-b"}]})

@@ -289,14 +289,14 @@ end
 -- The queue name in a queue's base ("<prefix>:{<queue>}:").
 local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
 
--- Run fn(...) with the keys of the queue whose base is `qbase` (a parent's
+-- Run fn(...) with the keys of the queue whose base is `target` (a parent's
 -- or a child's queue), then return to the caller's queue: its keys and its
 -- per-call state (run tokens of deleted jobs, the ready mark, settings).
 -- On a cluster the queues of one flow share a slot (FlowProducer checks).
-local function in_queue(qbase, fn, ...)
-  if qbase == base then return fn(...) end
+local function in_queue(target, fn, ...)
+  if target == base then return fn(...) end
   local keys, runs, marked, settings = KEYS, _runs, _marked, _meta
-  KEYS = { qbase, qbase .. 'slot-guard' }
+  KEYS = { target, target .. 'slot-guard' }
   _per_call()
   local r = fn(...)
   KEYS = keys

@@ -5,8 +5,8 @@
   one job that depends on existing jobs (add(..., depends_on=...)).
 
   KEYS[1]  base prefix of the first node's queue
-  ARGV[1]  N, the number of nodes; then 20 values per node:
-           the base of its queue, the index (1-based, in this call) of its
+  ARGV[1]  N, the number of nodes
+  ARGV[2..] 20 values per node: the base of its queue, the index (1-based, in this call) of its
            parent node or 0, its failure policy ('' the parent waits on it,
            'f' fail the parent, 'i' ignore, 'r' remove the dependency), then
            add.lua's 17 values (job_id, name, data, opts, delay_ms,
