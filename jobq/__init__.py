@@ -21,7 +21,8 @@ from .errors import (
     WaitUntilFinishedTimeoutError,
 )
 from .events import Event, JobMetrics
-from .job import Job
+from .flow import CrossSlotFlowError, FlowProducer, JobNode
+from .job import Dependencies, Job
 from .metrics import Metrics
 from .options import Backoff, JobOptions, KeepJobs
 from .queue import Queue
@@ -35,11 +36,15 @@ __version__ = "0.1.0"
 __all__ = [
     "Backoff",
     "ClosedError",
+    "CrossSlotFlowError",
+    "Dependencies",
     "Event",
+    "FlowProducer",
     "Job",
     "JobCancelledError",
     "JobFailedError",
     "JobMetrics",
+    "JobNode",
     "JobNotFoundError",
     "JobOptions",
     "JobTimeoutError",

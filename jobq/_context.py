@@ -12,7 +12,7 @@ from . import _fork
 from . import connection as _connection
 from .calls import QueueScripts
 from .errors import ClosedError
-from .keys import QueueKeys, validate_name
+from .keys import QueueKeys, validate_name, validate_prefix
 from .scripts import Scripts
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class QueueContext:
         None) says whether ``close()`` closes the client."""
         self.kind = kind
         self.name = validate_name(name)
-        self.prefix = validate_name(prefix, "prefix")
+        self.prefix = validate_prefix(prefix)
         self.client, self._owned = _connection.resolve(connection)
         if owned is not None:
             self._owned = owned

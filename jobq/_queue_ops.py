@@ -35,7 +35,7 @@ class QueueReading:
         return Job.from_record(self._context, job_id, record)
 
     def get_job_state(self, job_id: str) -> str:
-        """One of waiting, delayed, active, completed, failed, or unknown."""
+        """One of waiting, delayed, active, completed, failed, waiting-children, or unknown."""
         state = self._context.redis.hget(self._context.keys.job(job_id), "state")
         return state.decode() if state else "unknown"
 
@@ -52,7 +52,11 @@ class QueueReading:
             if state not in STATES:
                 raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
         counts = self._context.calls.get_counts()
-        everything = {state: counts[i] for i, state in enumerate(STATES)}
+        everything = {
+            "waiting": counts.waiting, "delayed": counts.delayed, "active": counts.active,
+            "completed": counts.completed, "failed": counts.failed,
+            "waiting-children": counts.waiting_children,
+        }
         return {state: everything[state] for state in (states or STATES)}
 
     def count(self) -> int:
@@ -85,7 +89,7 @@ class QueueReading:
                 ordered = waiting if asc else waiting[::-1]
                 ids.extend(_slice(ordered, start, end))
             else:
-                key = getattr(keys, state)
+                key = keys.state_set(state)
                 ids.extend(client.zrange(key, start, end, desc=not asc))
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
@@ -145,9 +149,10 @@ class QueueAdmin:
         and ``cleaned`` per batch. Each script call looks at a bounded slice
         of the state's jobs, so a long queue never blocks the server long.
         """
-        if state not in ("completed", "failed", "delayed", "waiting"):
+        if state not in ("completed", "failed", "delayed", "waiting", "waiting-children"):
             raise ValueError(
-                f"clean takes state completed, failed, delayed or waiting, not {state!r}"
+                "clean takes state completed, failed, delayed, waiting or waiting-children, "
+                f"not {state!r}"
             )
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be an int >= 0, not {limit!r}")

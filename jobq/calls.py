@@ -183,6 +183,18 @@ class Counts(NamedTuple):
     completed: int
     failed: int
     paused: bool
+    waiting_children: int = 0
+
+
+class FlowNode(NamedTuple):
+    """One node of addFlow.lua: its queue's base, its parent node's index
+    (1-based, 0 for none), its failure policy, and the job (its name ''
+    for a reference to an existing job)."""
+
+    base: str
+    parent: int
+    policy: str
+    job: NewJob
 
 
 class MetricsReply(NamedTuple):
@@ -233,6 +245,25 @@ class QueueScripts:
         ]
         return float(reply[0]) / 1000.0, added
 
+    def add_flow(self, nodes: Sequence[FlowNode]) -> tuple[float, list[Added], int, int]:
+        """addFlow.lua: add a tree (or a job and its dependencies) atomically;
+        (the server's time, s; each node; 0; 0), or, with nothing written,
+        (0; []; an error code; the node's 1-based index): -1 a named job
+        does not exist, -6 it has another parent."""
+        argv: list[Any] = [len(nodes)]
+        for node in nodes:
+            job = node.job
+            argv += (node.base, node.parent, node.policy, *job[:6], "1" if job.lifo else "0",
+                     *job[7:12], *job.dedup, job.trace)
+        reply = self._run("addFlow", *argv)
+        if len(reply) == 2 and int(reply[0]) < 0:
+            return 0.0, [], int(reply[0]), int(reply[1])
+        added = [
+            Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)
+            for i in range(1, len(reply), 3)
+        ]
+        return float(reply[0]) / 1000.0, added, 0, 0
+
     def emit(self, event: str, fields: Iterable[tuple[str, bytes]]) -> None:
         """emit.lua: publish a custom event with msgpack-encoded fields."""
         argv: list[Any] = [event]
@@ -244,7 +275,8 @@ class QueueScripts:
         """getCounts.lua: jobs per state, in one snapshot."""
         reply = self._run("getCounts")
         waiting, delayed, active, completed, failed = (int(v) for v in reply[:5])
-        return Counts(waiting, delayed, active, completed, failed, int(reply[5]) == 1)
+        return Counts(waiting, delayed, active, completed, failed, int(reply[5]) == 1,
+                      int(reply[6]))
 
     def pause(self, paused: bool) -> None:
         """pause.lua: pause or resume the queue."""
@@ -363,6 +395,7 @@ SCRIPT_METHODS: dict[str, tuple[type, str]] = {
     "stalledCheck": (WorkerScripts, "stalled_check"),
     "heartbeat": (QueueScripts, "heartbeat"),
     "add": (QueueScripts, "add"),
+    "addFlow": (QueueScripts, "add_flow"),
     "emit": (QueueScripts, "emit"),
     "getCounts": (QueueScripts, "get_counts"),
     "pause": (QueueScripts, "pause"),

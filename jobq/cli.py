@@ -214,6 +214,10 @@ def _print_info(snapshots: list[dict[str, Any]], out: TextIO) -> None:
         print("", *lines, sep="\n", file=out)
 
 
+#: The states of the table's columns (parents waiting for children are in
+#: ``jobq info --json`` and the plain lines).
+_TABLE_STATES = STATES[:5]
+
 _COLUMNS = (
     ("QUEUE", "<"), ("WAITING", ">"), ("DELAYED", ">"), ("ACTIVE", ">"), ("COMPLETED", ">"),
     ("FAILED", ">"), ("PAUSED", "<"), ("WORKERS", ">"), ("DONE/MIN", ">"), ("FAIL/MIN", ">"),
@@ -225,7 +229,7 @@ def _table(snapshots: list[dict[str, Any]]) -> str:
     for snap in snapshots:
         counts = snap["counts"]
         rows.append([
-            snap["queue"], *(str(counts[s]) for s in STATES),
+            snap["queue"], *(str(counts[s]) for s in _TABLE_STATES),
             "yes" if snap["paused"] else "no", str(len(snap["workers"])),
             f"{snap['completed_per_min']:.1f}", f"{snap['failed_per_min']:.1f}",
         ])

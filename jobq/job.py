@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
@@ -15,10 +16,10 @@ if TYPE_CHECKING:
     from ._context import QueueContext
     from .queue_events import QueueEvents
 
-__all__ = ["Job", "STATES"]
+__all__ = ["Dependencies", "Job", "STATES"]
 
 #: Every state a job can be in, as ``get_state`` reports it.
-STATES = ("waiting", "delayed", "active", "completed", "failed")
+STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
 
 #: At most this many stack traces are kept per job, newest last.
 MAX_STACKTRACES = 10
@@ -32,6 +33,25 @@ def _f(value: bytes | None) -> float | None:
     return None if value is None else float(value) / 1000.0
 
 
+def _queue_of_base(base: str) -> str:
+    """The queue name in a queue's base key ``<prefix>:{<queue>}:``."""
+    return base[base.rindex("{") + 1 : -2]
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """A parent's children (or dependencies), each named ``"<queue>:<id>"``."""
+
+    #: completed ones and their results
+    processed: dict[str, Any] = field(default_factory=dict)
+    #: those not finished yet (failed ones the parent still waits on included)
+    pending: list[str] = field(default_factory=list)
+    #: failed ones the parent still waits on (default policy), and their reasons
+    failed: dict[str, str] = field(default_factory=dict)
+    #: failed ones counted as done (``ignore_dependency_on_failure``), and their reasons
+    ignored: dict[str, str] = field(default_factory=dict)
+
+
 class Job:
     """A job of a queue, as last read from Redis.
 
@@ -39,7 +59,8 @@ class Job:
     ``timestamp``, ``delay``, ``priority``, ``attempts_made``,
     ``stalled_counter``, ``progress``, ``return_value``, ``failed_reason``,
     ``exc_type`` (the type name of the exception that failed the last attempt),
-    ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``.
+    ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``,
+    ``parent`` (``(queue, id)`` of its parent in a flow, or None).
     Times are epoch seconds (server clock); durations are seconds.
 
     Inside a processor, ``cancelled`` is set when the job was cancelled
@@ -74,6 +95,8 @@ class Job:
         self.processed_on: float | None = None
         self.finished_on: float | None = None
         self.processed_by: str | None = None
+        #: the parent in a flow, ``(queue name, job id)``, or None
+        self.parent: tuple[str, str] | None = None
         self.cancelled = threading.Event()
         self._token: str | None = None
         # the token of this run of the job (the id of its `added` event in
@@ -116,6 +139,10 @@ class Job:
         self.processed_on = _f(get(b"pon"))
         self.finished_on = _f(get(b"fon"))
         self.processed_by = _s(get(b"pb"))
+        pid, pqb = get(b"pid"), get(b"pqb")
+        self.parent = None
+        if pid is not None and pqb is not None:
+            self.parent = (_queue_of_base(pqb.decode()), pid.decode())
         self._run = _s(get(b"run")) or self._run
 
     def __repr__(self) -> str:
@@ -153,6 +180,51 @@ class Job:
         """The job's log lines from ``start`` to ``end`` (inclusive, like LRANGE)."""
         lines = self._context.redis.lrange(self._context.keys.logs(self.id), start, end)
         return [line.decode("utf-8", "replace") for line in lines]
+
+    # -- flows --------------------------------------------------------------
+
+    def get_children_values(self) -> dict[str, Any]:
+        """The results of the job's completed children (or dependencies), by
+        ``"<queue>:<id>"``; read in a parent's handler. A child's result is
+        copied to its parent when it completes, so it is there even when the
+        child was removed since."""
+        values = self._context.redis.hgetall(self._context.keys.parent_key("processed", self.id))
+        return {
+            k.decode(): serializer.decode(v, f"result of child {k.decode()!r}")
+            for k, v in values.items()
+        }
+
+    def get_child_value(self, default: Any = None) -> Any:
+        """The result of the job's one completed child (the previous step of
+        a chain), else ``default``; with several children, the first by name."""
+        values = self.get_children_values()
+        return values[min(values)] if values else default
+
+    def get_ignored_children_failures(self) -> dict[str, str]:
+        """The failed reasons of children whose failure was ignored
+        (``ignore_dependency_on_failure``), by ``"<queue>:<id>"``."""
+        failures = self._context.redis.hgetall(self._context.keys.parent_key("ignored", self.id))
+        return {k.decode(): v.decode("utf-8", "replace") for k, v in failures.items()}
+
+    def get_dependencies(self) -> Dependencies:
+        """The job's children: processed (with results), pending, failed
+        (those it still waits on), ignored (see ``Dependencies``)."""
+        keys = self._context.keys
+        pipe = self._context.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.parent_key("processed", self.id))
+        pipe.smembers(keys.parent_key("deps", self.id))
+        pipe.hgetall(keys.parent_key("dfailed", self.id))
+        pipe.hgetall(keys.parent_key("ignored", self.id))
+        processed, pending, failed, ignored = pipe.execute()
+        return Dependencies(
+            processed={
+                k.decode(): serializer.decode(v, f"result of child {k.decode()!r}")
+                for k, v in processed.items()
+            },
+            pending=sorted(m.decode() for m in pending),
+            failed={k.decode(): v.decode("utf-8", "replace") for k, v in failed.items()},
+            ignored={k.decode(): v.decode("utf-8", "replace") for k, v in ignored.items()},
+        )
 
     # -- changing ---------------------------------------------------------
 

@@ -21,6 +21,29 @@ def validate_name(value: object, what: str = "queue name") -> str:
     return value
 
 
+_PREFIX_RE = re.compile(
+    r"[^{}*?\[\]\s\x00-\x1f\x7f]*(?:\{[^{}*?\[\]\s\x00-\x1f\x7f]+\})?"
+    r"[^{}*?\[\]\s\x00-\x1f\x7f]*"
+)
+
+
+def validate_prefix(value: object) -> str:
+    """Return ``value`` if it is a valid key prefix, else raise ValueError.
+
+    A prefix is a queue name's characters, and may hold one hash tag
+    (``"{flows}"``, ``"app:{flows}"``): then every queue of that prefix
+    lives in the tag's cluster slot, as the queues of one flow must on a
+    cluster (see FlowProducer).
+    """
+    if not isinstance(value, str) or not 1 <= len(value) <= 100 or not _PREFIX_RE.fullmatch(value):
+        raise ValueError(
+            f"invalid prefix {value!r}: 1 to 100 characters, without '*', '?', '[', ']', "
+            "whitespace or control characters, and braces only around one hash tag "
+            "(e.g. '{flows}')"
+        )
+    return value
+
+
 def validate_job_id(value: object) -> str:
     """Return a custom job id if it is valid, else raise ValueError."""
     if not isinstance(value, str) or not _JOB_ID_RE.fullmatch(value):
@@ -60,6 +83,7 @@ QUEUE_KEYS: dict[str, str] = {
     "metrics:failed:data": "list: failed jobs per finished minute, newest first",
     "schedulers": "sorted set: scheduler ids (score: their next run, ms)",
     "cancels": "sharded channel: ids of running jobs whose cancel was requested",
+    "waiting-children": "sorted set: parents waiting for their children (score: when added, ms)",
 }
 
 #: Families of keys named by an id after their prefix.
@@ -71,6 +95,10 @@ ITEM_KEYS: dict[str, str] = {
     "worker:": "hash: a live worker's announcement (expires)",
     "scheduler:": "hash: a scheduler (schedule, template, next run, count)",
     "dedup:": "string: the id of the job that owns a dedup key (may expire)",
+    "deps:": "set: a parent's pending children, '<queue>:<id>' each",
+    "processed:": "hash: a parent's completed children ('<queue>:<id>') and their results",
+    "ignored:": "hash: a parent's children whose failure was ignored, and their reasons",
+    "dfailed:": "hash: a parent's failed children it still waits on, and their reasons",
 }
 
 #: Keys ``obliterate`` keeps, so that the queue's name stays usable as it
@@ -95,7 +123,7 @@ JOB_FIELDS: dict[str, str] = {
     "ka": "age of completed jobs to keep, ms (absent: any)",
     "kfc": "failed jobs to keep (absent: all)",
     "kfa": "age of failed jobs to keep, ms (absent: any)",
-    "state": "waiting, delayed, active, completed or failed",
+    "state": "waiting, delayed, active, completed, failed or waiting-children",
     "rdy": "when it became ready to run (ms)",
     "run": "the token of its current run (see getOutcome.lua)",
     "atm": "attempts made (ended)",
@@ -115,6 +143,11 @@ JOB_FIELDS: dict[str, str] = {
     "ddt": "'1' when that key is a throttle (it expires by itself)",
     "sch": "the scheduler that produced it",
     "slot": "its scheduler's slot (ms)",
+    "pid": "a child's parent's id",
+    "pqb": "a child's parent's queue base ('<prefix>:{<queue>}:')",
+    "fpol": "a child's failure policy: f fail the parent, i ignore, r remove (absent: wait)",
+    "kids": "'1' on a job added with children (it has the keys of a parent)",
+    "fchild": "the child whose failure failed this parent (a retry of it reopens the parent)",
     "tc": "the W3C trace context of its producer (traceparent, then a newline and the "
           "tracestate when there is one); written only while tracing is on",
 }
@@ -130,6 +163,7 @@ class QueueKeys:
     __slots__ = (
         "prefix", "queue", "base", "wait", "prioritized", "delayed", "active",
         "completed", "failed", "meta", "events", "marker", "workers", "schedulers",
+        "waiting_children",
     )
 
     def __init__(self, prefix: str, queue: str) -> None:
@@ -147,6 +181,11 @@ class QueueKeys:
         self.marker = self.base + "marker"
         self.workers = self.base + "workers"
         self.schedulers = self.base + "schedulers"
+        self.waiting_children = self.base + "waiting-children"
+
+    def state_set(self, state: str) -> str:
+        """The sorted set of a state's jobs (not waiting: a list and a set)."""
+        return self.waiting_children if state == "waiting-children" else str(getattr(self, state))
 
     def job(self, job_id: str) -> str:
         """The hash that holds one job's record."""
@@ -159,6 +198,10 @@ class QueueKeys:
     def lock(self, job_id: str) -> str:
         """The string holding the lock token of an active job."""
         return f"{self.base}lock:{job_id}"
+
+    def parent_key(self, kind: str, job_id: str) -> str:
+        """A parent's key about its children: kind deps, processed, ignored or dfailed."""
+        return f"{self.base}{kind}:{job_id}"
 
     def scheduler(self, scheduler_id: str) -> str:
         """The hash of one job scheduler (its schedule, template and state)."""

@@ -191,8 +191,19 @@ OPTION_NAMES = frozenset(
         "timeout",
         "remove_on_complete",
         "remove_on_fail",
+        "fail_parent_on_failure",
+        "ignore_dependency_on_failure",
+        "remove_dependency_on_failure",
     }
 )
+
+#: The failure policies of a child (BullMQ's option names), as the scripts
+#: store them (field fpol): what its terminal failure does to its parent.
+FAILURE_POLICIES = {
+    "fail_parent_on_failure": "f",
+    "ignore_dependency_on_failure": "i",
+    "remove_dependency_on_failure": "r",
+}
 
 
 @dataclass(frozen=True)
@@ -209,6 +220,9 @@ class JobOptions:
     remove_on_complete: KeepJobs = KeepJobs()
     remove_on_fail: KeepJobs = KeepJobs()
     dedup: Dedup | None = None
+    #: what the job's terminal failure does to its parent: '' the parent
+    #: waits on it, or a FAILURE_POLICIES value
+    on_failure: str = ""
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> JobOptions:
@@ -226,6 +240,15 @@ class JobOptions:
         lifo = options.get("lifo", False)
         if not isinstance(lifo, bool):
             raise ValueError(f"lifo must be a bool, not {lifo!r}")
+        policies = []
+        for option, code in FAILURE_POLICIES.items():
+            flag = options.get(option, False)
+            if not isinstance(flag, bool):
+                raise ValueError(f"{option} must be a bool, not {flag!r}")
+            if flag:
+                policies.append(code)
+        if len(policies) > 1:
+            raise ValueError(f"give at most one of {', '.join(FAILURE_POLICIES)}")
         return cls(
             job_id=None if job_id is None else validate_job_id(job_id),
             delay=_number("delay", options.get("delay", 0)),
@@ -239,6 +262,7 @@ class JobOptions:
             ),
             remove_on_fail=KeepJobs.parse("remove_on_fail", options.get("remove_on_fail", False)),
             dedup=Dedup.parse(options.get("dedup")),
+            on_failure=policies[0] if policies else "",
         )
 
     def to_plain(self) -> dict[str, Any]:
@@ -253,6 +277,11 @@ class JobOptions:
             "remove_on_complete": self.remove_on_complete.to_plain(),
             "remove_on_fail": self.remove_on_fail.to_plain(),
             **({} if self.dedup is None else {"dedup": self.dedup.to_dict()}),
+            **{
+                option: True
+                for option, code in FAILURE_POLICIES.items()
+                if code == self.on_failure
+            },
         }
 
 

@@ -24,7 +24,7 @@ from .errors import (
 )
 from .job import Job
 from .keys import queues_key
-from .options import NO_DEDUP, JobOptions, byte_limit
+from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -243,12 +243,29 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         owns it and emits ``deduplicated`` (a debounce returns the replaced
         delayed job).
 
+        ``depends_on`` (a list of job ids of this queue, ``(queue, id)``
+        pairs or Jobs) makes the job wait in state ``waiting-children``
+        until each has completed (see ``FlowProducer``): those completed
+        already count as done, failed ones follow their failure policy.
+        A failure policy option (``fail_parent_on_failure``,
+        ``ignore_dependency_on_failure``, ``remove_dependency_on_failure``)
+        is kept with the job for when it becomes a child.
+
         Raises:
             SerializationError: data is not msgpack-encodable.
             PayloadTooLarge: data encodes to more than ``max_payload_bytes``.
             RedisOOMError: the server is out of memory (nothing was added).
+            JobNotFoundError: a job of ``depends_on`` does not exist (nothing
+                was added).
+            CrossSlotFlowError: on a cluster, a dependency's queue is in
+                another slot (see ``FlowProducer``).
             TypeError: an unknown option.  ValueError: a bad option value.
         """
+        depends_on = options.pop("depends_on", None)
+        if depends_on is not None or any(options.get(p) for p in FAILURE_POLICIES):
+            from .flow import add_with_dependencies
+
+            return add_with_dependencies(self, name, data, options, depends_on or ())
         return self.add_bulk([{"name": name, "data": data, **options}])[0]
 
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:

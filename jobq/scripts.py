@@ -30,6 +30,7 @@ from .connection import Client, take_connection
 
 _SCRIPT_NAMES = (
     "add",
+    "addFlow",
     "cancel",
     "changeDelay",
     "changePriority",
@@ -119,9 +120,11 @@ def _library() -> tuple[str, str]:
     _common.lua once; a call runs only its own function. Each top-level
     value of _common.lua (the keys derived from KEYS[1], the per-call caches)
     is declared at the top of the library and assigned afresh by
-    ``_per_call()`` at the start of every call, in the order written.
+    ``_per_call()`` at the start of every call, in the order written (a
+    helper may call it too: ``in_queue`` runs a step with another queue's
+    keys, as flows do for a parent in another queue).
     """
-    declared = ["KEYS", "ARGV"]
+    declared = ["KEYS", "ARGV", "_per_call"]
     per_call: list[str] = []
     helpers: list[str] = []
     for unit in _units(_read("_common.lua")):
@@ -137,7 +140,7 @@ def _library() -> tuple[str, str]:
         else:
             per_call.append(assignment)
     body = "\n".join(
-        ["local " + ", ".join(declared), *helpers, "local function _per_call()",
+        ["local " + ", ".join(declared), *helpers, "_per_call = function()",
          *per_call, "end"]
     )
     tag = hashlib.sha1(

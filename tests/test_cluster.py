@@ -203,3 +203,41 @@ def test_cluster_url_form(cluster: LocalCluster) -> None:
         assert isinstance(queue.client, redis.RedisCluster)
         assert queue.add("n").get_state() == "waiting"
         queue.obliterate()
+
+
+def test_a_flow_across_shards_is_refused_and_a_hash_tag_prefix_serves_it(
+    cluster: LocalCluster,
+) -> None:
+    from jobq import CrossSlotFlowError, FlowProducer
+
+    names = names_on_distinct_shards(cluster, "flow", 3)
+    with FlowProducer(connection=cluster.url) as flow:
+        with pytest.raises(CrossSlotFlowError, match="hash tag"):
+            flow.add({"name": "p", "queue": names[0],
+                      "children": [{"name": "c", "queue": names[1]}]})
+        with Queue(names[2], connection=cluster.url) as q:
+            child = q.add("c", 1)
+            with pytest.raises(CrossSlotFlowError):
+                flow.queue(names[0]).add("p", depends_on=[(names[2], child.id)])
+            assert flow.queue(names[0]).get_job_counts("waiting-children") == {
+                "waiting-children": 0}
+    # one hash tag per flow: flows on different shards, each in one slot
+    tags = names_on_distinct_shards(cluster, "tag", 2)
+    for tag in tags:
+        prefix = "{" + tag + "}"
+        with FlowProducer(connection=cluster.url, prefix=prefix) as flow:
+            workers = [
+                Worker(n, lambda job: (job.data or 0) + sum(job.get_children_values().values()),
+                       connection=cluster.url, prefix=prefix, concurrency=4).start()
+                for n in names
+            ]
+            try:
+                node = flow.add({"name": "p", "queue": names[0], "data": 100, "children": [
+                    {"name": "c", "queue": names[1], "data": 1,
+                     "children": [{"name": "g", "queue": names[2], "data": 10}]},
+                    {"name": "c", "queue": names[2], "data": 2},
+                ]})
+                assert node.job.wait_until_finished(timeout=WAIT) == 113
+            finally:
+                for w in workers:
+                    w.close()

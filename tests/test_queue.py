@@ -20,7 +20,7 @@ from jobq import ClosedError, JobqError, Queue, SerializationError, Worker
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
 QUIET = 0.3  # seconds: how long something that should not happen is watched for
-STATES = ("waiting", "delayed", "active", "completed", "failed")
+STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
 
 
 # -- helpers ---------------------------------------------------------------
@@ -308,7 +308,8 @@ def test_get_job_counts(queue: Queue, redis_url: str) -> None:
     queue.add("d", delay=60)
     counts = queue.get_job_counts()
     assert list(counts) == list(STATES)
-    assert counts == {"waiting": 2, "delayed": 1, "active": 0, "completed": 0, "failed": 0}
+    assert counts == {"waiting": 2, "delayed": 1, "active": 0, "completed": 0, "failed": 0,
+                      "waiting-children": 0}
     assert queue.get_job_counts("delayed") == {"delayed": 1}
     assert queue.get_job_counts("failed", "waiting") == {"failed": 0, "waiting": 2}
     with pytest.raises(ValueError):
@@ -329,6 +330,7 @@ def test_get_job_counts_after_running(queue: Queue, redis_url: str) -> None:
     run_all(queue, redis_url, processor, [ok, bad])
     assert queue.get_job_counts() == {
         "waiting": 0, "delayed": 0, "active": 0, "completed": 1, "failed": 1,
+        "waiting-children": 0,
     }
     assert queue.count() == 0
 

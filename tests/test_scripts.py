@@ -17,7 +17,14 @@ import pytest
 import redis
 
 from jobq import Queue
-from jobq.calls import SCRIPT_METHODS, NewJob, QueueScripts, TakeArgs, WorkerScripts
+from jobq.calls import (
+    SCRIPT_METHODS,
+    FlowNode,
+    NewJob,
+    QueueScripts,
+    TakeArgs,
+    WorkerScripts,
+)
 from jobq.errors import ScriptCode
 from jobq.scripts import _SCRIPT_NAMES, _library, function_name
 
@@ -87,7 +94,9 @@ def recorded(queue: Queue) -> Iterator[Recorded]:
     yield calls, run
 
 
-def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], Any]]:
+def _exercise(
+    worker: WorkerScripts, q: QueueScripts, base: str = "jobq:{x}:"
+) -> dict[str, Callable[[], Any]]:
     """One valid call of every method, by script."""
     packed = msgpack.packb(1)
     new = NewJob("", "n", packed, msgpack.packb({}), 0, 0, False, 1, -1, 0, -1, 0,
@@ -99,6 +108,7 @@ def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], 
         "extendLocks": lambda: worker.extend_locks(1000, [("nope", "tok")]),
         "stalledCheck": lambda: worker.stalled_check(1, 0, 10),
         "add": lambda: q.add([new]),
+        "addFlow": lambda: q.add_flow([FlowNode(base, 0, "", new)]),
         "emit": lambda: q.emit("custom", [("a", packed)]),
         "getCounts": q.get_counts,
         "pause": lambda: q.pause(False),
@@ -126,10 +136,10 @@ def _exercise(worker: WorkerScripts, q: QueueScripts) -> dict[str, Callable[[], 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_method_sends_what_its_header_lists(
-    script: str, recorded: Recorded
+    script: str, recorded: Recorded, queue: Queue
 ) -> None:
     calls, run = recorded
-    _exercise(WorkerScripts(run), QueueScripts(run))[script]()
+    _exercise(WorkerScripts(run), QueueScripts(run), queue._context.keys.base)[script]()
     assert [name for name, _ in calls] == [script], "the method ran another script"
     sent = len(calls[0][1])
     documented, variadic = _argv_documented(script)

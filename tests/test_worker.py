@@ -1289,7 +1289,8 @@ def test_ids_of_deleted_records_are_skipped_promptly(
         assert [job.wait_until_finished(timeout=2) for job in kept] == list(range(250, 260))
     # no half-made record of a deleted job was taken and failed
     assert queue.get_job_counts() == {
-        "waiting": 0, "delayed": 0, "active": 0, "completed": 10, "failed": 0
+        "waiting": 0, "delayed": 0, "active": 0, "completed": 10, "failed": 0,
+        "waiting-children": 0,
     }
 
 

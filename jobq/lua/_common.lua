@@ -134,6 +134,13 @@ local function push_ready(id, priority, front)
   mark_ready()
 end
 
+-- Tell the parent of job `id` (of this queue) that the job ended (see
+-- "Flows" below; defined there).
+local notify_parent
+
+-- The keys a parent keeps about its children (see "Flows" below).
+local PARENT_KEYS = { 'deps:', 'processed:', 'ignored:', 'dfailed:' }
+
 -- Release the dedup key a job holds (fields ddk, its key, and ddt, set for
 -- a throttle key with a ttl): the key stores its owner's id, so a key taken
 -- over by a newer job is left alone. `always`: a throttle key too (the job
@@ -145,16 +152,27 @@ local function release_dedup(id, ddk, ddt, always)
   end
 end
 
--- Delete a job's record, logs and lock. `removed`: the job is removed (by
--- remove, drain, clean, obliterate or its scheduler), so the dedup key it
--- owns goes too, whatever its mode; a job dropped by a retention rule has
--- released its simple key when it finished, and a throttle key keeps
--- throttling until its ttl.
-local function delete_job(id, removed)
-  local f = redis.call('HMGET', job_key(id), 'run', 'ddk', 'ddt')
+-- Delete a job's record, logs and lock.
+-- `removed`: the job is removed (by remove, drain, clean, obliterate or its
+-- scheduler), so the dedup key it owns goes too, whatever its mode; a job
+-- dropped by a retention rule released its simple key when it finished,
+-- and a throttle key keeps throttling until its ttl.
+-- A child is dropped from its parent's pending children (the parent moves
+-- on if it was the last) unless `resolved` (its end was told already, or it
+-- completed); a parent's children are detached: they run on, and their
+-- outcome goes nowhere.
+local function delete_job(id, removed, resolved)
+  local f = redis.call('HMGET', job_key(id), 'run', 'pid', 'pqb', 'kids', 'state', 'ddk', 'ddt')
   if f[1] then _runs[id] = f[1] end
-  if removed then release_dedup(id, f[2], f[3], true) end
+  if removed then release_dedup(id, f[6], f[7], true) end
   redis.call('DEL', job_key(id), base .. 'logs:' .. id, lock_key(id))
+  if f[4] then
+    for _, k in ipairs(PARENT_KEYS) do redis.call('DEL', base .. k .. id) end
+    if f[5] == 'waiting-children' then redis.call('ZREM', base .. 'waiting-children', id) end
+  end
+  if f[2] and not resolved and f[5] ~= 'completed' then
+    notify_parent(id, f[2], f[3], 'removed', '', '', now_ms())
+  end
 end
 
 -- Add a finished job to its set and apply a retention rule:
@@ -238,7 +256,8 @@ end
 -- the exception's type name, written as `exc_type` when given.
 local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type)
   local jk = job_key(id)
-  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run', 'ddk', 'ddt')
+  local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run', 'ddk', 'ddt',
+    'pid', 'pqb', 'fpol')
   if f[6] then _runs[id] = f[6] end
   release_dedup(id, f[7], f[8], cancelled)
   local fields = { 'prev', prev or 'active', 'failed_reason', reason }
@@ -248,13 +267,124 @@ local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type
   record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
-    delete_job(id)
+    delete_job(id, false, true)
   else
     redis.call('HSET', jk, 'state', 'failed', 'fon', fmt(now), 'fr', reason)
     if not exc_type or exc_type == '' then redis.call('HDEL', jk, 'et') end
     retain(K_FAILED, id, now, keep, tonumber(f[5]) or 0)
   end
   emit('failed', id, fields)
+  if f[9] then  -- a child: its failure policy first, then its removal
+    notify_parent(id, f[9], f[10], 'failed', reason, f[11] or '', now)
+    if keep == 0 then notify_parent(id, f[9], f[10], 'removed', '', '', now) end
+  end
+end
+
+-- Flows. A child names its parent in its record: pid (the parent's id) and
+-- pqb (the base of the parent's queue, which may be another queue of the
+-- same prefix); fpol is its failure policy ('f' fail the parent, 'i'
+-- ignore the failure, 'r' remove the dependency; absent: the parent keeps
+-- waiting on it). A parent (field kids) waits in state waiting-children,
+-- listed in its queue's waiting-children set; deps:<id> holds its pending
+-- children as '<queue>:<id>', processed:<id> the result of each completed
+-- one, ignored:<id> the reason of each failure ignored, dfailed:<id> the
+-- reason of each failed child it still waits on (default policy). Every
+-- change to these happens in the script that changes the child.
+
+-- The queue name in a queue's base ("<prefix>:{<queue>}:").
+local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
+
+-- Run fn(...) with the keys of the queue whose base is `target` (a parent's
+-- or a child's queue), then return to the caller's queue: its keys and its
+-- per-call state (run tokens of deleted jobs, the ready mark, settings).
+-- On a cluster the queues of one flow share a slot (FlowProducer checks).
+local function in_queue(target, fn, ...)
+  if target == base then return fn(...) end
+  local keys, runs, marked, settings = KEYS, _runs, _marked, _meta
+  KEYS = { target, target .. 'slot-guard' }
+  _per_call()
+  local r = fn(...)
+  KEYS = keys
+  _per_call()
+  _runs, _marked, _meta = runs, marked, settings
+  return r
+end
+
+-- A parent of this queue whose last child ended moves on, once: to
+-- waiting, or delayed by its own delay counted from now. Emits waiting (or
+-- delayed) with prev waiting-children.
+local function release_parent(pid, now)
+  local jk = job_key(pid)
+  local f = redis.call('HMGET', jk, 'state', 'delay', 'priority', 'lifo')
+  if f[1] ~= 'waiting-children' then return end
+  redis.call('ZREM', base .. 'waiting-children', pid)
+  local delay = tonumber(f[2]) or 0
+  if delay > 0 then
+    local run_at = now + delay
+    redis.call('ZADD', K_DELAYED, fmt(run_at), pid)
+    redis.call('HSET', jk, 'state', 'delayed', 'rdy', fmt(run_at))
+    redis.call('ZADD', K_MARKER, 'LT', fmt(run_at), '1')
+    emit('delayed', pid, { 'delay', delay, 'run_at', run_at, 'prev', 'waiting-children' })
+  else
+    push_ready(pid, tonumber(f[3]) or 0, f[4] == '1')
+    redis.call('HSET', jk, 'state', 'waiting', 'rdy', fmt(now))
+    emit('waiting', pid, { 'prev', 'waiting-children' })
+  end
+end
+
+-- Child `m` ('<queue>:<id>') of parent `pid` of this queue ended: `kind`
+-- completed (value: its result), failed (value: its reason; policy: its
+-- fpol), removed, or retried (it runs again: the parent waits on it again,
+-- and a parent that failed by it waits again too).
+local function child_ended(pid, m, kind, value, policy, now)
+  local dk = base .. 'deps:' .. pid
+  if kind == 'retried' then
+    local jk = job_key(pid)
+    local f = redis.call('HMGET', jk, 'state', 'fchild', 'run', 'ts')
+    if f[1] == 'failed' and f[2] == m then  -- it failed by this child: it waits again
+      local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
+      if not first then first, gen = f[3] or '', 0 end
+      redis.call('ZREM', K_FAILED, pid)
+      redis.call('HDEL', jk, 'fchild', 'fr', 'fon', 'ftok', 'et')
+      redis.call('HSET', jk, 'state', 'waiting-children', 'run', first .. '#' .. (tonumber(gen) + 1))
+      redis.call('ZADD', base .. 'waiting-children', f[4] or fmt(now), pid)
+      emit('waiting-children', pid, { 'prev', 'failed' })
+    elseif f[1] ~= 'waiting-children' then
+      return  -- it moved on already
+    end
+    redis.call('SADD', dk, m)
+    redis.call('HDEL', base .. 'dfailed:' .. pid, m)
+    redis.call('HDEL', base .. 'ignored:' .. pid, m)
+    return
+  end
+  if kind == 'failed' and policy == '' then  -- the parent waits on it
+    if redis.call('SISMEMBER', dk, m) == 1 then
+      redis.call('HSET', base .. 'dfailed:' .. pid, m, value)
+    end
+    return
+  end
+  if redis.call('SREM', dk, m) == 0 then return end  -- not pending: told before
+  redis.call('HDEL', base .. 'dfailed:' .. pid, m)
+  if kind == 'completed' then
+    redis.call('HSET', base .. 'processed:' .. pid, m, value)
+  elseif kind == 'failed' and policy == 'f' then
+    local jk = job_key(pid)
+    local f = redis.call('HMGET', jk, 'state', 'atm')
+    if f[1] == 'waiting-children' then
+      redis.call('ZREM', base .. 'waiting-children', pid)
+      redis.call('HSET', jk, 'fchild', m)
+      fail_for_good(pid, 'child ' .. m .. ' failed: ' .. value, tonumber(f[2]) or 0, now,
+        'waiting-children')
+    end
+    return
+  elseif kind == 'failed' and policy == 'i' then
+    redis.call('HSET', base .. 'ignored:' .. pid, m, value)
+  end
+  if redis.call('SCARD', dk) == 0 then release_parent(pid, now) end
+end
+
+function notify_parent(id, pid, pqb, kind, value, policy, now)
+  in_queue(pqb, child_ended, pid, queue_of(base) .. ':' .. id, kind, value, policy, now)
 end
 
 -- End the attempt of an active job whose cancel was requested (its `cx`

@@ -35,6 +35,8 @@ if state == 'waiting' then
   if redis.call('ZREM', K_PRIO, id) == 0 then redis.call('LREM', K_WAIT, '1', id) end
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
+elseif state == 'waiting-children' then
+  redis.call('ZREM', base .. 'waiting-children', id)
 end
 local now = now_ms()
 redis.call('HSET', jk, 'cx', reason, 'fr', reason)

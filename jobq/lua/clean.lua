@@ -16,11 +16,13 @@
   the list to the slice.
 
   KEYS[1]  queue base prefix
-  ARGV[1]  state: completed | failed | delayed | waiting
+  ARGV[1]  state: completed | failed | delayed | waiting | waiting-children
   ARGV[2]  grace, ms
   ARGV[3]  batch: jobs looked at (and at most removed) per call, >= 1
   ARGV[4]  cursor: '' on the first call, then the one the previous call
            returned (how far the scan got)
+  Flows    a child removed is dropped from its parent, which moves on if
+           it was the last; a parent removed detaches its children
   Returns  {ids removed, next cursor ('' when done)}
   Events   removed (prev: the state) per job removed; then cleaned (count,
            state) when any was
@@ -30,7 +32,8 @@ local state = ARGV[1]
 local grace = tonumber(ARGV[2])
 local batch = tonumber(ARGV[3])
 local cursor = ARGV[4] or ''
-if state ~= 'completed' and state ~= 'failed' and state ~= 'delayed' and state ~= 'waiting' then
+if state ~= 'completed' and state ~= 'failed' and state ~= 'delayed' and state ~= 'waiting'
+    and state ~= 'waiting-children' then
   return redis.error_reply('ERR clean: unknown state ' .. tostring(state))
 end
 if not grace or grace < 0 or not batch or batch < 1 then
@@ -68,8 +71,10 @@ if state == 'completed' or state == 'failed' then
   out = redis.call('ZRANGEBYSCORE', set, '-inf', cutoff, 'LIMIT', '0', batch)
   if #out > 0 then redis.call('ZREM', set, unpack(out)) end
   if #out == batch then nxt = 'z' end
-elseif state == 'delayed' then
-  local offset = scan_zset(K_DELAYED, tonumber(string.match(cursor, '^z(%d+)$')) or 0)
+elseif state == 'delayed' or state == 'waiting-children' then
+  local set = K_DELAYED
+  if state ~= 'delayed' then set = base .. 'waiting-children' end
+  local offset = scan_zset(set, tonumber(string.match(cursor, '^z(%d+)$')) or 0)
   if offset then nxt = 'z' .. offset end
 elseif string.sub(cursor, 1, 1) == 'p' then
   local offset = scan_zset(K_PRIO, tonumber(string.match(cursor, '^p(%d+)$')) or 0)

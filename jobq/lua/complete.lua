@@ -26,6 +26,9 @@
            replay) any result of a job removed on completion
   Metrics  counts the job in metrics:completed (see record_metric)
   Dedup    releases the job's simple-mode dedup key (see release_dedup)
+  Flows    a child's result is copied to its parent (processed:<parent>),
+           and a parent whose last child this was moves on in this call
+           (waiting or delayed, prev waiting-children, in its own queue)
 ]]
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
@@ -35,7 +38,7 @@ if refused then return refused end
 local now = now_ms()
 -- one read of the record: the cancel mark first, then what finishing needs
 local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run', 'ddk', 'ddt',
-  'cx')
+  'cx', 'pid', 'pqb')
 if f[10] then  -- cancel requested while it ran: it ends failed, result discarded
   end_cancelled(id, token, f[10], now)
   local reply = and_take_next(3, 4, now)
@@ -53,7 +56,7 @@ record_metric('completed', now, f[2], f[3])
 local keep = tonumber(f[5]) or -1
 local removable = keep ~= -1 or (tonumber(f[6]) or 0) > 0
 if keep == 0 then
-  delete_job(id)
+  delete_job(id, false, true)
 else
   redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', fmt(now), 'atm', atm,
     'ftok', token)
@@ -72,6 +75,8 @@ else
   append(fields, { 'result', result })
 end
 emit('completed', id, fields)
+-- a child: its result goes to its parent, which moves on if it was the last
+if f[11] then notify_parent(id, f[11], f[12], 'completed', result, '', now) end
 local reply = and_take_next(1, 4, now)
 emit_if_drained()
 return reply

@@ -23,6 +23,8 @@
            of the take when asked; then drained when no job is left waiting
            or active
   Metrics  a terminal failure counts in metrics:failed (see record_metric)
+  Flows    a child's terminal failure applies its failure policy to its
+           parent in this call (see fail_for_good)
 ]]
 local id, token, reason, exc_type = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local jk = job_key(id)

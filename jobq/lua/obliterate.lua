@@ -18,6 +18,9 @@
            the base: keys.OBLITERATED, derived from the schema in keys.py)
   Returns  jobs deleted in this call (less than the batch size: the queue is
            gone); -4 when active jobs exist and force is not set
+  Flows    each child deleted is dropped from its parent (in any queue),
+           which moves on if it was the last; parents' children elsewhere
+           are detached (see delete_job)
   Events   obliterated (no job id), once, by the last call, after every
            job and key is gone: readers re-check whoever waits on a job
   Dedup    releases each deleted job's dedup key, whatever its mode
@@ -29,7 +32,8 @@ for _, id in ipairs(redis.call('LPOP', K_WAIT, batch) or {}) do
   delete_job(id, true)
   n = n + 1
 end
-for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED }) do
+for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED,
+    base .. 'waiting-children' }) do
   if n >= batch then break end
   local ids = redis.call('ZRANGE', key, '0', batch - n - 1)
   for _, id in ipairs(ids) do

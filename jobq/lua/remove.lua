@@ -9,6 +9,9 @@
   Returns  1 removed; 0 no such job; -2 active with its lock held
   Events   removed (prev: the state it was in)
   Dedup    releases the job's dedup key, whatever its mode
+  Flows    a child is dropped from its parent's pending children (the
+           parent moves on if it was the last); a parent's children are
+           detached (they run on; see delete_job)
   Cost     O(1), but for a waiting job one LREM that stops at the id (a scan
            of the wait list from its newest end, in C)
 ]]
@@ -26,6 +29,8 @@ elseif state == 'completed' then
   redis.call('ZREM', K_COMPLETED, id)
 elseif state == 'failed' then
   redis.call('ZREM', K_FAILED, id)
+elseif state == 'waiting-children' then
+  redis.call('ZREM', base .. 'waiting-children', id)
 end
 delete_job(id, true)
 emit('removed', id, { 'prev', state })

@@ -14,7 +14,9 @@
   Returns  {number of jobs moved, the last one's new run token}; -1 when a
            given id does not exist, -3 when it is not in that state (nothing
            is moved then)
-  Events   waiting (prev: the state) per job
+  Events   waiting (prev: the state) per job; waiting-children (prev
+           failed) for a parent that failed by a retried child and waits
+           on it again
 
   A retry begins the next generation of the job's run: its token becomes
   the run's first token, '#' and the number of retries (see getOutcome.lua),
@@ -39,7 +41,7 @@ end
 for _, id in ipairs(ids) do
   local jk = job_key(id)
   redis.call('ZREM', set, id)
-  local f = redis.call('HMGET', jk, 'priority', 'lifo', 'run')
+  local f = redis.call('HMGET', jk, 'priority', 'lifo', 'run', 'pid', 'pqb')
   local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
   if not first then first, gen = f[3] or '', 0 end
   run = first .. '#' .. (tonumber(gen) + 1)
@@ -48,5 +50,7 @@ for _, id in ipairs(ids) do
   redis.call('HSET', jk, 'state', 'waiting', 'rdy', now, 'run', run)
   push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
   emit('waiting', id, { 'prev', state })
+  -- a child: its parent waits on it again (and one failed by it, too)
+  if f[4] then notify_parent(id, f[4], f[5], 'retried', '', '', now) end
 end
 return { #ids, run }

@@ -1,0 +1,308 @@
+"""Flows: jobs that wait for other jobs (BullMQ's FlowProducer), and the
+``depends_on`` of ``Queue.add``.
+
+A tree of jobs, in any queues of one prefix, is written by one script call
+(addFlow.lua): parents first, so no child runs before its parent exists. A
+parent waits in state ``waiting-children`` until its last child completes;
+the child's completion moves it on in the same script call. See the README
+section "Flows" and SPEC.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from . import connection as _connection
+from .calls import FlowNode, NewJob
+from .errors import JobNotFoundError, JobqError
+from .job import Job
+from .keys import QueueKeys, validate_name, validate_prefix
+from .options import FAILURE_POLICIES, NO_DEDUP
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .queue import Queue
+
+__all__ = ["CrossSlotFlowError", "FlowProducer", "JobNode"]
+
+#: What addFlow.lua answers for a node naming no job, and for a job that
+#: has another parent.
+_UNKNOWN, _HAS_PARENT = -1, -6
+#: addFlow.lua's "not written: under a node that existed".
+_SKIPPED = 4
+#: A tree node's keys that are not job options.
+_NODE_KEYS = ("name", "queue", "data", "children")
+
+
+class CrossSlotFlowError(JobqError, ValueError):
+    """A flow's queues live in different cluster slots (see FlowProducer)."""
+
+
+class JobNode(NamedTuple):
+    """A job of a flow and the nodes of its children."""
+
+    job: Job
+    children: list[JobNode]
+
+
+class _Pending(NamedTuple):
+    """A node on its way to the script: its queue, the job's arguments, its
+    plain options and data, its parent's index (1-based; 0 none)."""
+
+    queue: Queue
+    new: NewJob
+    opts: dict[str, Any]
+    data: Any
+    parent: int
+    policy: str
+
+
+def _reference(job_id: str) -> NewJob:
+    """An addFlow node naming an existing job (its name '')."""
+    return NewJob(job_id, "", b"", b"", 0, 0, False, 1, -1, 0, -1, 0, NO_DEDUP)
+
+
+def _check_slots(client: Any, bases: Iterable[str]) -> None:
+    """On a cluster, the queues of one flow must share a slot: a parent moves
+    in the same script call as its last child's transition."""
+    if not isinstance(client, RedisCluster):
+        return
+    slots = {key_slot(b.encode()): b for b in bases}
+    if len(slots) > 1:
+        names = sorted(b[b.rindex("{") + 1 : -2] for b in slots.values())
+        raise CrossSlotFlowError(
+            f"the queues of this flow ({', '.join(names)}) are in different cluster slots; "
+            "a parent and its children must share one: give their queues one hash tag "
+            "with a prefix such as prefix='{flows}' (for every Queue, Worker and "
+            "FlowProducer of them), or put the flow in one queue"
+        )
+
+
+def _write(
+    root: Queue, client: Any, nodes: Sequence[_Pending], refs: Sequence[tuple[str, str]] = ()
+) -> list[Job | None]:
+    """Run addFlow.lua for ``nodes`` and then the existing jobs ``refs``
+    ((queue, id) each, children of the first node); the Job of each node
+    (None for one under a node that existed)."""
+    prefix = root.prefix
+    flow = [
+        FlowNode(n.queue._context.keys.base, n.parent, n.policy, n.new) for n in nodes
+    ] + [FlowNode(QueueKeys(prefix, q).base, 1, "", _reference(i)) for q, i in refs]
+    _check_slots(client, (node.base for node in flow))
+    timestamp, added, code, index = root._context.calls.add_flow(flow)
+    if code < 0:
+        where, job_id = (
+            (refs[index - len(nodes) - 1]) if index > len(nodes)
+            else (nodes[index - 1].queue.name, nodes[index - 1].new.job_id)
+        )
+        if code == _UNKNOWN:
+            raise JobNotFoundError(job_id, f"no job {where}:{job_id} to depend on")
+        raise JobqError(
+            f"job {where}:{job_id} has another parent already: a job has one parent"
+        )
+    jobs: list[Job | None] = []
+    recorded: set[str] = set()
+    for node, (job_id, duplicated, run) in zip(nodes, added, strict=False):
+        if duplicated == _SKIPPED:
+            jobs.append(None)
+            continue
+        queue = node.queue
+        if queue.name not in recorded:
+            queue._record()
+            recorded.add(queue.name)
+        if duplicated:
+            jobs.append(queue.get_job(job_id))
+            continue
+        job = Job(queue._context, job_id, node.new.name, node.data, node.opts, timestamp)
+        job._run, job._fresh = run, True
+        if node.parent:
+            parent = nodes[node.parent - 1]
+            parent_job = jobs[node.parent - 1]
+            if parent_job is not None:
+                job.parent = (parent.queue.name, parent_job.id)
+        jobs.append(job)
+    return jobs
+
+
+def _policy(options: Mapping[str, Any]) -> str:
+    return next((code for name, code in FAILURE_POLICIES.items() if options.get(name)), "")
+
+
+def add_with_dependencies(
+    queue: Queue, name: str, data: Any, options: dict[str, Any], depends_on: Iterable[Any]
+) -> Job:
+    """``Queue.add(..., depends_on=...)``: one job that waits for existing
+    jobs (a bare id: of the same queue; ``(queue, id)``; a Job)."""
+    refs: list[tuple[str, str]] = []
+    for dep in depends_on:
+        if isinstance(dep, Job):
+            refs.append((dep.queue_name, dep.id))
+        elif isinstance(dep, str):
+            refs.append((queue.name, dep))
+        elif isinstance(dep, tuple) and len(dep) == 2 and all(isinstance(p, str) for p in dep):
+            refs.append((validate_name(dep[0]), dep[1]))
+        else:
+            raise TypeError(
+                f"depends_on takes job ids, (queue, id) pairs or Jobs, not {dep!r}"
+            )
+    if options.get("dedup") is not None:
+        raise ValueError("dedup cannot be combined with depends_on")
+    new, plain = queue._prepare(name, data, options)
+    job = _write(queue, queue.client, [_Pending(queue, new, plain, data, 0, _policy(options))],
+                 refs)[0]
+    assert job is not None
+    return job
+
+
+class FlowProducer:
+    """Adds flows: trees of jobs in which a parent runs once its children
+    have completed (BullMQ's FlowProducer).
+
+    Args:
+        connection: as for Queue.
+        prefix: the key prefix of the flow's queues. On a cluster, the
+            queues of one flow must share a slot: use a prefix with a hash
+            tag (``"{flows}"``) for every Queue, Worker and FlowProducer of
+            them; ``add`` raises ``CrossSlotFlowError`` otherwise.
+
+    The Jobs returned wait (``wait_until_finished``) through readers this
+    producer owns: ``close()`` (or the ``with`` block's end) closes them.
+    """
+
+    def __init__(self, connection: object = None, prefix: str = "jobq") -> None:
+        self.prefix = validate_prefix(prefix)
+        self._connection = connection
+        self.client, self._owned = _connection.resolve(connection)
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def queue(self, name: str) -> Queue:
+        """The Queue this producer uses for queue ``name`` (made on first use)."""
+        from .queue import Queue
+
+        with self._lock:
+            if self._closed:
+                raise JobqError("FlowProducer is closed")
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = Queue(name, connection=self.client, prefix=self.prefix)
+                self._queues[name] = queue
+            return queue
+
+    def add(self, tree: Mapping[str, Any]) -> JobNode:
+        """Add a tree of jobs atomically; return its root's JobNode.
+
+        A node is ``{"name", "queue", "data", "children": [...], **options}``
+        with the options of ``Queue.add`` plus a child's failure policy
+        (``fail_parent_on_failure``, ``ignore_dependency_on_failure``,
+        ``remove_dependency_on_failure``; none: the parent waits on a failed
+        child until it is retried or removed). A node whose ``job_id`` names
+        an existing job adopts it (it keeps its own children, if any).
+
+        Raises:
+            CrossSlotFlowError: on a cluster, the queues are in different slots.
+            JobqError: an existing job named as a child has another parent.
+            SerializationError, PayloadTooLarge, TypeError, ValueError: as
+                ``Queue.add``; nothing is written.
+        """
+        nodes: list[_Pending] = []
+        shape: list[list[int]] = []  # the indices of each node's children
+
+        def visit(spec: Any, parent: int) -> int:
+            if not isinstance(spec, Mapping):
+                raise TypeError(f"a flow node must be a dict, not {type(spec).__name__}")
+            for key in ("name", "queue"):
+                if key not in spec:
+                    raise ValueError(f"each flow node needs a {key!r}")
+            options = {k: v for k, v in spec.items() if k not in _NODE_KEYS}
+            if options.get("dedup") is not None:
+                raise ValueError("dedup cannot be used in a flow")
+            queue = self.queue(validate_name(spec["queue"]))
+            new, plain = queue._prepare(spec["name"], spec.get("data"), options)
+            nodes.append(_Pending(queue, new, plain, spec.get("data"), parent, _policy(options)))
+            shape.append([])
+            index = len(nodes)
+            children = spec.get("children") or []
+            if not isinstance(children, Sequence) or isinstance(children, (str, bytes)):
+                raise TypeError("a node's children must be a list of nodes")
+            for child in children:
+                shape[index - 1].append(visit(child, index))
+            return index
+
+        visit(tree, 0)
+        jobs = _write(nodes[0].queue, self.client, nodes)
+
+        def build(index: int) -> JobNode:
+            job = jobs[index - 1]
+            assert job is not None
+            kids = [build(k) for k in shape[index - 1] if jobs[k - 1] is not None]
+            return JobNode(job, kids)
+
+        return build(1)
+
+    def chain(self, steps: Sequence[Mapping[str, Any]]) -> JobNode:
+        """Add ``a -> b -> c``: each step runs after the one before it has
+        completed, and reads its result with ``job.get_child_value()``.
+
+        ``steps`` are flow nodes without children. Returns the last step's
+        JobNode (waiting on it waits for the whole chain); a step that fails
+        for good fails the steps after it (``fail_parent_on_failure``).
+        """
+        if not steps:
+            raise ValueError("a chain needs at least one step")
+        tree: dict[str, Any] | None = None
+        for step in steps:
+            if "children" in step:
+                raise ValueError("a chain's steps take no children")
+            node = dict(step)
+            if tree is not None:
+                node["children"] = [{"fail_parent_on_failure": True, **tree}]
+            tree = node
+        assert tree is not None
+        return self.add(tree)
+
+    def chord(
+        self, header: Sequence[Mapping[str, Any]], callback: Mapping[str, Any]
+    ) -> JobNode:
+        """Add a fan-out and its fan-in: the jobs of ``header`` run, then
+        ``callback`` runs once with all their results
+        (``job.get_children_values()``).
+
+        Children of ``header`` keep their own failure policies (default: the
+        callback waits on a failed one until it is retried or removed).
+        """
+        return self.add({**callback, "children": list(header)})
+
+    def close(self) -> None:
+        """Close the queues this producer made (their event readers) and
+        the client it created."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            queues, self._queues = list(self._queues.values()), {}
+        for queue in queues:
+            queue.close()
+        if self._owned:
+            _connection.close_client(self.client)
+
+    def __enter__(self) -> FlowProducer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<FlowProducer prefix={self.prefix!r} {'closed' if self._closed else 'open'}>"

@@ -1,0 +1,396 @@
+"""Flows: trees of jobs (FlowProducer), depends_on, waiting-children, the
+failure policies, children values, the cleanup paths and waits, against a
+real server. Queues of one flow share a hash-tagged prefix, so the same tests
+run on the one-node cluster pass."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobq import (
+    CrossSlotFlowError,
+    FlowProducer,
+    Job,
+    JobFailedError,
+    JobNotFoundError,
+    JobqError,
+    Queue,
+    QueueEvents,
+    Worker,
+)
+from tests.polling import until
+
+WAIT = 20.0
+
+
+def work(job: Job) -> Any:
+    """Data-driven processor: {"v": n, "fail": reason, "fail_once": reason}.
+    Returns n plus the sum of its children's values."""
+    d = job.data if isinstance(job.data, dict) else {}
+    if d.get("fail"):
+        raise ValueError(d["fail"])
+    if d.get("fail_once") and job.attempts_made == 0:
+        raise ValueError(d["fail_once"])
+    values = job.get_children_values()
+    return d.get("v", 0) + sum(v for v in values.values() if isinstance(v, int))
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A prefix of this test alone with a hash tag: the flow's queues share a slot."""
+    return f"t{{{uuid.uuid4().hex[:10]}}}"
+
+
+@pytest.fixture
+def flow(redis_url: str, prefix: str) -> Iterator[FlowProducer]:
+    with FlowProducer(connection=redis_url, prefix=prefix) as producer:
+        yield producer
+
+
+class Workers:
+    """Workers on several queues of one prefix, closed at the end."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self.url, self.prefix = redis_url, prefix
+        self.workers: list[Worker] = []
+
+    def start(self, *queues: str, processor: Any = work, concurrency: int = 1) -> None:
+        for name in queues:
+            worker = Worker(name, processor, connection=self.url, prefix=self.prefix,
+                            concurrency=concurrency, lock_duration=5, stalled_interval=1)
+            self.workers.append(worker.start())
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close(timeout=10)
+
+
+@pytest.fixture
+def workers(redis_url: str, prefix: str) -> Iterator[Workers]:
+    w = Workers(redis_url, prefix)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def state_is(job: Job, state: str) -> bool:
+    return job.get_state() == state
+
+
+def test_a_parent_runs_after_its_children_with_their_values(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    node = flow.add({
+        "name": "report", "queue": "reports", "data": {"v": 1000},
+        "children": [
+            {"name": "page", "queue": "render", "data": {"v": 1}},
+            {"name": "page", "queue": "render", "data": {"v": 2}},
+            {"name": "page", "queue": "reports", "data": {"v": 3}},
+        ],
+    })
+    parent = node.job
+    assert parent.get_state() == "waiting-children"
+    reports = flow.queue("reports")
+    assert reports.get_job_counts("waiting-children") == {"waiting-children": 1}
+    assert [j.id for j in reports.get_jobs("waiting-children")] == [parent.id]
+    assert all(c.job.parent == ("reports", parent.id) for c in node.children)
+    assert flow.queue("render").get_job(node.children[0].job.id).parent == ("reports", parent.id)
+    deps = parent.get_dependencies()
+    assert len(deps.pending) == 3 and not deps.processed
+    workers.start("render", "reports")
+    assert parent.wait_until_finished(timeout=WAIT) == 1006
+    values = parent.get_children_values()
+    assert sorted(values.values()) == [1, 2, 3]
+    assert set(values) == {f"{c.job.queue_name}:{c.job.id}" for c in node.children}
+    assert reports.get_job_counts("waiting-children") == {"waiting-children": 0}
+
+
+def test_the_parent_moves_on_once_when_children_finish_together(
+    flow: FlowProducer, workers: Workers, redis_url: str, prefix: str
+) -> None:
+    runs: list[str] = []
+    lock = threading.Lock()
+
+    def counting(job: Job) -> Any:
+        if job.name == "parent":
+            with lock:
+                runs.append(job.id)
+        return work(job)
+
+    children = [{"name": "c", "queue": "kids", "data": {"v": 1}} for _ in range(200)]
+    moved: list[Any] = []
+    with QueueEvents("top", connection=redis_url, prefix=prefix, blocking_timeout=0.1) as events:
+        assert events.wait_until_ready(10)
+        events.on("waiting", lambda e: moved.append(e) if e.prev == "waiting-children" else None)
+        node = flow.add({"name": "parent", "queue": "top", "children": children})
+        workers.start("kids", processor=counting, concurrency=8)
+        workers.start("kids", processor=counting, concurrency=8)
+        workers.start("top", processor=counting)
+        assert node.job.wait_until_finished(timeout=WAIT) == 200
+        assert until(lambda: len(moved) >= 1, timeout=WAIT)
+    assert runs == [node.job.id]
+    assert len(moved) == 1 and moved[0].job_id == node.job.id
+
+
+def test_nested_trees_and_a_parent_delay_counted_from_its_last_child(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    node = flow.add({
+        "name": "l0", "queue": "a", "data": {"v": 100}, "delay": 0.3,
+        "children": [{
+            "name": "l1", "queue": "b", "data": {"v": 10},
+            "children": [{
+                "name": "l2", "queue": "c", "data": {"v": 1},
+                "children": [{"name": "l3", "queue": "a", "data": {"v": 1}}],
+            }],
+        }],
+    })
+    l1 = node.children[0].job
+    assert l1.get_state() == "waiting-children"
+    workers.start("a", "b", "c")
+    assert node.job.wait_until_finished(timeout=WAIT) == 112
+    root = flow.queue("a").get_job(node.job.id)
+    b = flow.queue("b").get_job(l1.id)
+    assert root is not None and b is not None and root.processed_on and b.finished_on
+    assert root.processed_on - b.finished_on >= 0.29  # its delay began then
+
+
+def test_depends_on_existing_jobs(redis_url: str, prefix: str, workers: Workers) -> None:
+    with Queue("deps", connection=redis_url, prefix=prefix) as q, \
+            Queue("other", connection=redis_url, prefix=prefix) as other:
+        done = q.add("x", {"v": 5})
+        workers.start("deps")
+        assert done.wait_until_finished(timeout=WAIT) == 5
+        workers.close()
+        pending = other.add("y", {"v": 7})
+        before = q.get_job_counts()
+        with pytest.raises(JobNotFoundError):
+            q.add("merge", {"v": 0}, depends_on=[done, "no-such-job"])
+        assert q.get_job_counts() == before  # nothing written
+        merge = q.add("merge", {"v": 0}, depends_on=[done.id, ("other", pending.id)])
+        assert merge.get_state() == "waiting-children"
+        deps = merge.get_dependencies()
+        assert deps.processed == {f"deps:{done.id}": 5}
+        assert deps.pending == [f"other:{pending.id}"]
+        with pytest.raises(JobqError, match="another parent"):
+            q.add("again", depends_on=[("other", pending.id)])
+        w2 = Workers(redis_url, prefix)
+        try:
+            w2.start("deps", "other")
+            assert merge.wait_until_finished(timeout=WAIT) == 12
+        finally:
+            w2.close()
+        # a dependency that completed already, alone: the job is ready at once
+        assert q.add("late", {"v": 1}, depends_on=[done.id]).get_state() == "waiting"
+
+
+def test_depends_on_a_failed_job_follows_its_policy(redis_url: str, prefix: str) -> None:
+    with Queue("fd", connection=redis_url, prefix=prefix) as q:
+        bad = q.add("x", {"fail": "boom"}, fail_parent_on_failure=True)
+        meh = q.add("y", {"fail": "meh"})
+        with Worker("fd", work, connection=redis_url, prefix=prefix):
+            for job in (bad, meh):
+                with pytest.raises(JobFailedError):
+                    job.wait_until_finished(timeout=WAIT)
+        failed_at_once = q.add("p1", depends_on=[bad.id])
+        assert failed_at_once.get_state() == "failed"
+        assert failed_at_once.refresh().failed_reason == (
+            f"child fd:{bad.id} failed: ValueError: boom")
+        waits = q.add("p2", depends_on=[meh.id])
+        assert waits.get_state() == "waiting-children"
+        assert waits.get_dependencies().failed == {f"fd:{meh.id}": "ValueError: meh"}
+
+
+@pytest.mark.parametrize("policy", ["default", "fail_parent", "ignore", "remove"])
+def test_failure_policies(policy: str, flow: FlowProducer, workers: Workers) -> None:
+    options = {} if policy == "default" else {
+        "fail_parent": {"fail_parent_on_failure": True},
+        "ignore": {"ignore_dependency_on_failure": True},
+        "remove": {"remove_dependency_on_failure": True},
+    }[policy]
+    node = flow.add({
+        "name": "p", "queue": "pol", "data": {"v": 100},
+        "children": [
+            {"name": "ok", "queue": "pol-kids", "data": {"v": 1}},
+            {"name": "bad", "queue": "pol-kids", "data": {"fail": "boom"}, **options},
+        ],
+    })
+    parent, bad = node.job, node.children[1].job
+    member = f"pol-kids:{bad.id}"
+    workers.start("pol", "pol-kids")
+    if policy == "default":
+        assert until(lambda: bad.get_state() == "failed", timeout=WAIT)
+        assert until(lambda: member in parent.get_dependencies().failed, timeout=WAIT)
+        assert parent.get_state() == "waiting-children"
+        deps = parent.get_dependencies()
+        assert deps.failed == {member: "ValueError: boom"} and member in deps.pending
+    elif policy == "fail_parent":
+        with pytest.raises(JobFailedError) as info:
+            parent.wait_until_finished(timeout=WAIT)
+        assert info.value.failed_reason == f"child {member} failed: ValueError: boom"
+    elif policy == "ignore":
+        assert parent.wait_until_finished(timeout=WAIT) == 101
+        assert parent.get_ignored_children_failures() == {member: "ValueError: boom"}
+    else:
+        assert parent.wait_until_finished(timeout=WAIT) == 101
+        assert member not in parent.get_dependencies().pending
+        assert list(parent.get_children_values()) == [f"pol-kids:{node.children[0].job.id}"]
+
+
+@pytest.mark.parametrize("fail_parent", [False, True])
+def test_retrying_a_failed_child_resumes_the_parents_wait(
+    fail_parent: bool, flow: FlowProducer, workers: Workers
+) -> None:
+    node = flow.add({
+        "name": "p", "queue": "rp", "data": {"v": 100},
+        "children": [{"name": "c", "queue": "rp", "data": {"v": 1, "fail_once": "first"},
+                      "fail_parent_on_failure": fail_parent}],
+    })
+    parent, child = node.job, node.children[0].job
+    workers.start("rp")
+    assert until(lambda: child.get_state() == "failed", timeout=WAIT)
+    expected = "failed" if fail_parent else "waiting-children"
+    assert until(lambda: parent.get_state() == expected, timeout=WAIT)
+    child.retry()
+    assert until(lambda: parent.get_state() == "completed", timeout=WAIT)
+    assert parent.refresh().return_value == 101
+    assert parent.get_dependencies().failed == {}
+
+
+def test_removing_a_child_moves_the_parent_on(flow: FlowProducer, workers: Workers) -> None:
+    node = flow.add({
+        "name": "p", "queue": "rm", "data": {"v": 100},
+        "children": [{"name": "c", "queue": "rm-kids", "data": {"v": 1}},
+                     {"name": "c", "queue": "rm-kids", "data": {"v": 2}}],
+    })
+    assert flow.queue("rm-kids").remove(node.children[0].job.id)
+    assert node.job.get_state() == "waiting-children"
+    assert node.children[1].job.remove()
+    assert node.job.get_state() == "waiting"
+    workers.start("rm")
+    assert node.job.wait_until_finished(timeout=WAIT) == 100
+
+
+def test_removing_a_parent_detaches_its_children(flow: FlowProducer, workers: Workers) -> None:
+    node = flow.add({
+        "name": "p", "queue": "rmp", "children": [{"name": "c", "queue": "rmp-kids"}],
+    })
+    assert node.job.remove()
+    keys = flow.queue("rmp")._context.keys
+    client = flow.client
+    assert not client.exists(keys.parent_key("deps", node.job.id))
+    workers.start("rmp-kids")
+    assert node.children[0].job.wait_until_finished(timeout=WAIT) == 0
+    assert flow.queue("rmp").get_job_counts()["waiting"] == 0
+
+
+@pytest.mark.parametrize("how", ["clean", "drain", "obliterate", "remove_on_fail"])
+def test_cleanup_paths_never_leave_a_parent_waiting(
+    how: str, flow: FlowProducer, workers: Workers
+) -> None:
+    kids = flow.queue("cl-kids")
+    child: dict[str, Any] = {"name": "c", "queue": "cl-kids", "data": {"fail": "x"}}
+    if how == "remove_on_fail":
+        child["remove_on_fail"] = True
+    node = flow.add({"name": "p", "queue": "cl", "data": {"v": 9}, "children": [child]})
+    if how in ("clean", "remove_on_fail"):
+        workers.start("cl-kids")
+        if how == "clean":
+            assert until(lambda: kids.get_job_counts("failed")["failed"] == 1, timeout=WAIT)
+            assert kids.clean(0, state="failed") == [node.children[0].job.id]
+    elif how == "drain":
+        assert kids.drain() == 1
+    else:
+        kids.obliterate(force=True)
+    assert until(lambda: node.job.get_state() == "waiting", timeout=WAIT)
+    workers.start("cl")
+    assert node.job.wait_until_finished(timeout=WAIT) == 9
+
+
+def test_clean_waiting_children_removes_parents(flow: FlowProducer) -> None:
+    node = flow.add({"name": "p", "queue": "cwc", "children": [{"name": "c", "queue": "cwc"}]})
+    q = flow.queue("cwc")
+    assert q.clean(0, state="waiting-children") == [node.job.id]
+    assert q.get_job_counts("waiting-children", "waiting") == {
+        "waiting-children": 0, "waiting": 1}
+    assert q.get_job(node.children[0].job.id) is not None
+
+
+def test_a_node_with_an_existing_id_adopts_that_job(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    q = flow.queue("adopt")
+    existing = q.add("c", {"v": 5}, job_id="shared-c")
+    node = flow.add({"name": "p", "queue": "adopt", "job_id": "the-parent",
+                     "children": [{"name": "c", "queue": "adopt", "job_id": "shared-c"}]})
+    assert node.children[0].job.id == existing.id
+    assert q.get_job("shared-c").parent == ("adopt", "the-parent")
+    # the same flow again writes nothing new
+    again = flow.add({"name": "p", "queue": "adopt", "job_id": "the-parent",
+                      "children": [{"name": "c", "queue": "adopt", "job_id": "other"}]})
+    assert again.job.id == "the-parent" and again.children == []
+    assert q.get_job("other") is None
+    workers.start("adopt")
+    assert node.job.wait_until_finished(timeout=WAIT) == 5
+
+
+def test_the_waiting_children_event(flow: FlowProducer, redis_url: str, prefix: str) -> None:
+    seen = threading.Event()
+    with QueueEvents("ev", connection=redis_url, prefix=prefix, blocking_timeout=0.1) as events:
+        assert events.wait_until_ready(10)
+        events.on("waiting-children", lambda e: seen.set())
+        flow.add({"name": "p", "queue": "ev", "children": [{"name": "c", "queue": "ev"}]})
+        assert seen.wait(WAIT)
+
+
+def test_chain_passes_each_result_on(flow: FlowProducer, workers: Workers) -> None:
+    def step(job: Job) -> Any:
+        return job.get_child_value(default="") + job.data
+
+    node = flow.chain([{"name": "s", "queue": "ch", "data": letter} for letter in "abc"])
+    workers.start("ch", processor=step)
+    assert node.job.wait_until_finished(timeout=WAIT) == "abc"
+
+
+def test_chain_fails_the_steps_after_a_failed_one(flow: FlowProducer, workers: Workers) -> None:
+    node = flow.chain([{"name": "s", "queue": "chf", "data": {"fail": "no"}},
+                       {"name": "s", "queue": "chf", "data": {"v": 1}}])
+    workers.start("chf")
+    with pytest.raises(JobFailedError, match="no"):
+        node.job.wait_until_finished(timeout=WAIT)
+
+
+def test_chord_gathers_every_result(flow: FlowProducer, workers: Workers) -> None:
+    def job_fn(job: Job) -> Any:
+        if job.name == "sum":
+            return sum(job.get_children_values().values())
+        return job.data * 2
+
+    node = flow.chord([{"name": "x2", "queue": "fan", "data": i} for i in range(10)],
+                      {"name": "sum", "queue": "fan-in"})
+    workers.start("fan", "fan-in", processor=job_fn)
+    assert node.job.wait_until_finished(timeout=WAIT) == 90
+
+
+def test_a_cancelled_child_fails_its_parent_by_policy(flow: FlowProducer) -> None:
+    node = flow.add({"name": "p", "queue": "cx", "children": [
+        {"name": "c", "queue": "cx", "fail_parent_on_failure": True}]})
+    assert node.children[0].job.cancel("stop")
+    assert node.job.get_state() == "failed"
+    assert node.job.refresh().failed_reason == f"child cx:{node.children[0].job.id} failed: stop"
+
+
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") != "1", reason="cluster pass only")
+def test_on_a_cluster_queues_in_two_slots_are_refused(redis_url: str) -> None:
+    with FlowProducer(connection=redis_url) as producer, pytest.raises(
+        CrossSlotFlowError, match="prefix='{flows}'"
+    ):
+        producer.add({"name": "p", "queue": "slot-a", "children": [
+            {"name": "c", "queue": "slot-b"}]})
