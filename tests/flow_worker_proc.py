@@ -23,7 +23,7 @@ from tests.worker_proc import plain_url
 
 
 def main(argv: list[str]) -> int:
-    """Run the workers until killed (at most two minutes)."""
+    """Run the workers until killed (at most 15 minutes)."""
     url, prefix, ledger_key, *queues = argv
     ledger = redis.Redis.from_url(plain_url(url))
     pid = os.getpid()
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
                stalled_interval=0.5, max_stalled_count=1000).start()
         for q in queues
     ]
-    threading.Event().wait(120)
+    threading.Event().wait(900)
     for worker in workers:
         worker.close(timeout=1)
     return 0
