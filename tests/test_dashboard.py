@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Queue, Worker
+from jobq import FlowProducer, Queue, Worker
 from jobq.dashboard import create_app
 from jobq.dashboard._app import Dashboard
 from jobq.dashboard._data import PAGE_SIZE
@@ -187,6 +187,25 @@ def test_job_page_shows_everything_escaped(client: Any, queue: Queue, redis_url:
     assert '<span class="ev">failed</span>' in body
     body = text(client.get(f"/job?q={queue.name}&id={failing.id}"))
     assert XSS not in body and "&lt;script&gt;alert(1)&lt;/script&gt;fail" in body
+
+
+def test_job_page_shows_its_flow(client: Any, queue: Queue, redis_url: str) -> None:
+    with FlowProducer(connection=redis_url) as flow:
+        node = flow.add({"name": "report", "queue": queue.name, "children": [
+            {"name": "page", "queue": queue.name, "data": {"html": XSS}, "job_id": "pg:1"},
+            {"name": "fail-page", "queue": queue.name, "ignore_dependency_on_failure": True},
+        ]})
+    body = text(client.get(f"/job?q={queue.name}&id={node.job.id}"))
+    assert "<h3>Flow" in body and body.count(">pending<") == 2
+    run_until_finished(queue, redis_url, 3)
+    body = text(client.get(f"/job?q={queue.name}&id={node.job.id}"))
+    assert XSS not in body
+    child = node.children[1].job.id
+    assert f'href="/job?q={queue.name}&amp;id=pg%3A1">{queue.name}:pg:1</a>' in body
+    assert f">{queue.name}:{child}</a></td><td>failed (ignored)" in body
+    assert "&quot;html&quot;: &quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;" in body
+    body = text(client.get(f"/job?q={queue.name}&id=pg:1"))
+    assert f'parent: <a href="/job?q={queue.name}&amp;id={node.job.id}">' in body
 
 
 def test_a_large_value_is_cut_with_a_link_to_all_of_it(client: Any, queue: Queue) -> None:

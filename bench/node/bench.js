@@ -29,6 +29,33 @@ async function main() {
     process.on('SIGTERM', stop); process.on('SIGINT', stop);
     return;
   }
+  if (mode === 'flow') {  // a fan-out of N children under one parent, then the fan-in
+    const { FlowProducer } = require('bullmq');
+    const n = Number(rest[0]); const q = `fan-${process.pid}`;
+    const flow = new FlowProducer({ connection });
+    let t0 = now();
+    const tree = await flow.add({ name: 'parent', queueName: q,
+      children: Array.from({ length: n }, (_, i) => ({ name: 'child', queueName: q, data: i })) });
+    const added = now() - t0;
+    t0 = now();
+    const done = new Promise((resolve, reject) => {
+      const worker = new Worker(q, async (job) => {
+        if (job.name !== 'parent') return job.data;
+        const values = await job.getChildrenValues();
+        const count = Object.keys(values).length;
+        setImmediate(() => worker.close().then(() => resolve(count)));
+        return count;
+      }, { connection, concurrency: 8 });
+      worker.on('error', reject);
+    });
+    const count = await done;
+    const ran = now() - t0;
+    if (count !== n) throw new Error(`parent saw ${count} children, not ${n}`);
+    await flow.close();
+    process.stdout.write(JSON.stringify({ id: tree.job.id, add_s: added, fanin_s: ran }) + '\n',
+      () => process.exit(0));
+    return;
+  }
   const queue = new Queue(Q, { connection });
   let out = {};
   if (mode === 'add') {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..events import Event, from_stream
-from ..job import STATES, Job
+from ..job import STATES, Dependencies, Job
 from ..registry import WorkerInfo
 
 if TYPE_CHECKING:
@@ -188,6 +188,8 @@ class JobDetail:
     logs: list[str]
     timeline: list[Event]
     scheduler: Scheduler | None
+    #: its children in a flow (or the jobs it depends on), when it has any
+    dependencies: Dependencies | None = None
 
 
 def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
@@ -227,6 +229,7 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
         logs=[line.decode("utf-8", "replace") for line in lines],
         timeline=timeline,
         scheduler=scheduler,
+        dependencies=job.get_dependencies() if record.get(b"kids") else None,
     )
 
 

@@ -3,10 +3,11 @@ returns its head, live part and tail (see ``_html.layout``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..job import STATES
+from ..job import STATES, Dependencies
 from . import _data
 from ._html import (
     Ctx,
@@ -202,6 +203,10 @@ def job_page(app: Dashboard, ctx: Ctx, queue: Queue, detail: _data.JobDetail,
             f'<a href="{e(ctx.url("/schedulers", q=q))}">{e(sch.id)}</a>: {e(schedule)}, '
             f"next run {e(when(sch.next_run))}, {sch.count} job(s) made</p></section>"
         )
+    flow = _flow_section(ctx, job.parent, detail.dependencies,
+                         app.cache.get(("names",), app.queue_names))
+    if flow:
+        parts.append(flow)
     logs = "\n".join(detail.logs)
     shown = f" (newest {len(detail.logs)} of {detail.log_total})" \
         if detail.log_total > len(detail.logs) else ""
@@ -231,6 +236,40 @@ def job_page(app: Dashboard, ctx: Ctx, queue: Queue, detail: _data.JobDetail,
               (detail.state, ctx.url("/jobs", q=q, state=detail.state)
                if detail.state in STATES else None), (job.id, None)]
     return Page(f"job {job.id}", crumbs, f"<h1>Job {e(job.id)}</h1>", "".join(parts))
+
+
+def _member(ctx: Ctx, member: str, known: Sequence[str]) -> str:
+    """A flow member ``"<queue>:<id>"`` as a link to its job (both parts may
+    hold ':', so the split is where the left part names a known queue)."""
+    for i, ch in enumerate(member):
+        if ch == ":" and member[:i] in known:
+            return (f'<a href="{e(ctx.url("/job", q=member[:i], id=member[i + 1:]))}">'
+                    f"{e(member)}</a>")
+    return e(member)
+
+
+def _flow_section(ctx: Ctx, parent: tuple[str, str] | None,
+                  deps: Dependencies | None, known: Sequence[str]) -> str:
+    """A job's place in a flow: its parent, and its children by outcome."""
+    if parent is None and deps is None:
+        return ""
+    out = ["<section><h3>Flow</h3>"]
+    if parent is not None:
+        out.append(f"<p>parent: {_member(ctx, f'{parent[0]}:{parent[1]}', known)}</p>")
+    if deps is not None:
+        rows = (
+            [[_member(ctx, m, known), "completed", e(short(pretty(v), 200))]
+             for m, v in sorted(deps.processed.items())]
+            + [[_member(ctx, m, known), "failed (waited on)", e(short(r, 200))]
+               for m, r in sorted(deps.failed.items())]
+            + [[_member(ctx, m, known), "failed (ignored)", e(short(r, 200))]
+               for m, r in sorted(deps.ignored.items())]
+            + [[_member(ctx, m, known), "pending", ""]
+               for m in sorted(deps.pending) if m not in deps.failed]
+        )
+        out.append(table(["child", "outcome", "result or reason"], rows, "No child."))
+    out.append("</section>")
+    return "".join(out)
 
 
 def workers_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
