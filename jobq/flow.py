@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from . import _tracing
 from . import connection as _connection
 from .calls import FlowNode, NewJob
 from .errors import JobNotFoundError, JobqError
@@ -82,6 +83,25 @@ def _check_slots(client: Any, bases: Iterable[str]) -> None:
             "with a prefix such as prefix='{flows}' (for every Queue, Worker and "
             "FlowProducer of them), or put the flow in one queue"
         )
+
+
+def _traced(
+    root: Queue, client: Any, nodes: Sequence[_Pending], refs: Sequence[tuple[str, str]] = ()
+) -> list[Job | None]:
+    """``_write``, inside the producer span of a traced process (see
+    _tracing.py): every job of the flow carries that span's context."""
+    hook = _tracing.hook
+    if hook is None:
+        return _write(root, client, nodes, refs)
+    written: list[Job | None] = []
+
+    def write(trace: str) -> list[Job]:
+        traced = [n._replace(new=n.new._replace(trace=trace)) for n in nodes] if trace else nodes
+        written[:] = _write(root, client, traced, refs)
+        return [job for job in written if job is not None]
+
+    hook.send(root.name, [n.new.name for n in nodes], write)
+    return written
 
 
 def _write(
@@ -154,8 +174,8 @@ def add_with_dependencies(
     if options.get("dedup") is not None:
         raise ValueError("dedup cannot be combined with depends_on")
     new, plain = queue._prepare(name, data, options)
-    job = _write(queue, queue.client, [_Pending(queue, new, plain, data, 0, _policy(options))],
-                 refs)[0]
+    job = _traced(queue, queue.client, [_Pending(queue, new, plain, data, 0, _policy(options))],
+                  refs)[0]
     assert job is not None
     return job
 
@@ -237,7 +257,7 @@ class FlowProducer:
             return index
 
         visit(tree, 0)
-        jobs = _write(nodes[0].queue, self.client, nodes)
+        jobs = _traced(nodes[0].queue, self.client, nodes)
 
         def build(index: int) -> JobNode:
             job = jobs[index - 1]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jobq import Job, Queue, Worker
+from jobq import FlowProducer, Job, Queue, Worker
 from jobq.keys import JOB_FIELDS
 
 from .polling import until
@@ -198,6 +198,32 @@ def test_add_bulk_is_one_producer_span_whose_context_every_job_carries(
         j.id for j in jobs)
     for span in spans:
         assert span.parent is not None and span.parent.span_id == _ctx(send).span_id
+
+
+def test_a_flow_and_a_depends_on_add_keep_the_chain(queue: Queue, traced: Traced) -> None:
+    """Every job of a flow carries the context of the one producer span of
+    FlowProducer.add; the parent's attempt is in the same trace as the
+    request that added the tree; a depends_on add is traced like an add."""
+    with traced.tracer.start_as_current_span("request") as request:
+        with FlowProducer(connection=queue.client, prefix=queue.prefix) as flow:
+            node = flow.add({"name": "parent", "queue": queue.name, "children": [
+                {"name": "child", "queue": queue.name, "data": n} for n in range(2)]})
+    (send,) = traced.spans(f"send {queue.name}")
+    assert send.parent is not None and send.parent.span_id == request.get_span_context().span_id
+    assert send.attributes["messaging.batch.message_count"] == 3  # type: ignore[index]
+    jobs = [node.job, *(c.job for c in node.children)]
+    assert len({_record_field(queue, j.id, "tc") for j in jobs}) == 1
+    later = queue.add("after", depends_on=[node.job])
+    assert len(traced.spans(f"send {queue.name}")) == 2
+    assert _record_field(queue, later.id, "tc") is not None
+    with _worker(queue, lambda j: j.data if j.name == "child" else j.name):
+        assert later.wait_until_finished(timeout=WAIT) == "after"
+        spans = traced.wait_spans(f"process {queue.name}", 4)
+    trace = request.get_span_context().trace_id
+    in_flow = [s for s in spans if s.attributes["jobq.job.name"] != "after"]  # type: ignore[index]
+    assert len(in_flow) == 3 and {_ctx(s).trace_id for s in in_flow} == {trace}
+    parent_span = next(s for s in spans if s.attributes["jobq.job.name"] == "parent")  # type: ignore[index]
+    assert parent_span.parent is not None and parent_span.parent.span_id == _ctx(send).span_id
 
 
 def test_a_task_delay_is_traced_as_an_add(queue: Queue, traced: Traced) -> None:
