@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -52,6 +53,19 @@ class Dependencies:
     ignored: dict[str, str] = field(default_factory=dict)
 
 
+#: Guards the lazy creation of a Job's ``cancelled`` event (the worker's
+#: threads and the handler may ask for it at once); new in a forked child.
+_CANCELLED_LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _CANCELLED_LOCK
+    _CANCELLED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 class Job:
     """A job of a queue, as last read from Redis.
 
@@ -97,7 +111,7 @@ class Job:
         self.processed_by: str | None = None
         #: the parent in a flow, ``(queue name, job id)``, or None
         self.parent: tuple[str, str] | None = None
-        self.cancelled = threading.Event()
+        self._cancelled: threading.Event | None = None  # made on first use
         self._token: str | None = None
         # the token of this run of the job (the id of its `added` event in
         # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
@@ -153,9 +167,22 @@ class Job:
         """The name of the job's queue."""
         return self._context.name
 
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the running attempt is told to stop (cancel, timeout or
+        lost lock); a cooperative handler waits on it or checks it. Made on
+        first use: a producer adding thousands of jobs makes none."""
+        event = self._cancelled
+        if event is None:
+            with _CANCELLED_LOCK:
+                if self._cancelled is None:
+                    self._cancelled = threading.Event()
+                event = self._cancelled
+        return event
+
     def is_cancelled(self) -> bool:
         """Whether the running attempt was told to stop (cancel, timeout or lost lock)."""
-        return self.cancelled.is_set()
+        return self._cancelled is not None and self._cancelled.is_set()
 
     # -- reading ----------------------------------------------------------
 
