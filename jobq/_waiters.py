@@ -25,6 +25,7 @@ from . import events as _events
 from . import serializer
 from ._context import QueueContext
 from .calls import QueueScripts
+from .connection import TRANSIENT_ERRORS
 from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
@@ -369,6 +370,24 @@ class WaiterTable:
             # in pub/sub mode the checkpoint is a marker we publish ourselves
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
             self._context.client.spublish(self._context.keys.events, message)
+
+    def try_check(self, waiter: Waiter) -> bool:
+        """``check``, a transient error logged; False when it failed."""
+        try:
+            self.check(waiter)
+        except TRANSIENT_ERRORS as exc:
+            logger.debug("checking job %r failed: %s", waiter.job_id, exc)
+            return False
+        return True
+
+    def result(self, waiter: Waiter, where: str) -> Any:
+        """The resolved waiter's result (its failure raised), with the stack
+        traces of a failed run read from its record when the event had none."""
+        outcome = waiter.outcome
+        if isinstance(outcome, Failed) and outcome.stacktrace is None:
+            outcome = Failed(outcome.reason, self.stacktrace(waiter), outcome.exc_type,
+                             outcome.cancelled)
+        return result_of(waiter.job_id, outcome, where)
 
     def stacktrace(self, waiter: Waiter) -> list[str]:
         """The stack traces of the waiter's failed run, from its record."""

@@ -6,10 +6,10 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
+from ._job_flow import Dependencies, JobFlow
 from .errors import JobNotFoundError, script_error
 from .options import JobOptions
 
@@ -39,20 +39,6 @@ def _queue_of_base(base: str) -> str:
     return base[base.rindex("{") + 1 : -2]
 
 
-@dataclass(frozen=True)
-class Dependencies:
-    """A parent's children (or dependencies), each named ``"<queue>:<id>"``."""
-
-    #: completed ones and their results
-    processed: dict[str, Any] = field(default_factory=dict)
-    #: those not finished yet (failed ones the parent still waits on included)
-    pending: list[str] = field(default_factory=list)
-    #: failed ones the parent still waits on (default policy), and their reasons
-    failed: dict[str, str] = field(default_factory=dict)
-    #: failed ones counted as done (``ignore_dependency_on_failure``), and their reasons
-    ignored: dict[str, str] = field(default_factory=dict)
-
-
 #: Guards the lazy creation of a Job's ``cancelled`` event (the worker's
 #: threads and the handler may ask for it at once); new in a forked child.
 _CANCELLED_LOCK = threading.Lock()
@@ -66,7 +52,7 @@ def _new_lock_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
-class Job:
+class Job(JobFlow):
     """A job of a queue, as last read from Redis.
 
     Attributes mirror the job's record: ``id``, ``name``, ``data``, ``opts``,
@@ -207,51 +193,6 @@ class Job:
         """The job's log lines from ``start`` to ``end`` (inclusive, like LRANGE)."""
         lines = self._context.redis.lrange(self._context.keys.logs(self.id), start, end)
         return [line.decode("utf-8", "replace") for line in lines]
-
-    # -- flows --------------------------------------------------------------
-
-    def get_children_values(self) -> dict[str, Any]:
-        """The results of the job's completed children (or dependencies), by
-        ``"<queue>:<id>"``; read in a parent's handler. A child's result is
-        copied to its parent when it completes, so it is there even when the
-        child was removed since."""
-        values = self._context.redis.hgetall(self._context.keys.parent_key("processed", self.id))
-        return {
-            k.decode(): serializer.decode(v, f"result of child {k.decode()!r}")
-            for k, v in values.items()
-        }
-
-    def get_child_value(self, default: Any = None) -> Any:
-        """The result of the job's one completed child (the previous step of
-        a chain), else ``default``; with several children, the first by name."""
-        values = self.get_children_values()
-        return values[min(values)] if values else default
-
-    def get_ignored_children_failures(self) -> dict[str, str]:
-        """The failed reasons of children whose failure was ignored
-        (``ignore_dependency_on_failure``), by ``"<queue>:<id>"``."""
-        failures = self._context.redis.hgetall(self._context.keys.parent_key("ignored", self.id))
-        return {k.decode(): v.decode("utf-8", "replace") for k, v in failures.items()}
-
-    def get_dependencies(self) -> Dependencies:
-        """The job's children: processed (with results), pending, failed
-        (those it still waits on), ignored (see ``Dependencies``)."""
-        keys = self._context.keys
-        pipe = self._context.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.parent_key("processed", self.id))
-        pipe.smembers(keys.parent_key("deps", self.id))
-        pipe.hgetall(keys.parent_key("dfailed", self.id))
-        pipe.hgetall(keys.parent_key("ignored", self.id))
-        processed, pending, failed, ignored = pipe.execute()
-        return Dependencies(
-            processed={
-                k.decode(): serializer.decode(v, f"result of child {k.decode()!r}")
-                for k, v in processed.items()
-            },
-            pending=sorted(m.decode() for m in pending),
-            failed={k.decode(): v.decode("utf-8", "replace") for k, v in failed.items()},
-            ignored={k.decode(): v.decode("utf-8", "replace") for k, v in ignored.items()},
-        )
 
     # -- changing ---------------------------------------------------------
 

@@ -18,7 +18,7 @@ from . import connection as _connection
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
 from ._threads import join_all, start_thread
-from ._waiters import CLOSED, Failed, Outcome, Waiter, WaiterTable, result_of, valid_id
+from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, valid_id
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
@@ -237,7 +237,7 @@ class QueueEvents(ListenerMethods):
         try:
             # a run the reader has not yet seen end needs no look at its
             # record: its last event will reach this waiter
-            checked = True if unseen else self._try_check(waiter)
+            checked = True if unseen else self._table.try_check(waiter)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
@@ -251,7 +251,7 @@ class QueueEvents(ListenerMethods):
                 # poked after a reconnect, or a re-check is due
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
-                    checked = self._try_check(waiter)
+                    checked = self._table.try_check(waiter)
             return self._result(waiter)
         finally:
             self._table.unregister(waiter)
@@ -296,22 +296,7 @@ class QueueEvents(ListenerMethods):
         return future
 
     def _result(self, waiter: Waiter) -> Any:
-        outcome = waiter.outcome
-        if isinstance(outcome, Failed) and outcome.stacktrace is None:
-            outcome = Failed(
-                outcome.reason, self._table.stacktrace(waiter), outcome.exc_type,
-                outcome.cancelled,
-            )
-        return result_of(waiter.job_id, outcome, f"QueueEvents {self.name!r}")
-
-    def _try_check(self, waiter: Waiter) -> bool:
-        """Check the waiter's record, transient errors logged; False when it failed."""
-        try:
-            self._table.check(waiter)
-        except _TRANSIENT as exc:
-            logger.debug("checking job %r failed: %s", waiter.job_id, exc)
-            return False
-        return True
+        return self._table.result(waiter, f"QueueEvents {self.name!r}")
 
     def _poke_all(self) -> None:
         """Make every waiter re-check its job's record (after a possible loss)."""
