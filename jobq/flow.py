@@ -10,7 +10,6 @@ section "Flows" and SPEC.md.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -18,7 +17,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from . import _tracing
-from . import connection as _connection
+from ._queues import QueueSet
 from .calls import FlowNode, NewJob
 from .errors import JobNotFoundError, JobqError
 from .job import Job
@@ -197,24 +196,12 @@ class FlowProducer:
 
     def __init__(self, connection: object = None, prefix: str = "jobq") -> None:
         self.prefix = validate_prefix(prefix)
-        self._connection = connection
-        self.client, self._owned = _connection.resolve(connection)
-        self._queues: dict[str, Queue] = {}
-        self._lock = threading.Lock()
-        self._closed = False
+        self._set = QueueSet(connection, self.prefix, "FlowProducer")
+        self.client = self._set.client
 
     def queue(self, name: str) -> Queue:
         """The Queue this producer uses for queue ``name`` (made on first use)."""
-        from .queue import Queue
-
-        with self._lock:
-            if self._closed:
-                raise JobqError("FlowProducer is closed")
-            queue = self._queues.get(name)
-            if queue is None:
-                queue = Queue(name, connection=self.client, prefix=self.prefix)
-                self._queues[name] = queue
-            return queue
+        return self._set.get(name)
 
     def add(self, tree: Mapping[str, Any]) -> JobNode:
         """Add a tree of jobs atomically; return its root's JobNode.
@@ -303,15 +290,7 @@ class FlowProducer:
     def close(self) -> None:
         """Close the queues this producer made (their event readers) and
         the client it created."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            queues, self._queues = list(self._queues.values()), {}
-        for queue in queues:
-            queue.close()
-        if self._owned:
-            _connection.close_client(self.client)
+        self._set.close()
 
     def __enter__(self) -> FlowProducer:
         return self
@@ -325,4 +304,4 @@ class FlowProducer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<FlowProducer prefix={self.prefix!r} {'closed' if self._closed else 'open'}>"
+        return f"<FlowProducer prefix={self.prefix!r} {'closed' if self._set.closed else 'open'}>"

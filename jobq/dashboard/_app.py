@@ -25,7 +25,6 @@ import hmac
 import http.cookies
 import logging
 import secrets
-import threading
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from urllib.parse import parse_qs, parse_qsl, urlencode
 
 import redis
 
-from ..connection import close_client, resolve
+from .._queues import QueueSet
 from ..errors import JobqError
 from ..job import STATES
 from ..keys import validate_name
@@ -119,17 +118,15 @@ class Dashboard:
         self.cache = _data.SharedCache(cache_ttl)
         self.poll_ms = round(poll_interval * 1000)
         self._key = secret if secret is not None else secrets.token_bytes(32)
-        self.client, self._owned = resolve(connection)
-        self._queues: dict[str, Queue] = {}
-        self._lock = threading.Lock()
-        self._closed = False
+        self._set = QueueSet(connection, self.prefix, "the dashboard")
+        self.client = self._set.client
         self._static = {
             name: resources.files("jobq.dashboard").joinpath("static").joinpath(name).read_bytes()
             for name in _STATIC
         }
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._set.closed else "open"
         return f"<Dashboard prefix={self.prefix!r} read_only={self.read_only} {state}>"
 
     # -- queues ---------------------------------------------------------------
@@ -140,14 +137,7 @@ class Dashboard:
 
     def queue(self, name: str) -> Queue:
         """The app's Queue of that name (made on first use, on the app's client)."""
-        with self._lock:
-            if self._closed:
-                raise JobqError("the dashboard is closed")
-            queue = self._queues.get(name)
-            if queue is None:
-                queue = Queue(name, connection=self.client, prefix=self.prefix)
-                self._queues[name] = queue
-            return queue
+        return self._set.get(name)
 
     def _known_queue(self, name: str | None) -> Queue:
         if not name:
@@ -161,15 +151,7 @@ class Dashboard:
 
     def close(self) -> None:
         """Close the queues the app opened and the client it made (idempotent)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            queues, self._queues = list(self._queues.values()), {}
-        for queue in queues:
-            queue.close()
-        if self._owned:
-            close_client(self.client)
+        self._set.close()
 
     def __enter__(self) -> Dashboard:
         return self

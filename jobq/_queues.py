@@ -1,0 +1,52 @@
+"""Queues made on demand on one client, closed together: what a
+FlowProducer and the dashboard hold (any number of queues of one prefix)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from . import connection as _connection
+from .errors import JobqError
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+
+class QueueSet:
+    """The Queues of one prefix on one client (``connection`` as for Queue:
+    a client of the caller's is never closed here)."""
+
+    def __init__(self, connection: object, prefix: str, owner: str) -> None:
+        self.prefix = prefix
+        self.client, self._owned = _connection.resolve(connection)
+        self._owner = owner  # for the error raised once closed
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def get(self, name: str) -> Queue:
+        """The Queue of that name (made on first use, on the shared client)."""
+        from .queue import Queue
+
+        with self._lock:
+            if self.closed:
+                raise JobqError(f"{self._owner} is closed")
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = Queue(name, connection=self.client, prefix=self.prefix)
+                self._queues[name] = queue
+            return queue
+
+    def close(self) -> None:
+        """Close every queue made (their event readers), then the client if
+        it was made here. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            queues, self._queues = list(self._queues.values()), {}
+        for queue in queues:
+            queue.close()
+        if self._owned:
+            _connection.close_client(self.client)
