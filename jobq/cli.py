@@ -597,7 +597,10 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from .dashboard._command import run
 
-    return run(args)
+    auth = _load(args.auth) if args.auth else None
+    if auth is not None and not callable(auth):
+        raise _UsageError(f"--auth {args.auth!r} is not callable")
+    return run(args, auth)
 
 
 # -- parser ------------------------------------------------------------------------

@@ -484,6 +484,17 @@ def test_command_refuses_a_public_bind_without_auth(redis_url: str) -> None:
     assert main(["--url", redis_url, "dashboard", "--host", "0.0.0.0"]) == 2
 
 
+def test_command_refuses_an_auth_it_cannot_load_or_call(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jobq.cli import main
+
+    assert main(["--url", redis_url, "dashboard", "--auth", "no_such_module:check"]) == 2
+    assert "cannot load 'no_such_module:check'" in capsys.readouterr().err
+    assert main(["--url", redis_url, "dashboard", "--auth", "os:sep"]) == 2
+    assert "not a callable" in capsys.readouterr().err
+
+
 def test_command_serves_until_interrupted(queue: Queue, redis_url: str) -> None:
     queue.add("a")
     proc = subprocess.Popen(

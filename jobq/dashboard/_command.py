@@ -8,13 +8,11 @@ operations and for development; behind many users, mount
 from __future__ import annotations
 
 import argparse
-import importlib
 import ipaddress
 import logging
-import os
 import socketserver
-import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -54,20 +52,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _load_auth(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"--auth expects MODULE:CALLABLE, not {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"--auth {spec!r} is not callable")
-    return target
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``jobq dashboard``."""
     parser.add_argument("--host", default="127.0.0.1",
@@ -80,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auth(environ) -> bool, asked on every request")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve the dashboard until SIGINT / SIGTERM; return the exit code."""
-    auth = _load_auth(args.auth) if args.auth else None
+def run(args: argparse.Namespace, auth: Callable[[dict[str, Any]], bool] | None) -> int:
+    """Serve the dashboard until SIGINT / SIGTERM (``auth``: from --auth,
+    loaded by the command line); return the exit code."""
     if auth is None and not is_loopback(args.host):
         raise ValueError(
             f"refusing to serve on {args.host} without --auth: anyone who reaches it could "
