@@ -100,7 +100,7 @@ class Dispatcher:
             channels = (item.name, f"{item.name}:{item.job_id}", ALL)
             for channel, callback in self._listeners.take_many(channels):
                 call_safely(callback, channel, item)
-            if item.id is not None:
+            if item.id is not None and not item._more:
                 self.dispatched_id = item.id
 
     @staticmethod
@@ -284,11 +284,11 @@ class EventReader:
                 self.read_id = sid(entry)
                 continue
             try:
-                event = _events.from_stream(entry, raw)
+                events = _events.from_stream(entry, raw)
             except Exception:
                 logger.exception("skipping undecodable event %s of %r", entry, self.name)
-                event = None
-            if event is not None:
+                events = []
+            for event in events:
                 self._handle(event)
             self.read_id = sid(entry)  # only after its outcome is recorded
         self.table.settle()
@@ -342,7 +342,7 @@ class EventReader:
             self._lost()
         if self._listeners.has_any():
             self._dispatcher.put(event)
-        elif event.id is not None and self._dispatcher.idle():
+        elif event.id is not None and not event._more and self._dispatcher.idle():
             self._dispatcher.dispatched_id = event.id
 
     def _outcome(self, event: Event, run: str | None) -> tuple[Outcome, Event]:

@@ -45,6 +45,9 @@ class Event:
     timestamp: float
     prev: str | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
+    _more: bool = field(default=False, repr=False, compare=False)
+    """More events of the same stream entry follow: a reader resuming at
+    this id would miss them, so it is not yet a position to resume from."""
 
     def __getattr__(self, item: str) -> Any:
         # Only reached when normal lookup fails: expose the event's fields.
@@ -105,11 +108,20 @@ def build(raw: Mapping[str, bytes], entry_id: str | None, timestamp: float) -> E
     return Event(name, jid, entry_id, timestamp, prev, fields)
 
 
-def from_stream(entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> Event:
-    """Decode one event stream entry."""
+def from_stream(entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> list[Event]:
+    """Decode one event stream entry into its events, in order: one, or two
+    when the entry carries a second event of the same job (field ``ev2``,
+    with no fields of its own: an add writes ``added`` and ``waiting`` as
+    one entry)."""
     sid = _text(entry_id)
     ms = int(sid.partition("-")[0])
-    return build({k.decode(): v for k, v in raw.items()}, sid, ms / 1000.0)
+    fields = {k.decode(): v for k, v in raw.items()}
+    then = fields.pop("ev2", None) if fields.get("c") != b"1" else None
+    event = build(fields, sid, ms / 1000.0)
+    if then is None:
+        return [event]
+    first = Event(event.name, event.job_id, sid, event.timestamp, event.prev, event.fields, True)
+    return [first, Event(_text(then), event.job_id, sid, ms / 1000.0)]
 
 
 def to_netstrings(parts: list[str]) -> bytes:

@@ -31,7 +31,11 @@ def stream(client: redis.Redis, queue_name: str) -> list[tuple[str, str, dict[st
     out = []
     for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
         fields = {k.decode(): v for k, v in raw.items()}
-        out.append((fields.pop("ev").decode(), fields.pop("jid").decode(), fields))
+        then = fields.pop("ev2", None)  # a second event of the entry's job
+        jid = fields.pop("jid").decode()
+        out.append((fields.pop("ev").decode(), jid, fields))
+        if then is not None:
+            out.append((then.decode(), jid, {}))
     return out
 
 

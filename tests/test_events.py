@@ -501,7 +501,10 @@ def test_slow_listener_does_not_delay_waiter(queue: Queue, qe: QueueEvents,
 
 
 def _stream_ids(client: redis.Redis, queue_name: str) -> list[str]:
-    return [i.decode() for i, _ in client.xrange(f"jobq:{{{queue_name}}}:events")]
+    """The id of each event in the queue's stream, oldest first: an entry
+    that carries two events (an add's ``added`` + ``waiting``) gives two."""
+    entries = client.xrange(f"jobq:{{{queue_name}}}:events")
+    return [i.decode() for i, raw in entries for _ in range(2 if b"ev2" in raw else 1)]
 
 
 def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
@@ -511,6 +514,7 @@ def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
     queue.add("job", 1)
     ids = _stream_ids(redis_client, queue.name)
     assert len(ids) == 12  # 10 custom events, added, waiting (no worker)
+    assert redis_client.xlen(f"jobq:{{{queue.name}}}:events") == 11  # one entry for the add
 
     rec = Recorder()
     with QueueEvents(queue.name, connection=redis_url, last_event_id="0",
@@ -540,8 +544,7 @@ def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
             queue.emit("more", i=i)
         assert resumed.wait_count(len(all_ids) - 5 + 4)
         got = [e.id for e in resumed.snapshot()]
-        assert got == _stream_ids(redis_client, queue.name)[5:]
-        assert len(set(got)) == len(got)
+        assert got == _stream_ids(redis_client, queue.name)[5:]  # each event once, in order
 
 
 def test_dollar_means_from_now(queue: Queue, redis_url: str) -> None:
@@ -573,6 +576,27 @@ def test_last_event_id_property_tracks_dispatch(queue: Queue, qe: QueueEvents) -
     # while an event's listeners run, last_event_id is the previous event's id
     assert seen_during == [None, ids[0], ids[1]]
     assert until(lambda: qe.last_event_id == ids[2])
+
+
+def test_an_entry_of_two_events_is_a_resume_point_only_after_both(
+    queue: Queue, qe: QueueEvents
+) -> None:
+    # an add is one stream entry carrying `added` and `waiting`: a reader
+    # resumed at last_event_id must not skip the second of them
+    seen_during: dict[str, str | None] = {}
+    rec = Recorder()
+    qe.on("waiting", lambda event: seen_during.setdefault("waiting", qe.last_event_id))
+    qe.on_all_events(rec)
+    queue.emit("before")
+    assert rec.wait_count(1)
+    assert until(lambda: qe.last_event_id == rec.snapshot()[0].id)
+    queue.add("job", 1)
+    assert rec.wait_count(3)
+    before, added, waiting = rec.snapshot()
+    assert (added.name, waiting.name) == ("added", "waiting")
+    assert added.id == waiting.id  # one entry
+    assert seen_during["waiting"] == before.id  # not the entry's id yet
+    assert until(lambda: qe.last_event_id == waiting.id)
 
 
 def test_no_event_lost_across_empty_block_timeouts(queue: Queue, redis_url: str) -> None:

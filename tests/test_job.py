@@ -45,8 +45,11 @@ def stream(client: redis.Redis, queue_name: str, job_id: str) -> list[tuple[str,
     for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
         fields = {k.decode(): v for k, v in raw.items()}
         name = fields.pop("ev").decode()
+        then = fields.pop("ev2", None)  # a second event of the entry's job
         if fields.pop("jid").decode() == job_id:
             out.append((name, fields))
+            if then is not None:
+                out.append((then.decode(), {}))
     return out
 
 

@@ -38,6 +38,8 @@ def event_names(client: redis.Redis, queue_name: str) -> list[tuple[str, str]]:
     out = []
     for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
         out.append((raw[b"ev"].decode(), raw[b"jid"].decode()))
+        if b"ev2" in raw:  # a second event of the entry's job
+            out.append((raw[b"ev2"].decode(), raw[b"jid"].decode()))
     return out
 
 

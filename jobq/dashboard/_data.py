@@ -214,7 +214,7 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
         for entry_id, raw in client.xrevrange(keys.events, count=TIMELINE_SCAN):
             if raw.get(b"jid") == job_id.encode():
                 try:
-                    timeline.append(from_stream(entry_id, raw))
+                    timeline.extend(reversed(from_stream(entry_id, raw)))
                 except Exception:  # an entry of another version: leave it out
                     continue
         timeline.reverse()

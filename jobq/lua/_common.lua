@@ -46,6 +46,10 @@ local function fmt(n)
   return s
 end
 
+-- A whole number as text: far cheaper for the server than the %.17g that
+-- redis.call applies to a Lua number.
+local function int(n) return string.format('%d', n) end
+
 local function job_key(id) return base .. 'job:' .. id end
 local function lock_key(id) return base .. 'lock:' .. id end
 
@@ -84,8 +88,12 @@ local RUN_ENDS = { completed = true, failed = true, removed = true }
 -- Returns the stream entry's id ('' in pub/sub mode). An `added` event
 -- starts a run of the job: its token (the entry's id; in pub/sub mode 'p'
 -- and a counter that obliterate keeps) is recorded as the job's `run` field
--- and returned instead.
-local function emit(name, jid, fields)
+-- and returned instead; with `own_record` the caller writes that field
+-- itself (in the same HSET as the rest of the record).
+-- `then_name`: a second event of the same job with no fields, written in
+-- the same stream entry (field ev2; readers expand it, in order): an add
+-- is one entry for `added` and `waiting`, not two.
+local function emit(name, jid, fields, then_name, own_record)
   local m = meta()
   if jid and RUN_ENDS[name] then
     local run = _runs[jid] or redis.call('HGET', job_key(jid), 'run')
@@ -99,14 +107,26 @@ local function emit(name, jid, fields)
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
     redis.call('SPUBLISH', K_EVENTS, netstrings(parts))
+    if then_name then
+      redis.call('SPUBLISH', K_EVENTS, netstrings({ 'ev', then_name, 'jid', jid, 'ts', now_ms() }))
+    end
     if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
   else
+    if then_name then
+      fields[#fields + 1] = 'ev2'
+      fields[#fields + 1] = then_name
+    end
     id = redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
       unpack(fields))
   end
-  if name == 'added' then redis.call('HSET', job_key(jid), 'run', id) end
+  if name == 'added' and not own_record then redis.call('HSET', job_key(jid), 'run', id) end
   return id
 end
+
+-- What the take of this call found (emit_if_drained reads it): a job taken
+-- (it is active, so the queue is not drained), or nothing waiting at all
+-- (until a job is made ready again in the same call).
+local _took, _none_waiting = false, false
 
 -- Wake blocked workers (their BZPOPMIN on the marker), once per call.
 local _marked = false
@@ -131,6 +151,7 @@ local function push_ready(id, priority, front)
   else
     redis.call('LPUSH', K_WAIT, id)
   end
+  _none_waiting = false
   mark_ready()
 end
 
@@ -211,8 +232,8 @@ end
 local function metrics(f_pon, f_rdy, f_delay, attempt, now)
   local pon = tonumber(f_pon) or now
   local rdy = tonumber(f_rdy) or pon
-  return { 'attempt', attempt, 'waited_for', math.max(0, pon - rdy),
-           'ran_for', math.max(0, now - pon), 'expected_delay', tonumber(f_delay) or 0 }
+  return { 'attempt', int(attempt), 'waited_for', math.max(0, pon - rdy),
+           'ran_for', math.max(0, now - pon), 'expected_delay', f_delay or '0' }
 end
 
 -- Per-minute metrics of finished jobs, one hash per kind ('completed',
@@ -237,11 +258,11 @@ local function record_metric(kind, now, f_pon, f_rdy)
       redis.call('LPUSH', key .. ':data', unpack(counts))
       redis.call('LTRIM', key .. ':data', '0', METRICS_MINUTES - 1)
     end
-    redis.call('HSET', key, 'min', minute, 'mbase', count)  -- a new minute
+    redis.call('HSET', key, 'min', int(minute), 'mbase', int(count))  -- a new minute
   end
-  redis.call('HSET', key, 'count', count + 1,
-    'wait', (tonumber(m[4]) or 0) + math.floor(math.max(0, pon - rdy) + 0.5),
-    'run', (tonumber(m[5]) or 0) + math.floor(math.max(0, now - pon) + 0.5))
+  redis.call('HSET', key, 'count', int(count + 1),
+    'wait', int((tonumber(m[4]) or 0) + math.floor(math.max(0, pon - rdy) + 0.5)),
+    'run', int((tonumber(m[5]) or 0) + math.floor(math.max(0, now - pon) + 0.5)))
 end
 
 local function append(list, more)
@@ -556,7 +577,10 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     id = redis.call('RPOP', K_WAIT)
     if not id then
       id = redis.call('ZPOPMIN', K_PRIO)[1]
-      if not id then return { 0, next_delay() } end
+      if not id then
+        _none_waiting = true
+        return { 0, next_delay() }
+      end
     end
     rec = redis.call('HGETALL', job_key(id))
     if rec[1] then break end
@@ -583,10 +607,11 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     end
   end
   local pon = fmt(now)
+  _took = true
   redis.call('ZADD', K_ACTIVE, pon, id)
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
-  emit('active', id, { 'attempt', atm + 1, 'worker', worker, 'prev', 'waiting' })
+  emit('active', id, { 'attempt', int(atm + 1), 'worker', worker, 'prev', 'waiting' })
   if sch and slot then advance_scheduler(sch, slot, now) end  -- a tick: produce the next
   -- jobs left to take: wake another idle worker
   if redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0 then mark_ready() end
@@ -599,7 +624,8 @@ end
 -- Called when a job leaves active (and after any take in the same call);
 -- delayed jobs do not count, they are not ready yet.
 local function emit_if_drained()
-  if redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0
+  if _took then return end  -- the job this call took is active
+  if (_none_waiting or redis.call('LLEN', K_WAIT) == 0 and redis.call('ZCARD', K_PRIO) == 0)
       and redis.call('ZCARD', K_ACTIVE) == 0 then
     emit('drained', false, {})
   end

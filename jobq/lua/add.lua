@@ -18,7 +18,7 @@
            the dedup key, left as it was; 3 debounced: id is the owner, a
            delayed job whose name, data, options and delay were replaced by
            this add's; added: the id of its `added` event, or '')
-  Events   added, then waiting or delayed; duplicated for an existing id;
+  Events   added, then waiting (both in one stream entry) or delayed; duplicated for an existing id;
            deduplicated (dedup_id, existing_job_id) for a dedup hit, then
            delayed (prev delayed) when it debounced
   Dedup    the key dedup:<id> stores its owner's id (PX ttl in throttle
@@ -114,17 +114,22 @@ for j = 0, n - 1 do
     local delay = tonumber(ARGV[a + 4])
     local priority = tonumber(ARGV[a + 5])
     local lifo = ARGV[a + 6]
-    local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', fmt(now) }
+    -- the event first: its entry id is the run's token, stored in the
+    -- record's one HSET; a job ready now is one entry, `added` + `waiting`
+    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', ARGV[a + 4],
+      'priority', ARGV[a + 5] }, delay <= 0 and 'waiting' or nil, true)
+    local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', fmt(now),
+      'run', added }
     local run_at = now
     if delay > 0 then
       run_at = now + delay
-      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', delay })
+      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', ARGV[a + 4] })
     else
       append(fields, { 'state', 'waiting', 'rdy', fmt(now) })
     end
     -- settings at their default are left out: readers take a missing field
     -- as its default (fewer fields: less memory and work per job)
-    if priority ~= 0 then append(fields, { 'priority', priority }) end
+    if priority ~= 0 then append(fields, { 'priority', ARGV[a + 5] }) end
     if lifo == '1' then append(fields, { 'lifo', lifo }) end
     for i, name in ipairs(SETTINGS) do
       local value = ARGV[a + 6 + i]
@@ -134,7 +139,7 @@ for j = 0, n - 1 do
     if ddk ~= '' then
       local ttl = tonumber(ARGV[a + 13])
       if ttl > 0 then
-        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', ttl)
+        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', ARGV[a + 13])
         append(fields, { 'ddk', ddk, 'ddt', '1' })
       else
         redis.call('SET', base .. 'dedup:' .. ddk, id)
@@ -143,14 +148,12 @@ for j = 0, n - 1 do
     end
     if ARGV[a + 16] ~= '' then append(fields, { 'tc', ARGV[a + 16] }) end
     redis.call('HSET', job_key(id), unpack(fields))
-    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', delay, 'priority', priority })
     if delay > 0 then
       redis.call('ZADD', K_DELAYED, delayed_score(run_at), id)
       redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
-      emit('delayed', id, { 'delay', delay, 'run_at', run_at })
+      emit('delayed', id, { 'delay', ARGV[a + 4], 'run_at', run_at })
     else
       push_ready(id, priority, lifo == '1')
-      emit('waiting', id, {})
     end
   end
   out[#out + 1] = id
