@@ -61,8 +61,10 @@ ROWS: list[tuple[str, str, bool, str | None]] = [
     ("W1 bulk add (chunks of 1,000), jobs/s ↑", "w1_bulk_jobs_s", True, "floor_pipeline_ops_s"),
     ("W2 drain c=1, jobs/s ↑", "w2_c1_jobs_s", True, None),
     ("W2 drain c=1, worker CPU s / 1k jobs ↓", "w2_c1_cpu_s_per_1k", False, None),
+    ("W2 drain c=1, server CPU µs / job ↓", "w2_c1_server_us_per_job", False, None),
     ("W2 drain c=8, jobs/s ↑", "w2_c8_jobs_s", True, None),
     ("W2 drain c=8, worker CPU s / 1k jobs ↓", "w2_c8_cpu_s_per_1k", False, None),
+    ("W2 drain c=8, server CPU µs / job ↓", "w2_c8_server_us_per_job", False, None),
     ("W3 round trip p50, ms ↓", "w3_p50_ms", False, "floor_pingpong_p50_ms"),
     ("W3 round trip p95, ms ↓", "w3_p95_ms", False, "floor_pingpong_p95_ms"),
     ("W3 round trip p99, ms ↓", "w3_p99_ms", False, "floor_pingpong_p99_ms"),
@@ -80,6 +82,7 @@ ROWS: list[tuple[str, str, bool, str | None]] = [
 NA_KEYS = {
     "w1_bulk_jobs_s": "w1_bulk_na",
     "w2_c8_jobs_s": "w2_c8_na", "w2_c8_cpu_s_per_1k": "w2_c8_na",
+    "w2_c8_server_us_per_job": "w2_c8_na",
     "idle_events_cpu_pct": "idle_events_na", "idle_events_connections": "idle_events_na",
     "idle_events_cmds_s": "idle_events_na",
 }

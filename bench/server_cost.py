@@ -102,12 +102,45 @@ class Callgrind:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def drain_cost(cg: Callgrind, q: Queue, n: int, concurrency: int) -> float:
+    """Instructions per job of a worker draining ``n`` jobs (finish one and
+    take the next in one call)."""
+    q.obliterate(force=True)
+    q.add_bulk([{"name": "noop", "data": i} for i in range(n + 10)])
+    done = threading.Event()
+    count = [0]
+    lock = threading.Lock()
+
+    def handler(job: Job) -> dict[str, Any]:
+        with lock:
+            count[0] += 1
+            if count[0] in (10, n + 10):
+                done.set()
+        return {"ok": True}
+
+    with Worker("cost", handler, connection=cg.url, concurrency=concurrency):
+        if not done.wait(WAIT):  # the first jobs warm the worker up
+            raise RuntimeError("the worker did not start")
+        done.clear()
+        first = [0]
+
+        def drain() -> None:
+            first[0] = count[0]  # jobs finished before counting began
+            if not done.wait(WAIT):
+                raise RuntimeError("the drain did not finish")
+
+        total = cg.count(drain)
+    return total / (n + 10 - first[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", nargs="?", type=int, default=1000)
     parser.add_argument("--server", default="/usr/bin/redis-server")
     parser.add_argument("--keep", metavar="DIR",
                         help="keep the dumps there (the last one is the drain's)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8],
+                        help="the drains' worker concurrencies (default: 1 8)")
     args = parser.parse_args()
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is needed: apt-get install valgrind")
@@ -124,33 +157,9 @@ def main() -> None:
         rows.append(("add_bulk, chunks of 1,000", cg.count(lambda: [
             q.add_bulk([{"name": "noop", "data": i} for i in range(s, s + 1000)])
             for s in range(0, n, 1000)]) / (max(1, n // 1000) * 1000)))
-        q.obliterate(force=True)
-        q.add_bulk([{"name": "noop", "data": i} for i in range(n + 10)])
-        done = threading.Event()
-        count = [0]
-        lock = threading.Lock()
-
-        def handler(job: Job) -> dict[str, Any]:
-            with lock:
-                count[0] += 1
-                if count[0] in (10, n + 10):
-                    done.set()
-            return {"ok": True}
-
-        with Worker("cost", handler, connection=cg.url, concurrency=1):
-            if not done.wait(WAIT):  # the first jobs warm the worker up
-                raise RuntimeError("the worker did not start")
-            done.clear()
-
-            first = [0]
-
-            def drain() -> None:
-                first[0] = count[0]  # jobs finished before counting began
-                if not done.wait(WAIT):
-                    raise RuntimeError("the drain did not finish")
-
-            total = cg.count(drain)
-            rows.append(("drain, c=1 (finish + take next)", total / (n + 10 - first[0])))
+        for concurrency in args.concurrency:
+            rows.append((f"drain, c={concurrency} (finish + take next)",
+                          drain_cost(cg, q, n, concurrency)))
         q.close()
         raw.close()
     finally:

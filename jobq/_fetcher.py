@@ -160,7 +160,9 @@ class Fetcher:
             self._ready = True
             self._on_ready()
         if reply.taken is not None:
-            self._need_fetch = True
+            # take again at once only when more jobs wait; else block on the
+            # marker, which a job made ready since wakes at once
+            self._need_fetch = reply.more
             return 0.0
         if reply.limited_ms:
             return min(reply.limited_ms / 1000.0, BLOCK_CAP)

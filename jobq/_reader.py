@@ -279,7 +279,8 @@ class EventReader:
         for entry_id, raw in entries:
             entry = _text(entry_id)
             name = raw.get(b"ev")
-            if not listened and name not in _RUN_ENDS_RAW and name != b"obliterated":
+            if (not listened and name not in _RUN_ENDS_RAW and name != b"obliterated"
+                    and raw.get(b"ev:2") not in _RUN_ENDS_RAW):
                 # nobody listens and no waiter needs it: skip decoding
                 self.read_id = sid(entry)
                 continue

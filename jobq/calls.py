@@ -61,6 +61,8 @@ class TakeReply(NamedTuple):
     next_delay_ms: int = -1
     #: > 0: the rate limiter allows no take for this many ms
     limited_ms: int = 0
+    #: a job was taken and others wait to be taken
+    more: bool = False
 
 
 class FinishReply(NamedTuple):
@@ -76,7 +78,9 @@ class FinishReply(NamedTuple):
 def _decode_take(reply: Any, token: str) -> TakeReply:
     code = int(reply[0])
     if code == 1:
-        return TakeReply(Taken(reply[1].decode(), token, reply[2]))
+        # (a reply of the retried take, taken_by, does not say: "maybe")
+        return TakeReply(Taken(reply[1].decode(), token, reply[2]),
+                         more=len(reply) < 4 or reply[3] == 1)
     if code == 2:
         return TakeReply(limited_ms=max(1, int(reply[1])))
     return TakeReply(next_delay_ms=int(reply[1]))

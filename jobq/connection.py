@@ -229,13 +229,34 @@ def take_connection(pool: Any) -> Any:
 
 def xread(client: Client, key: str, last: str, count: int, block_ms: int) -> Any:
     """XREAD one stream. A cluster client is told the node: left to itself,
-    it asks the server for XREAD's keys (COMMAND GETKEYS) before every read."""
+    it asks the server for XREAD's keys (COMMAND GETKEYS) before every read.
+    A plain client's read goes straight to a connection of its pool (the
+    client's per-command layers cost an event reader about half its time)
+    and is returned as redis-py's RESP2 parsing would: ``[[key, [(id,
+    {field: value})]]]``, or None when the block ended with nothing."""
     if isinstance(client, RedisCluster):
         node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
         return client.execute_command(  # type: ignore[no-untyped-call]
             "XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, last, target_nodes=node
         )
-    return client.xread({key: last}, count=count, block=block_ms)
+    if not isinstance(client, redis.Redis) or client.connection is not None:
+        return client.xread({key: last}, count=count, block=block_ms)
+    pool = client.connection_pool
+    connection = take_connection(pool)
+    try:
+        connection.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, last)
+        reply = connection.read_response()
+    except BaseException:
+        connection.disconnect()  # a reply may be left unread: never reuse it
+        raise
+    finally:
+        pool.release(connection)
+    if not reply:
+        return None
+    # one stream: RESP2 [[key, entries]], RESP3 {key: entries}; an entry is
+    # [id, [field, value, ...]] in both
+    entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    return [[key, [(eid, dict(zip(flat[::2], flat[1::2], strict=True))) for eid, flat in entries]]]
 
 
 Blocked = tuple[str, int, int]  # host, port and id of a blocked connection

@@ -110,18 +110,20 @@ def build(raw: Mapping[str, bytes], entry_id: str | None, timestamp: float) -> E
 
 def from_stream(entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> list[Event]:
     """Decode one event stream entry into its events, in order: one, or two
-    when the entry carries a second event of the same job (field ``ev2``,
-    with no fields of its own: an add writes ``added`` and ``waiting`` as
-    one entry)."""
+    when the entry carries a second event (its fields suffixed ``:2``:
+    ``ev:2``, ``jid:2`` when another job's, ...): an add writes ``added``
+    and ``waiting`` as one entry."""
     sid = _text(entry_id)
-    ms = int(sid.partition("-")[0])
+    ts = int(sid.partition("-")[0]) / 1000.0
     fields = {k.decode(): v for k, v in raw.items()}
-    then = fields.pop("ev2", None) if fields.get("c") != b"1" else None
-    event = build(fields, sid, ms / 1000.0)
-    if then is None:
-        return [event]
-    first = Event(event.name, event.job_id, sid, event.timestamp, event.prev, event.fields, True)
-    return [first, Event(_text(then), event.job_id, sid, ms / 1000.0)]
+    if "ev:2" not in fields or fields.get("c") == b"1":
+        return [build(fields, sid, ts)]
+    second = {k[:-2]: fields.pop(k) for k in [k for k in fields if k.endswith(":2")]}
+    second.setdefault("jid", fields.get("jid", b""))
+    first = build(fields, sid, ts)
+    # not a resume point until the second event is dispatched too
+    first = Event(first.name, first.job_id, sid, ts, first.prev, first.fields, True)
+    return [first, build(second, sid, ts)]
 
 
 def to_netstrings(parts: list[str]) -> bytes:

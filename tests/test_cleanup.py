@@ -21,6 +21,7 @@ import jobq
 from jobq import JobNotFoundError, Queue, QueueEvents, RedisOOMError, Worker
 from jobq.testing import RedisServer, find_server_binary
 from tests.polling import until
+from tests.streams import stream_events
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
 STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
@@ -28,15 +29,7 @@ STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-childr
 
 def stream(client: redis.Redis, queue_name: str) -> list[tuple[str, str, dict[str, bytes]]]:
     """The queue's event stream as (name, job id, fields), oldest first."""
-    out = []
-    for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
-        fields = {k.decode(): v for k, v in raw.items()}
-        then = fields.pop("ev2", None)  # a second event of the entry's job
-        jid = fields.pop("jid").decode()
-        out.append((fields.pop("ev").decode(), jid, fields))
-        if then is not None:
-            out.append((then.decode(), jid, {}))
-    return out
+    return stream_events(client, queue_name)
 
 
 def removed_events(client: redis.Redis, queue_name: str) -> dict[str, str]:

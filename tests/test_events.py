@@ -504,7 +504,7 @@ def _stream_ids(client: redis.Redis, queue_name: str) -> list[str]:
     """The id of each event in the queue's stream, oldest first: an entry
     that carries two events (an add's ``added`` + ``waiting``) gives two."""
     entries = client.xrange(f"jobq:{{{queue_name}}}:events")
-    return [i.decode() for i, raw in entries for _ in range(2 if b"ev2" in raw else 1)]
+    return [i.decode() for i, raw in entries for _ in range(2 if b"ev:2" in raw else 1)]
 
 
 def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,

@@ -26,6 +26,7 @@ from jobq import (
     WaitUntilFinishedTimeoutError,
     Worker,
 )
+from tests.streams import stream_events
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
 
@@ -41,16 +42,8 @@ def worker(queue_name: str, redis_url: str, processor: Callable[[Any], Any], **k
 
 def stream(client: redis.Redis, queue_name: str, job_id: str) -> list[tuple[str, dict]]:
     """The events of one job in the queue's stream as (name, fields), oldest first."""
-    out = []
-    for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
-        fields = {k.decode(): v for k, v in raw.items()}
-        name = fields.pop("ev").decode()
-        then = fields.pop("ev2", None)  # a second event of the entry's job
-        if fields.pop("jid").decode() == job_id:
-            out.append((name, fields))
-            if then is not None:
-                out.append((then.decode(), {}))
-    return out
+    return [(name, fields) for name, jid, fields in stream_events(client, queue_name)
+            if jid == job_id]
 
 
 def finish(job: Job) -> Any:

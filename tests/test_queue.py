@@ -17,6 +17,7 @@ import redis
 
 import jobq
 from jobq import ClosedError, JobqError, Queue, SerializationError, Worker
+from tests.streams import stream_events
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
 QUIET = 0.3  # seconds: how long something that should not happen is watched for
@@ -44,17 +45,7 @@ def kept_keys(client: redis.Redis, queue_name: str) -> list[bytes]:
 
 def stream(client: redis.Redis, queue_name: str, job_id: str | None = None) -> list[tuple]:
     """The queue's event stream as (name, job id, fields) tuples, oldest first."""
-    out = []
-    for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
-        fields = {k.decode(): v for k, v in raw.items()}
-        name = fields.pop("ev").decode()
-        then = fields.pop("ev2", None)  # a second event of the entry's job
-        jid = fields.pop("jid").decode()
-        if job_id is None or jid == job_id:
-            out.append((name, jid, fields))
-            if then is not None:
-                out.append((then.decode(), jid, {}))
-    return out
+    return [e for e in stream_events(client, queue_name) if job_id is None or e[1] == job_id]
 
 
 def names(events: list[tuple]) -> list[str]:

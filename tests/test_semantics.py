@@ -18,6 +18,7 @@ import redis
 
 from jobq import Job, JobFailedError, Queue, Worker
 from tests.polling import until
+from tests.streams import stream_events
 
 WAIT = 10.0  # seconds: the bound of every wait for something that should happen
 MAX_PRIORITY = 2_097_151  # BullMQ's: (priority, sequence) stays exact below 2**53
@@ -35,12 +36,7 @@ def make_worker(queue_name: str, redis_url: str, processor: Callable[[Job], Any]
 
 def event_names(client: redis.Redis, queue_name: str) -> list[tuple[str, str]]:
     """The queue's stream events as (name, job id), oldest first."""
-    out = []
-    for _, raw in client.xrange(f"jobq:{{{queue_name}}}:events"):
-        out.append((raw[b"ev"].decode(), raw[b"jid"].decode()))
-        if b"ev2" in raw:  # a second event of the entry's job
-            out.append((raw[b"ev2"].decode(), raw[b"jid"].decode()))
-    return out
+    return [(name, jid) for name, jid, _ in stream_events(client, queue_name)]
 
 
 def server_ms(client: redis.Redis) -> float:

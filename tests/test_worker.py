@@ -31,6 +31,7 @@ from jobq import (
     UnrecoverableError,
     Worker,
 )
+from jobq.calls import TakeArgs, WorkerScripts
 from tests import worker_proc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1315,3 +1316,32 @@ def test_worker_validates_its_arguments(queue_name: str, redis_url: str) -> None
         Worker(queue_name, lambda job: None, connection=redis_url, lock_duration=0)
     with pytest.raises(ValueError):
         Worker(queue_name, lambda job: None, connection=redis_url, limiter={"max": 0})
+
+
+def test_a_take_says_whether_more_jobs_wait(queue: Queue) -> None:
+    queue.add_bulk([{"name": "n", "data": i} for i in range(2)])
+    scripts = WorkerScripts(queue._context.run)
+    first = scripts.take(TakeArgs("t1", 30_000, "w", 0, 0))
+    second = scripts.take(TakeArgs("t2", 30_000, "w", 0, 0))
+    assert first.taken is not None and first.more
+    assert second.taken is not None and not second.more
+
+
+def _fcalls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def test_a_lone_job_costs_three_script_calls(queue_name: str, redis_url: str,
+                                             redis_client: redis.Redis) -> None:
+    # add, take, complete: the fetcher does not look again when its take
+    # said that nothing else waits (it blocks on the marker instead)
+    with Queue(queue_name, connection=redis_url) as queue, \
+            make_worker(queue_name, redis_url, lambda job: job.data, concurrency=4,
+                        lock_duration=30, stalled_interval=30):
+        assert queue.add("warm", 0).wait_until_finished(timeout=WAIT) == 0
+        before = _fcalls(redis_client)
+        for i in range(20):
+            assert queue.add("n", i).wait_until_finished(timeout=WAIT) == i
+        # a few of the worker's periodic calls (heartbeat, checks) may fall in
+        assert _fcalls(redis_client) - before <= 3 * 20 + 5

@@ -314,6 +314,13 @@ def w1(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def server_cpu_seconds(r: Any) -> float:
+    """The server's CPU time so far (INFO cpu: user + system, all its
+    threads), seconds."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def w2(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     c = args.concurrency
     key = f"w2_c{c}"
@@ -329,8 +336,10 @@ def w2(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
         t0 = wait_for(lambda: peer.pending() < n, READY_TIMEOUT, "the first take", proc,
                       interval=0.001)
         cpu0 = tree_cpu_seconds(proc.pid)
+        server0 = server_cpu_seconds(peer.redis())
         t1 = wait_for(lambda: peer.is_done(handles[-1]), DRAIN_TIMEOUT, "the drain", proc)
         cpu1 = tree_cpu_seconds(proc.pid)
+        server1 = server_cpu_seconds(peer.redis())
         left = peer.pending()
         # confirm every job ran (untimed)
         missing = sum(1 for h in handles[:: max(1, n // 200)] if not peer.is_done(h))
@@ -339,6 +348,7 @@ def w2(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     return {
         f"{key}_jobs_s": n / (t1 - t0),
         f"{key}_cpu_s_per_1k": (cpu1 - cpu0) / n * 1000.0,
+        f"{key}_server_us_per_job": (server1 - server0) / n * 1e6,
         f"{key}_n": n,
         f"{key}_left": left,
         f"{key}_sampled_missing": missing,

@@ -28,9 +28,15 @@ local K_META = base .. 'meta'
 local K_EVENTS = base .. 'events'
 local K_MARKER = base .. 'marker'
 
+-- The server's clock in ms, read once per call: a call is atomic, so one
+-- reading serves every job it touches.
+local _now = nil
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  if not _now then
+    local t = redis.call('TIME')
+    _now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  end
+  return _now
 end
 
 -- A number as redis.call would send it (%.17g), formatted once per call:
@@ -49,6 +55,11 @@ end
 -- A whole number as text: far cheaper for the server than the %.17g that
 -- redis.call applies to a Lua number.
 local function int(n) return string.format('%d', n) end
+
+local function append(list, more)
+  for i = 1, #more do list[#list + 1] = more[i] end
+  return list
+end
 
 local function job_key(id) return base .. 'job:' .. id end
 local function lock_key(id) return base .. 'lock:' .. id end
@@ -90,9 +101,10 @@ local RUN_ENDS = { completed = true, failed = true, removed = true }
 -- and a counter that obliterate keeps) is recorded as the job's `run` field
 -- and returned instead; with `own_record` the caller writes that field
 -- itself (in the same HSET as the rest of the record).
--- `then_name`: a second event of the same job with no fields, written in
--- the same stream entry (field ev2; readers expand it, in order): an add
--- is one entry for `added` and `waiting`, not two.
+-- `then_name`: a second event of the same job, with no fields, written in
+-- the same stream entry as field ev:2 (readers expand an entry's second
+-- event, whose fields carry the suffix ':2', after its first): an add is
+-- one entry for `added` and `waiting`, not two.
 local function emit(name, jid, fields, then_name, own_record)
   local m = meta()
   if jid and RUN_ENDS[name] then
@@ -113,7 +125,7 @@ local function emit(name, jid, fields, then_name, own_record)
     if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
   else
     if then_name then
-      fields[#fields + 1] = 'ev2'
+      fields[#fields + 1] = 'ev:2'
       fields[#fields + 1] = then_name
     end
     id = redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
@@ -263,11 +275,6 @@ local function record_metric(kind, now, f_pon, f_rdy)
   redis.call('HSET', key, 'count', int(count + 1),
     'wait', int((tonumber(m[4]) or 0) + math.floor(math.max(0, pon - rdy) + 0.5)),
     'run', int((tonumber(m[5]) or 0) + math.floor(math.max(0, now - pon) + 0.5)))
-end
-
-local function append(list, more)
-  for i = 1, #more do list[#list + 1] = more[i] end
-  return list
 end
 
 -- Fail a job for good (its lock and active entry already gone): record it
@@ -613,10 +620,12 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', int(atm + 1), 'worker', worker, 'prev', 'waiting' })
   if sch and slot then advance_scheduler(sch, slot, now) end  -- a tick: produce the next
-  -- jobs left to take: wake another idle worker
-  if redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0 then mark_ready() end
+  -- jobs left to take: wake another idle worker (and tell this one)
+  local more = redis.call('LLEN', K_WAIT) > 0 or redis.call('ZCARD', K_PRIO) > 0
+  if more then mark_ready() end
   -- the record as it now is (a later field of the same name wins)
-  return { 1, id, append(rec, { 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token }) }
+  return { 1, id, append(rec, { 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token }),
+    more and 1 or 0 }
 end
 
 -- Emit `drained` when no job is waiting (plain or prioritized) and none is

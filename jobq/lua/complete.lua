@@ -58,7 +58,7 @@ local removable = keep ~= -1 or (tonumber(f[6]) or 0) > 0
 if keep == 0 then
   delete_job(id, false, true)
 else
-  redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', fmt(now), 'atm', atm,
+  redis.call('HSET', jk, 'state', 'completed', 'rv', result, 'fon', fmt(now), 'atm', int(atm),
     'ftok', token)
   retain(K_COMPLETED, id, now, keep, tonumber(f[6]) or 0)
 end

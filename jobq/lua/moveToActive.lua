@@ -11,7 +11,8 @@
   ARGV[6]  optional: '1' when this call retries a take whose reply was lost:
            the job that take locked with the same token, if any, is
            returned as taken
-  Returns  {1, id, {job hash field, value, ...}}  a job was taken
+  Returns  {1, id, {job hash field, value, ...}, more}  a job was taken;
+                     more: 1 when other jobs wait to be taken, else 0
            {0, ms}   nothing to take, or the queue is paused; ms until
                      the next delayed job, or -1 (a paused queue's due
                      delayed jobs are promoted all the same)
