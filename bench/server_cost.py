@@ -3,6 +3,7 @@ unlike timings on a shared machine): a private redis-server runs under
 valgrind's callgrind with instrumentation off, switched on around each phase.
 
     .venv/bin/python bench/server_cost.py [N]    # N jobs per phase, default 1000
+    .venv/bin/python bench/server_cost.py --bullmq   # BullMQ on Node.js beside it
 
 Needs valgrind (``apt-get install valgrind``) and /usr/bin/redis-server (or
 ``--server PATH``). Prints instructions per job for: a plain SET (the floor
@@ -133,6 +134,60 @@ def drain_cost(cg: Callgrind, q: Queue, n: int, concurrency: int) -> float:
     return total / (n + 10 - first[0])
 
 
+NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
+
+
+def node(mode: str, url: str, *args: Any) -> subprocess.Popen[bytes]:
+    """bench/node/bench.js (BullMQ on Node.js) in ``mode``."""
+    return subprocess.Popen(["node", "bench.js", mode, url, *map(str, args)], cwd=NODE_DIR,
+                            stdout=subprocess.DEVNULL)
+
+
+def node_run(mode: str, url: str, *args: Any) -> None:
+    proc = node(mode, url, *args)
+    if proc.wait(WAIT) != 0:
+        raise RuntimeError(f"node bench.js {mode} failed")
+
+
+def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int]) -> list[float]:
+    """BullMQ Node's instructions per job for the same rows (bench.js; the
+    scripts are loaded and each client connects before counting starts, as
+    far as a process per phase allows: its connection set-up is counted)."""
+    raw = redis.Redis.from_url(cg.url)
+    node_run("adds", cg.url, 10)  # its scripts loaded before counting
+    rows = [
+        cg.count(lambda: node_run("adds", cg.url, n)) / n,
+        cg.count(lambda: node_run("bulk", cg.url, max(1, n // 1000) * 1000))
+        / (max(1, n // 1000) * 1000),
+    ]
+    for concurrency in concurrencies:
+        raw.flushdb()
+        node_run("preload", cg.url, n + 10)
+        worker = node("worker", cg.url, concurrency)
+        try:
+            deadline = time.monotonic() + WAIT
+            while raw.zcard("bull:bench:completed") < 10:  # warmed up
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError("the BullMQ worker did not start")
+                time.sleep(0.05)
+            first = [0]
+
+            def drain() -> None:
+                first[0] = raw.zcard("bull:bench:completed")
+                while raw.zcard("bull:bench:completed") < n + 10:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the BullMQ drain did not finish")
+                    time.sleep(0.05)  # a probe every 50 ms: a few dozen commands in all
+
+            total = cg.count(drain)
+            rows.append(total / (n + 10 - first[0]))
+        finally:
+            worker.terminate()
+            worker.wait(WAIT)
+    raw.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", nargs="?", type=int, default=1000)
@@ -141,6 +196,9 @@ def main() -> None:
                         help="keep the dumps there (the last one is the drain's)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8],
                         help="the drains' worker concurrencies (default: 1 8)")
+    parser.add_argument("--bullmq", action="store_true",
+                        help="also count BullMQ on Node.js (bench/node, `python bench/install.py "
+                             "bullmq-node` first) on its own server under callgrind")
     args = parser.parse_args()
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is needed: apt-get install valgrind")
@@ -164,9 +222,20 @@ def main() -> None:
         raw.close()
     finally:
         cg.close(args.keep)
+    peer: list[float] = []
+    if args.bullmq:
+        cg = Callgrind(args.server)
+        try:
+            peer = bullmq_rows(cg, n, args.concurrency)
+        finally:
+            cg.close(None)
     print(f"Server instructions per job (callgrind, {n} jobs per row):")
-    for label, value in rows:
-        print(f"  {label:34s} {value / 1000:8.1f}k")
+    print(f"  {'':34s} {'jobq':>9s}" + (f" {'BullMQ Node':>12s} {'ratio':>6s}" if peer else ""))
+    for i, (label, value) in enumerate(rows):
+        line = f"  {label:34s} {value / 1000:8.1f}k"
+        if peer and i > 0:
+            line += f" {peer[i - 1] / 1000:11.1f}k {value / peer[i - 1]:5.2f}x"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,14 @@ async function main() {
       for (const j of jobs) ids.push(j.id);
     }
     out = { ids };
+  } else if (mode === 'adds') {  // n single adds, nothing timed (bench/server_cost.py)
+    const n = Number(rest[0]);
+    for (let i = 0; i < n; i++) await queue.add('noop', i);
+  } else if (mode === 'bulk') {  // n jobs in bulk adds of 1,000, nothing timed
+    const n = Number(rest[0]);
+    for (let s = 0; s < n; s += 1000) {
+      await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+    }
   } else if (mode === 'w1') {
     const n = Number(rest[0]);
     let t0 = now();
