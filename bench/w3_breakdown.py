@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jobq.queue_events as queue_events  # noqa: E402
+import jobq._reader as reader  # noqa: E402
 from jobq import Job, Queue, Worker  # noqa: E402
 from jobq.testing import RedisServer  # noqa: E402
 
@@ -41,14 +41,14 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     binary = "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
     seen: dict[str, float] = {}
-    original = queue_events.QueueEvents._handle
+    original = reader.EventReader._handle
 
     def handle(self: Any, event: Any) -> None:  # stamp the reader's receipt
         if event.name == "completed":
             seen[event.job_id] = time.time()
         original(self, event)
 
-    queue_events.QueueEvents._handle = handle  # type: ignore[method-assign]
+    reader.EventReader._handle = handle  # type: ignore[method-assign]
     with RedisServer(binary) as server:
         worker = subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker",
                                    server.url])
