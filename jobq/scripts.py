@@ -28,6 +28,11 @@ from redis.exceptions import (
 
 from .connection import Client, take_connection
 
+try:  # a dependency of jobq; redis-py packs commands with it too
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover
+    _pack = None
+
 _SCRIPT_NAMES = (
     "add",
     "addFlow",
@@ -241,7 +246,10 @@ class Scripts:
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
             try:
-                connection.send_command(*command)
+                if _pack is None:
+                    connection.send_command(*command)
+                else:  # the same bytes, without redis-py's per-argument pass
+                    connection.send_packed_command([_pack(command)])
                 return connection.read_response()
             except ResponseError as exc:
                 if _MISSING not in str(exc):
