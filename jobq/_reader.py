@@ -24,6 +24,7 @@ from ._waiters import (
     Failed,
     Outcome,
     StreamId,
+    Waiter,
     WaiterTable,
     generation,
     sid,
@@ -276,6 +277,9 @@ class EventReader:
         )
         entries = _connection.stream_entries(reply)
         listened = self._listeners.has_any()
+        # the waiters answered by this read are woken after it is handled:
+        # each woken thread competes with the reader for the GIL
+        answered: list[tuple[Waiter, Outcome]] = []
         for entry_id, raw in entries:
             entry = _text(entry_id)
             name = raw.get(b"ev")
@@ -289,8 +293,9 @@ class EventReader:
                 logger.exception("skipping undecodable event %s of %r", entry, self.name)
                 event = None
             if event is not None:
-                self._handle(event)
+                self._handle(event, answered)
             self.read_id = sid(entry)  # only after its outcome is recorded
+        self.table.gate.wake(answered)
         self.table.settle()
         # XREAD cannot tell that entries after ``since`` were trimmed (a reader
         # stopped, starved or far behind): the stream's first id can. Trimming
@@ -325,8 +330,9 @@ class EventReader:
             return
         self._handle(event)
 
-    def _handle(self, event: Event) -> None:
-        """Resolve the waiters of a run that ended, then queue the event for
+    def _handle(self, event: Event, answered: list[tuple[Waiter, Outcome]] | None = None) -> None:
+        """Resolve the waiters of a run that ended (or add them to
+        ``answered``, for the caller to resolve), then queue the event for
         listeners."""
         assert self.table is not None
         job_id = event.job_id
@@ -336,7 +342,10 @@ class EventReader:
             outcome, event = self._outcome(event, run)
             at = sid(event.id) if event.id else (0, 0)
             for waiter in self.table.record(job_id, run, outcome, at):
-                waiter.resolve(outcome)
+                if answered is None:
+                    waiter.resolve(outcome)
+                else:
+                    answered.append((waiter, outcome))
         elif event.name == "obliterated":
             # every record is gone: each waiter learns it from its own check
             self._lost()

@@ -252,8 +252,10 @@ class QueueEvents(ListenerMethods):
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
                     checked = self._table.try_check(waiter)
+            waiter.resumed()  # the reader wakes more threads once these run
             return self._result(waiter)
         finally:
+            waiter.resumed()
             self._table.unregister(waiter)
 
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
@@ -299,11 +301,14 @@ class QueueEvents(ListenerMethods):
         return self._table.result(waiter, f"QueueEvents {self.name!r}")
 
     def _poke_all(self) -> None:
-        """Make every waiter re-check its job's record (after a possible loss)."""
+        """Re-check every waiter's job record (after a possible loss of
+        events): the waiting threads' in pipelined batches here, on the
+        reader; each waiter these could not decide is woken to check its
+        own. Futures are checked on the dispatcher."""
         waiters = self._table.snapshot()
-        for waiter in waiters:
-            if waiter.callback is None:
-                waiter.poke()
+        threads = [w for w in waiters if w.callback is None and w.outcome is None]
+        for waiter in self._table.check_many(threads):
+            waiter.poke()
         futures = [w for w in waiters if w.callback is not None]
         if futures:
             self._dispatcher.call_soon(lambda: self._check_futures(futures))
@@ -316,10 +321,11 @@ class QueueEvents(ListenerMethods):
         self._check_futures([w for w in self._table.snapshot() if w.callback is not None])
 
     def _check_futures(self, waiters: list[Waiter]) -> None:
-        """Check futures' jobs (no thread waits on them), on the dispatcher;
-        a transient error ends the round: the next reconnect or re-check
+        """Check futures' jobs (no thread waits on them), on the dispatcher,
+        in pipelined batches, then one by one those the batches left; a
+        transient error ends the round: the next reconnect or re-check
         tries again."""
-        for waiter in waiters:
+        for waiter in self._table.check_many([w for w in waiters if w.outcome is None]):
             if self._stop.is_set():
                 return
             try:
