@@ -566,3 +566,27 @@ def test_after_a_gap_waiting_threads_are_rechecked_in_batches_not_each_on_its_ow
             thread.join(WAIT * 3)
         assert results == {job.id: job.data for job in jobs}
         assert own_checks == []
+
+
+def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobq import _waiters
+    from jobq._waiters import Completed, WakeGate, Waiter
+
+    monkeypatch.setattr(_waiters, "WAKE_WAIT", WAIT)  # only the threads' progress opens the gate
+    gate = WakeGate()
+    waiters = [Waiter(f"job-{i}") for i in range(_waiters.WAKE_BATCH + 1)]
+    waking = threading.Thread(target=gate.wake, args=([(w, Completed(i)) for i, w in
+                                                      enumerate(waiters)],))
+    waking.start()
+    try:
+        until(lambda: gate._expected == _waiters.WAKE_BATCH, WAIT)  # the first batch is woken
+        assert all(w.event.is_set() for w in waiters[:-1])
+        assert waiters[-1].outcome is None  # the next waits until the first batch runs
+    finally:
+        for waiter in waiters[:-1]:  # what each woken thread does first
+            waiter.resumed()
+        waking.join(WAIT)
+    assert not waking.is_alive()
+    assert [w.outcome for w in waiters] == [Completed(i) for i in range(len(waiters))]
