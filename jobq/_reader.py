@@ -42,6 +42,8 @@ RUN_ENDS = frozenset({"completed", "failed", "removed"})
 _RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
 #: Seconds between two looks for a trimmed gap while events keep coming.
 GAP_CHECK_INTERVAL = 5.0
+#: Longest read, in seconds, while woken threads are queued (WakeGate).
+WAKE_READ_BLOCK = 0.002
 
 
 class Dispatcher:
@@ -194,10 +196,16 @@ class EventReader:
             )
             self._blocked = _connection.client_id(client, self._context.keys.events)
             self._pubsub = self._connect(client)
+        assert self.table is not None
+        gate = self.table.gate
+        # while woken threads are queued, read briefly: the next batch is
+        # woken after each read, once the last one has run
+        block = self._block if gate.idle() else WAKE_READ_BLOCK
         if self._pubsub is not None:
-            self._read_pubsub(self._pubsub)
+            self._read_pubsub(self._pubsub, block)
         else:
-            self._read_stream(self._client)
+            self._read_stream(self._client, block)
+        gate.pump()
         return 0.0
 
     def _reconnect(self, exc: Exception) -> None:
@@ -206,6 +214,8 @@ class EventReader:
         self._disconnect()
 
     def _disconnect(self) -> None:
+        if self.table is not None:  # no more reads to wake them between
+            self.table.gate.flush()
         _connection.close_subscription(self._client, self._pubsub)
         self._client, self._pubsub = None, None
 
@@ -268,17 +278,17 @@ class EventReader:
             )
             self._lost()
 
-    def _read_stream(self, client: Client) -> None:
+    def _read_stream(self, client: Client, block: float) -> None:
         assert self.read_id is not None and self.table is not None
         since = self.read_id
         reply = _connection.xread(
             client, self._context.keys.events, f"{since[0]}-{since[1]}", 1000,
-            int(self._block * 1000),
+            max(1, int(block * 1000)),
         )
         entries = _connection.stream_entries(reply)
         listened = self._listeners.has_any()
-        # the waiters answered by this read are woken after it is handled:
-        # each woken thread competes with the reader for the GIL
+        # the waiters answered by this read are queued on the gate, and
+        # woken a batch at a time (see WakeGate)
         answered: list[tuple[Waiter, Outcome]] = []
         for entry_id, raw in entries:
             entry = _text(entry_id)
@@ -295,7 +305,7 @@ class EventReader:
             if event is not None:
                 self._handle(event, answered)
             self.read_id = sid(entry)  # only after its outcome is recorded
-        self.table.gate.wake(answered)
+        self.table.gate.add(answered)
         self.table.settle()
         # XREAD cannot tell that entries after ``since`` were trimmed (a reader
         # stopped, starved or far behind): the stream's first id can. Trimming
@@ -307,9 +317,9 @@ class EventReader:
             self._next_gap_check = now + GAP_CHECK_INTERVAL
             self._detect_gap(client, since)
 
-    def _read_pubsub(self, pubsub: Any) -> None:
+    def _read_pubsub(self, pubsub: Any, block: float) -> None:
         assert self.table is not None
-        message = pubsub.get_sharded_message(timeout=self._block)
+        message = pubsub.get_sharded_message(timeout=block)
         if message is None:
             return
         kind = _text(message["type"])
@@ -328,12 +338,13 @@ class EventReader:
         if event.name == CHECKPOINT:
             self.table.settle(event.job_id)
             return
-        self._handle(event)
+        answered: list[tuple[Waiter, Outcome]] = []
+        self._handle(event, answered)
+        self.table.gate.add(answered)
 
-    def _handle(self, event: Event, answered: list[tuple[Waiter, Outcome]] | None = None) -> None:
-        """Resolve the waiters of a run that ended (or add them to
-        ``answered``, for the caller to resolve), then queue the event for
-        listeners."""
+    def _handle(self, event: Event, answered: list[tuple[Waiter, Outcome]]) -> None:
+        """Add the waiters of a run that ended to ``answered`` (the caller
+        resolves them), then queue the event for listeners."""
         assert self.table is not None
         job_id = event.job_id
         if event.name in RUN_ENDS and job_id is not None:
@@ -341,11 +352,8 @@ class EventReader:
             run = run if isinstance(run, str) else None
             outcome, event = self._outcome(event, run)
             at = sid(event.id) if event.id else (0, 0)
-            for waiter in self.table.record(job_id, run, outcome, at):
-                if answered is None:
-                    waiter.resolve(outcome)
-                else:
-                    answered.append((waiter, outcome))
+            waiters = self.table.record(job_id, run, outcome, at)
+            answered += ((waiter, outcome) for waiter in waiters)
         elif event.name == "obliterated":
             # every record is gone: each waiter learns it from its own check
             self._lost()

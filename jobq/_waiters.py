@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -187,7 +187,7 @@ def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
 
 
 class WakeGate:
-    """Wakes many waiting threads a batch at a time.
+    """Wakes many waiting threads a batch at a time, between the reader's reads.
 
     Each woken Python thread must take the GIL. Ten thousand woken at once
     all wait for it, and each waiting thread wakes every switch interval
@@ -195,42 +195,62 @@ class WakeGate:
     On a 2-core machine here, waking 10,000 threads blocked on Events took
     3.1-5.1 s one after another, and 0.8 s in batches of 64, each woken
     once the previous batch had run (bench/load/README.md, L1).
+
+    The reader queues the waiters its reads answer (``add``) and wakes one
+    batch after each read (``pump``): it reads on between batches, so it
+    does not fall behind the stream while the woken threads run.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._queued: deque[tuple[Waiter, Outcome]] = deque()
         self._passed = 0
-        self._expected = 0  # 0: nobody waits for the batch
+        self._expected = 0  # threads of the last batch woken
 
     def passed(self) -> None:
         """A woken thread runs."""
         with self._cond:
             self._passed += 1
-            if self._expected and self._passed >= self._expected:
+            if self._passed == self._expected:
                 self._cond.notify()
 
-    def wake(self, answered: list[tuple[Waiter, Outcome]]) -> None:
-        """Resolve each waiter with its outcome, waiting, after every
-        WAKE_BATCH threads woken, until they run (at most WAKE_WAIT s)."""
-        woken = 0
-        for waiter, outcome in answered:
-            thread = waiter.callback is None  # a future's waiter has no thread
-            if thread:
-                waiter.gate = self
-            if waiter.resolve(outcome) and thread:
-                woken += 1
-                if woken == WAKE_BATCH:
-                    self._wait(woken)
-                    woken = 0
-        if woken:
-            with self._cond:  # the last batch is not waited for
-                self._passed = 0
+    def idle(self) -> bool:
+        """Whether no waiter is queued."""
+        return not self._queued
 
-    def _wait(self, count: int) -> None:
+    def add(self, answered: list[tuple[Waiter, Outcome]]) -> None:
+        """Queue waiters with their outcomes; a future's (no thread waits on
+        it) is resolved at once."""
+        for waiter, outcome in answered:
+            if waiter.callback is None:
+                self._queued.append((waiter, outcome))
+            else:
+                waiter.resolve(outcome)
+
+    def pump(self) -> None:
+        """Wake the next batch once the last one has run (waiting at most
+        WAKE_WAIT seconds for it)."""
+        if not self._queued:
+            return
         with self._cond:
-            self._expected = count
-            self._cond.wait_for(lambda: self._passed >= count, WAKE_WAIT)
-            self._expected = self._passed = 0
+            self._cond.wait_for(lambda: self._passed >= self._expected, WAKE_WAIT)
+            self._passed = self._expected = 0
+        woken = 0
+        while self._queued and woken < WAKE_BATCH:
+            waiter, outcome = self._queued.popleft()
+            waiter.gate = self
+            if waiter.resolve(outcome):
+                woken += 1
+            else:
+                waiter.gate = None
+        with self._cond:
+            self._expected = woken
+
+    def flush(self) -> None:
+        """Wake every queued waiter now (the reader stops, or cannot read)."""
+        while self._queued:
+            waiter, outcome = self._queued.popleft()
+            waiter.resolve(outcome)
 
 
 class ReaderPosition(Protocol):
@@ -399,8 +419,8 @@ class WaiterTable:
 
     def check_many(self, waiters: list[Waiter]) -> list[Waiter]:
         """``check`` many waiters at once: CHECK_BATCH of them per pipelined
-        round trip, one pooled connection in all, the threads of those
-        answered woken through the gate. Return the waiters this could not
+        round trip, one pooled connection in all; the threads of those
+        answered are queued on the gate, for the reader to wake. Return the waiters this could not
         decide (a transient error, an error reply such as MOVED, a run whose
         events need a longer scan): each must be checked on its own.
 
@@ -424,7 +444,7 @@ class WaiterTable:
                 logger.debug("checking %d jobs at once failed: %s", len(chunk), exc)
                 left += [w for w in waiters[start:] if w.outcome is None]
                 break
-        self.gate.wake(answered)
+        self.gate.add(answered)  # the reader wakes them, a batch at a time
         return left
 
     def _check_batch(

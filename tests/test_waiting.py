@@ -523,7 +523,8 @@ def test_a_batched_check_decides_every_kind_of_run_as_a_check_of_its_own_does(
                          getattr(w.outcome, "reason", None)) for w in alone]
     assert isinstance(together[0].outcome, Completed) and together[0].outcome.value == "value"
     assert isinstance(together[1].outcome, Completed) and together[1].outcome.value == "gone"
-    assert isinstance(together[2].outcome, Failed) and together[2].outcome.reason == "ValueError: boom"
+    assert isinstance(together[2].outcome, Failed)
+    assert together[2].outcome.reason == "ValueError: boom"
     assert together[4].outcome is None  # still waiting: nothing decided
 
 
@@ -572,21 +573,23 @@ def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from jobq import _waiters
-    from jobq._waiters import Completed, WakeGate, Waiter
+    from jobq._waiters import Completed, Waiter, WakeGate
 
-    monkeypatch.setattr(_waiters, "WAKE_WAIT", WAIT)  # only the threads' progress opens the gate
+    monkeypatch.setattr(_waiters, "WAKE_WAIT", WAIT)  # only the threads' progress opens it
     gate = WakeGate()
     waiters = [Waiter(f"job-{i}") for i in range(_waiters.WAKE_BATCH + 1)]
-    waking = threading.Thread(target=gate.wake, args=([(w, Completed(i)) for i, w in
-                                                      enumerate(waiters)],))
-    waking.start()
-    try:
-        until(lambda: gate._expected == _waiters.WAKE_BATCH, WAIT)  # the first batch is woken
-        assert all(w.event.is_set() for w in waiters[:-1])
-        assert waiters[-1].outcome is None  # the next waits until the first batch runs
-    finally:
-        for waiter in waiters[:-1]:  # what each woken thread does first
-            waiter.resumed()
-        waking.join(WAIT)
-    assert not waking.is_alive()
+    future = Waiter("a-future", callback=lambda waiter, outcome: None)
+    gate.add([(w, Completed(i)) for i, w in enumerate(waiters)] + [(future, Completed("f"))])
+    assert future.outcome == Completed("f")  # no thread waits on a future: at once
+    assert all(w.outcome is None for w in waiters)  # threads: woken between reads
+    gate.pump()
+    assert all(w.event.is_set() for w in waiters[:-1])  # the first batch
+    assert waiters[-1].outcome is None  # the next waits until the first batch runs
+    pumping = threading.Thread(target=gate.pump)
+    pumping.start()
+    for waiter in waiters[:-1]:  # what each woken thread does first
+        waiter.resumed()
+    pumping.join(WAIT)
+    assert not pumping.is_alive()
     assert [w.outcome for w in waiters] == [Completed(i) for i in range(len(waiters))]
+    assert gate.idle()
