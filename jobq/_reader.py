@@ -1,6 +1,7 @@
-"""The two threads of a QueueEvents: the reader of the queue's event channel,
-which resolves waiters, and the dispatcher, which runs everything a user
-wrote (listeners, futures' done-callbacks) so that none runs on the reader."""
+"""The threads of a QueueEvents: the reader of the queue's event channel,
+which answers waiters (the waker thread, WakeGate, wakes their threads a
+batch at a time), and the dispatcher, which runs everything a user wrote
+(listeners, futures' done-callbacks) so that none runs on the reader."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ RUN_ENDS = frozenset({"completed", "failed", "removed"})
 _RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
 #: Seconds between two looks for a trimmed gap while events keep coming.
 GAP_CHECK_INTERVAL = 5.0
-#: Longest read, in seconds, while woken threads are queued (WakeGate).
-WAKE_READ_BLOCK = 0.002
+#: Entries read at most per XREAD: a reader behind catches up in few reads.
+READ_COUNT = 5000
 
 
 class Dispatcher:
@@ -196,16 +197,10 @@ class EventReader:
             )
             self._blocked = _connection.client_id(client, self._context.keys.events)
             self._pubsub = self._connect(client)
-        assert self.table is not None
-        gate = self.table.gate
-        # while woken threads are queued, read briefly: the next batch is
-        # woken after each read, once the last one has run
-        block = self._block if gate.idle() else WAKE_READ_BLOCK
         if self._pubsub is not None:
-            self._read_pubsub(self._pubsub, block)
+            self._read_pubsub(self._pubsub)
         else:
-            self._read_stream(self._client, block)
-        gate.pump()
+            self._read_stream(self._client)
         return 0.0
 
     def _reconnect(self, exc: Exception) -> None:
@@ -214,8 +209,6 @@ class EventReader:
         self._disconnect()
 
     def _disconnect(self) -> None:
-        if self.table is not None:  # no more reads to wake them between
-            self.table.gate.flush()
         _connection.close_subscription(self._client, self._pubsub)
         self._client, self._pubsub = None, None
 
@@ -278,17 +271,17 @@ class EventReader:
             )
             self._lost()
 
-    def _read_stream(self, client: Client, block: float) -> None:
+    def _read_stream(self, client: Client) -> None:
         assert self.read_id is not None and self.table is not None
         since = self.read_id
         reply = _connection.xread(
-            client, self._context.keys.events, f"{since[0]}-{since[1]}", 1000,
-            max(1, int(block * 1000)),
+            client, self._context.keys.events, f"{since[0]}-{since[1]}", READ_COUNT,
+            int(self._block * 1000),
         )
         entries = _connection.stream_entries(reply)
         listened = self._listeners.has_any()
-        # the waiters answered by this read are queued on the gate, and
-        # woken a batch at a time (see WakeGate)
+        # the waiters answered by this read are queued on the gate, for the
+        # waker thread to wake a batch at a time (see WakeGate)
         answered: list[tuple[Waiter, Outcome]] = []
         for entry_id, raw in entries:
             entry = _text(entry_id)
@@ -317,9 +310,9 @@ class EventReader:
             self._next_gap_check = now + GAP_CHECK_INTERVAL
             self._detect_gap(client, since)
 
-    def _read_pubsub(self, pubsub: Any, block: float) -> None:
+    def _read_pubsub(self, pubsub: Any) -> None:
         assert self.table is not None
-        message = pubsub.get_sharded_message(timeout=block)
+        message = pubsub.get_sharded_message(timeout=self._block)
         if message is None:
             return
         kind = _text(message["type"])

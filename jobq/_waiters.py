@@ -14,7 +14,9 @@ generation or a later one, never an earlier one.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -43,10 +45,10 @@ SCAN_CALLS = 100
 #: Waiters checked in one pipelined round trip when many are checked at once
 #: (after a gap in the events or a reconnect).
 CHECK_BATCH = 500
-#: Waiting threads woken at once by the reader; the next ones are woken when
-#: these have run (or after WAKE_WAIT seconds). See WakeGate.
+#: Most woken threads that have yet to run; more are woken when half of
+#: those have run, or when none has run for WAKE_STALE seconds. See WakeGate.
 WAKE_BATCH = 64
-WAKE_WAIT = 0.05
+WAKE_STALE = 0.25
 
 StreamId = tuple[int, int]
 
@@ -196,22 +198,24 @@ class WakeGate:
     3.1-5.1 s one after another, and 0.8 s in batches of 64, each woken
     once the previous batch had run (bench/load/README.md, L1).
 
-    The reader queues the waiters its reads answer (``add``) and wakes one
-    batch after each read (``pump``): it reads on between batches, so it
-    does not fall behind the stream while the woken threads run.
+    The reader queues the waiters its reads answer (``add``); a thread of
+    its own (``work``) wakes them, keeping at most WAKE_BATCH woken threads
+    that have yet to run. The reader never waits for them, so it does not
+    fall behind the stream while they run.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._queued: deque[tuple[Waiter, Outcome]] = deque()
-        self._passed = 0
-        self._expected = 0  # threads of the last batch woken
+        self._outstanding = 0  # threads woken that have yet to run
+        self._progress = 0.0  # when one last ran, or the last were woken
 
     def passed(self) -> None:
         """A woken thread runs."""
         with self._cond:
-            self._passed += 1
-            if self._passed == self._expected:
+            self._outstanding -= 1
+            self._progress = time.monotonic()
+            if self._outstanding <= WAKE_BATCH // 2:
                 self._cond.notify()
 
     def idle(self) -> bool:
@@ -219,32 +223,63 @@ class WakeGate:
         return not self._queued
 
     def add(self, answered: list[tuple[Waiter, Outcome]]) -> None:
-        """Queue waiters with their outcomes; a future's (no thread waits on
-        it) is resolved at once."""
+        """Queue waiters with their outcomes, for the waker thread; a
+        future's (no thread waits on it) is resolved at once."""
+        queued = False
         for waiter, outcome in answered:
             if waiter.callback is None:
                 self._queued.append((waiter, outcome))
+                queued = True
             else:
                 waiter.resolve(outcome)
+        if queued:
+            with self._cond:
+                self._cond.notify_all()
 
-    def pump(self) -> None:
-        """Wake the next batch once the last one has run (waiting at most
-        WAKE_WAIT seconds for it)."""
-        if not self._queued:
-            return
+    def work(self, stop: threading.Event) -> float:
+        """The waker thread's step: wait (a second at most) for queued
+        waiters, then wake them all, a batch at a time."""
         with self._cond:
-            self._cond.wait_for(lambda: self._passed >= self._expected, WAKE_WAIT)
-            self._passed = self._expected = 0
-        woken = 0
-        while self._queued and woken < WAKE_BATCH:
-            waiter, outcome = self._queued.popleft()
-            waiter.gate = self
-            if waiter.resolve(outcome):
-                woken += 1
-            else:
-                waiter.gate = None
+            self._cond.wait_for(lambda: bool(self._queued) or stop.is_set(), 1.0)
+        if stop.is_set():
+            self.flush()
+        else:
+            self.pump(math.inf)
+        return 0.0
+
+    def stop(self) -> None:
+        """End the waker's wait for work (its stop event is set)."""
         with self._cond:
-            self._expected = woken
+            self._cond.notify_all()
+
+    def pump(self, seconds: float) -> None:
+        """For up to ``seconds``: wake waiters until WAKE_BATCH woken threads
+        have yet to run, then wait until half of those have run, and so on."""
+        deadline = time.monotonic() + seconds
+        while self._queued:
+            with self._cond:
+                while self._outstanding > WAKE_BATCH // 2:
+                    now = time.monotonic()
+                    if now - self._progress > WAKE_STALE:
+                        # none ran for a while: a thread whose wait ended
+                        # before it was answered never will; stop counting
+                        self._outstanding = 0
+                        break
+                    if now >= deadline:
+                        return  # read, then go on
+                    self._cond.wait(min(deadline - now, WAKE_STALE))
+                room = WAKE_BATCH - self._outstanding
+            woken = 0
+            while self._queued and woken < room:
+                waiter, outcome = self._queued.popleft()
+                waiter.gate = self
+                if waiter.resolve(outcome):
+                    woken += 1
+                else:
+                    waiter.gate = None
+            with self._cond:
+                self._outstanding += woken
+                self._progress = time.monotonic()
 
     def flush(self) -> None:
         """Wake every queued waiter now (the reader stops, or cannot read)."""

@@ -17,7 +17,7 @@ from . import _fork
 from . import connection as _connection
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
-from ._threads import join_all, start_thread
+from ._threads import BackgroundLoop, join_all, start_thread
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, valid_id
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
@@ -128,6 +128,7 @@ class QueueEvents(ListenerMethods):
             self._threads = [
                 start_thread(f"jobq-events-{self.name}", self._reader.loop),
                 start_thread(f"jobq-dispatch-{self.name}", self._dispatcher.loop),
+                start_thread(f"jobq-wake-{self.name}", self._wake_loop),
             ]
         return self
 
@@ -145,6 +146,7 @@ class QueueEvents(ListenerMethods):
             self._stop.set()
         for waiter in self._table.close():
             waiter.resolve(CLOSED)
+        self._table.gate.stop()
         self._dispatcher.wake()
         self._reader.wake()
         join_all(self._threads, timeout)
@@ -252,11 +254,10 @@ class QueueEvents(ListenerMethods):
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
                     checked = self._table.try_check(waiter)
-            waiter.resumed()  # the reader wakes more threads once these run
             return self._result(waiter)
         finally:
-            waiter.resumed()
             self._table.unregister(waiter)
+            waiter.resumed()  # the reader wakes more threads once this one is done
 
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
@@ -312,6 +313,14 @@ class QueueEvents(ListenerMethods):
         futures = [w for w in waiters if w.callback is not None]
         if futures:
             self._dispatcher.call_soon(lambda: self._check_futures(futures))
+
+    def _wake_loop(self) -> None:
+        """The waker thread: wakes the threads whose waits the reader
+        answered, a batch at a time (WakeGate)."""
+        gate = self._table.gate
+        BackgroundLoop(
+            f"waker of {self.name!r}", lambda: gate.work(self._stop), stop=self._stop, log=logger
+        ).run()
 
     def _emit_error(self, exc: BaseException) -> None:
         for callback in self._listeners.take("error"):

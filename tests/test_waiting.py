@@ -575,21 +575,23 @@ def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
     from jobq import _waiters
     from jobq._waiters import Completed, Waiter, WakeGate
 
-    monkeypatch.setattr(_waiters, "WAKE_WAIT", WAIT)  # only the threads' progress opens it
+    # only the woken threads' progress lets the gate wake more
+    monkeypatch.setattr(_waiters, "WAKE_STALE", WAIT)
     gate = WakeGate()
     waiters = [Waiter(f"job-{i}") for i in range(_waiters.WAKE_BATCH + 1)]
     future = Waiter("a-future", callback=lambda waiter, outcome: None)
     gate.add([(w, Completed(i)) for i, w in enumerate(waiters)] + [(future, Completed("f"))])
     assert future.outcome == Completed("f")  # no thread waits on a future: at once
     assert all(w.outcome is None for w in waiters)  # threads: woken between reads
-    gate.pump()
-    assert all(w.event.is_set() for w in waiters[:-1])  # the first batch
-    assert waiters[-1].outcome is None  # the next waits until the first batch runs
-    pumping = threading.Thread(target=gate.pump)
+    pumping = threading.Thread(target=gate.pump, args=(WAIT,))
     pumping.start()
-    for waiter in waiters[:-1]:  # what each woken thread does first
-        waiter.resumed()
-    pumping.join(WAIT)
+    try:
+        until(lambda: all(w.event.is_set() for w in waiters[:-1]), WAIT)  # the first batch
+        assert waiters[-1].outcome is None  # the next waits until that batch has run
+    finally:
+        for waiter in waiters[:-1]:  # what each woken thread does when done
+            waiter.resumed()
+        pumping.join(WAIT)
     assert not pumping.is_alive()
     assert [w.outcome for w in waiters] == [Completed(i) for i in range(len(waiters))]
     assert gate.idle()
