@@ -6,7 +6,7 @@ are implemented once, here, so every peer is measured the same way.
 
 Command line of every adapter::
 
-    python peer_x.py --url URL --workload {w1,w2,rr,idle} [--n N]
+    python peer_x.py --url URL --workload {w1,w2,rr,idle,w5} [--n N]
                      [--concurrency C] [--w3-n N] [--w4-seconds S]
                      [--variant V]
 
@@ -276,6 +276,46 @@ class Peer:
 
         return redis.Redis.from_url(self.url)
 
+    # W5 (scale) hooks: a peer that can switch queues measures it
+    scale_reason = "not measured (W5 covers jobq and BullMQ on Node.js)"
+
+    def use_queue(self, name: str) -> None:
+        """Make every later call (adds, probes, workers) use queue ``name``."""
+        raise NotImplementedError
+
+    def has_scale(self) -> bool:
+        return type(self).use_queue is not Peer.use_queue
+
+    def wait_list_key(self) -> str:
+        """The Redis list of waiting jobs (LPUSHed, taken from the right)."""
+        raise NotImplementedError
+
+    def nth_waiting(self, k: int) -> Any:
+        """A handle of the job ``k``-th in line (1: the next one taken)."""
+        raw = self.redis().lindex(self.wait_list_key(), -k)
+        if raw is None:
+            raise RuntimeError(f"fewer than {k} jobs waiting")
+        return raw.decode()
+
+    def load(self, n: int) -> None:
+        """Add ``n`` jobs as fast as the peer's bulk API allows (no handles kept)."""
+        for start in range(0, n, 1000):
+            self.add_bulk(start, min(1000, n - start))
+
+    def single_rate(self, n: int) -> float:
+        """Single adds per second over ``n`` adds (W1's loop)."""
+        t0 = time.perf_counter()
+        for i in range(n):
+            self.add(i)
+        return n / (time.perf_counter() - t0)
+
+    def bulk_rate(self, n: int) -> float:
+        """Bulk-added jobs per second, chunks of 1,000 (W1's loop)."""
+        t0 = time.perf_counter()
+        for start in range(0, n, 1000):
+            self.add_bulk(start, min(1000, n - start))
+        return n / (time.perf_counter() - t0)
+
     def close(self) -> None:
         pass
 
@@ -468,7 +508,96 @@ def idle(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-WORKLOADS = {"w1": w1, "w2": w2, "rr": rr, "idle": idle}
+def used_memory(r: Any) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def script_usec(r: Any) -> float:
+    """Server microseconds spent in script calls so far (EVALSHA, EVAL,
+    FCALL: jobq runs functions, BullMQ scripts; the commands a script calls
+    are counted inside its call's time)."""
+    stats = r.info("commandstats")
+    return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0)
+                     for c in ("evalsha", "eval", "fcall", "fcall_ro")))
+
+
+def drain_first(peer: Peer, n: int, concurrency: int) -> dict[str, float]:
+    """W2's drain of the ``n`` jobs next in line, whatever waits behind them:
+    the clock starts at the worker's first take and stops when the ``n``-th
+    job is finished."""
+    last = peer.nth_waiting(n)
+    before = peer.pending()
+    proc = Proc(peer.worker_argv(concurrency), peer.worker_env())
+    try:
+        t0 = wait_for(lambda: peer.pending() < before, READY_TIMEOUT, "the first take", proc,
+                      interval=0.001)
+        cpu0 = tree_cpu_seconds(proc.pid)
+        t1 = wait_for(lambda: peer.is_done(last), DRAIN_TIMEOUT, "the drain", proc)
+        cpu1 = tree_cpu_seconds(proc.pid)
+    finally:
+        proc.stop()
+    return {"jobs_s": n / (t1 - t0), "cpu_s_per_1k": (cpu1 - cpu0) / n * 1000.0}
+
+
+def w5(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
+    """W5 (scale): single add, bulk add and drain c=8 on a queue with
+    ``--w5-backlog`` jobs waiting, beside the same on a new, empty queue of
+    the same server (runs interleaved, the order swapped every repeat); and
+    Redis memory (INFO used_memory) per waiting and per completed job kept,
+    over ``--w5-mem-n`` jobs. Repeats are inside this one run (the backlog is
+    loaded once): lists of figures, one per repeat."""
+    if not peer.has_scale():
+        return {"w5_na": peer.scale_reason}
+    r = peer.redis()
+    out: dict[str, Any] = {}
+    # memory, on a queue of its own, before anything else is stored
+    r.flushdb()
+    peer.use_queue("bench-mem")
+    m = args.w5_mem_n
+    base = used_memory(r)
+    peer.load(m)
+    out["w5_mem_waiting_b"] = (used_memory(r) - base) / m
+    drain_first(peer, m, args.concurrency)  # every job completed, all kept
+    out["w5_mem_completed_b"] = (used_memory(r) - base) / m
+    r.flushdb()
+    # the backlog, loaded once
+    peer.use_queue("bench-big")
+    t0 = time.perf_counter()
+    peer.load(args.w5_backlog)
+    out["w5_load_jobs_s"] = args.w5_backlog / (time.perf_counter() - t0)
+    out["w5_backlog"] = args.w5_backlog
+    series: dict[str, list[float]] = {}
+    for rep in range(args.w5_repeats):
+        sides = [("empty", f"bench-e{rep}"), ("full", "bench-big")]
+        for side, queue in sides if rep % 2 == 0 else sides[::-1]:
+            peer.use_queue(queue)
+            # server time per job in scripts, beside each rate: what grows
+            # with the backlog shows here without the machine's noise
+            u0 = script_usec(r)
+            figures = {"single": peer.single_rate(args.w5_single)}
+            u1 = script_usec(r)
+            figures["bulk"] = peer.bulk_rate(args.w5_bulk)
+            u2 = script_usec(r)
+            drained = drain_first(peer, args.w5_drain, args.concurrency)
+            u3 = script_usec(r)
+            figures["drain"] = drained["jobs_s"]
+            figures["drain_cpu"] = drained["cpu_s_per_1k"]
+            figures["single_server_us"] = (u1 - u0) / args.w5_single
+            figures["bulk_server_us"] = (u2 - u1) / args.w5_bulk
+            # the worker may take a few jobs past the n-th before it stops
+            figures["drain_server_us"] = (u3 - u2) / args.w5_drain
+            for k, v in figures.items():
+                series.setdefault(f"w5_{k}_{side}", []).append(v)
+        for k in ("single", "bulk", "drain"):
+            series.setdefault(f"w5_{k}_ratio", []).append(
+                series[f"w5_{k}_full"][-1] / series[f"w5_{k}_empty"][-1])
+    out.update(series)
+    peer.use_queue("bench-big")
+    out["w5_full_waiting_at_end"] = peer.pending()
+    return out
+
+
+WORKLOADS = {"w1": w1, "w2": w2, "rr": rr, "idle": idle, "w5": w5}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -482,6 +611,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--w4-seconds", type=float, default=10.0)
     p.add_argument("--w4-threads", type=int, default=16)
     p.add_argument("--variant", default=None)
+    p.add_argument("--w5-backlog", type=int, default=1_000_000)
+    p.add_argument("--w5-single", type=int, default=5_000)
+    p.add_argument("--w5-bulk", type=int, default=10_000)
+    p.add_argument("--w5-drain", type=int, default=10_000)
+    p.add_argument("--w5-mem-n", type=int, default=100_000)
+    p.add_argument("--w5-repeats", type=int, default=3)
     return p.parse_args(argv)
 
 

@@ -3,7 +3,7 @@
 'use strict';
 const { Queue, Worker, QueueEvents } = require('bullmq');
 
-const Q = 'bench';
+const Q = process.env.BENCH_QUEUE || 'bench';  // W5 switches queues
 const [mode, url, ...rest] = process.argv.slice(2);
 const u = new URL(url);
 const connection = { host: u.hostname, port: Number(u.port), db: Number((u.pathname || '/0').slice(1) || 0) };
@@ -68,6 +68,22 @@ async function main() {
       for (const j of jobs) ids.push(j.id);
     }
     out = { ids };
+  } else if (mode === 'load') {  // W5's backlog: addBulk of 1,000 at a time, no ids kept
+    const n = Number(rest[0]);
+    for (let s = 0; s < n; s += 1000) {
+      await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+    }
+    out = { loaded: n };
+  } else if (mode === 'single') {  // W5: W1's single adds, on the current queue
+    const n = Number(rest[0]); const t0 = now();
+    for (let i = 0; i < n; i++) await queue.add('noop', i);
+    out = { jobs_s: n / (now() - t0) };
+  } else if (mode === 'bulk') {  // W5: W1's bulk adds, on the current queue
+    const n = Number(rest[0]); const t0 = now();
+    for (let s = 0; s < n; s += 1000) {
+      await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+    }
+    out = { jobs_s: n / (now() - t0) };
   } else if (mode === 'w1') {
     const n = Number(rest[0]);
     let t0 = now();
