@@ -341,8 +341,8 @@ def main() -> int:
     w2_n = {"rq": 500 if quick else 1000, "rq-simple": 1000 if quick else 2000}
     # W5: a backlog loaded once per peer (~40 s for 1M), then the empty and
     # the full queue measured alternately, ``repeats`` times
-    w5 = {"w5_backlog": 100_000 if quick else 1_000_000, "w5_single": 1000 if quick else 5000,
-          "w5_bulk": 2000 if quick else 10_000, "w5_drain": 2000 if quick else 10_000,
+    w5 = {"w5_backlog": 100_000 if quick else 1_000_000, "w5_single": 1000 if quick else 10_000,
+          "w5_bulk": 2000 if quick else 20_000, "w5_drain": 2000 if quick else 10_000,
           "w5_mem_n": 20_000 if quick else 100_000, "w5_repeats": repeats}
     started = time.monotonic()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -457,7 +457,8 @@ def render_md(info: dict[str, Any], table: str, problems: list[str]) -> str:
         f"W3 {info['rr_w3_n']:,} trips (capped at {info['rr_w3_max_seconds']} s); "
         f"W4 {info['rr_w4_threads']} callers for {info['rr_w4_seconds']} s. "
         f"W5: a backlog of {info['w5']['w5_backlog']:,} waiting jobs against a new queue, "
-        f"{info['w5']['w5_single']:,} single adds, {info['w5']['w5_bulk']:,} bulk-added, "
+        f"{info['w5']['w5_single']:,} single adds and {info['w5']['w5_bulk']:,} bulk-added to "
+        f"each queue, alternating between them in chunks of 500 and 1,000, "
         f"the first {info['w5']['w5_drain']:,} drained at c=8, {info['w5']['w5_repeats']} "
         f"alternating repeat(s) after one load (ratio: per repeat); memory: INFO used_memory "
         f"over {info['w5']['w5_mem_n']:,} jobs.",

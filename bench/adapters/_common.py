@@ -302,19 +302,31 @@ class Peer:
         for start in range(0, n, 1000):
             self.add_bulk(start, min(1000, n - start))
 
-    def single_rate(self, n: int) -> float:
-        """Single adds per second over ``n`` adds (W1's loop)."""
-        t0 = time.perf_counter()
-        for i in range(n):
-            self.add(i)
-        return n / (time.perf_counter() - t0)
-
-    def bulk_rate(self, n: int) -> float:
-        """Bulk-added jobs per second, chunks of 1,000 (W1's loop)."""
-        t0 = time.perf_counter()
-        for start in range(0, n, 1000):
-            self.add_bulk(start, min(1000, n - start))
-        return n / (time.perf_counter() - t0)
+    def pair_rates(self, kind: str, n: int, chunk: int,
+                   queues: tuple[str, str]) -> tuple[float, float, float, float]:
+        """W1's single adds (``kind`` "single") or bulk adds of 1,000 ("bulk")
+        to two queues alternately, ``chunk`` jobs at a time, ``n`` per queue
+        (the first queue first in every other chunk): each queue's jobs/s
+        over its own time, and the server's µs in scripts per job of each
+        (read between chunks, untimed). Alternating in small chunks keeps
+        the machine's drifts out of the comparison."""
+        r = self.redis()
+        spent, usec = [0.0, 0.0], [0.0, 0.0]
+        for c, start in enumerate(range(0, n, chunk)):
+            count = min(chunk, n - start)
+            for side in (0, 1) if c % 2 == 0 else (1, 0):
+                self.use_queue(queues[side])
+                u0 = script_usec(r)
+                t0 = time.perf_counter()
+                if kind == "single":
+                    for i in range(start, start + count):
+                        self.add(i)
+                else:
+                    for s in range(start, start + count, 1000):
+                        self.add_bulk(s, min(1000, start + count - s))
+                spent[side] += time.perf_counter() - t0
+                usec[side] += script_usec(r) - u0
+        return n / spent[0], n / spent[1], usec[0] / n, usec[1] / n
 
     def close(self) -> None:
         pass
@@ -542,7 +554,8 @@ def drain_first(peer: Peer, n: int, concurrency: int) -> dict[str, float]:
 def w5(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     """W5 (scale): single add, bulk add and drain c=8 on a queue with
     ``--w5-backlog`` jobs waiting, beside the same on a new, empty queue of
-    the same server (runs interleaved, the order swapped every repeat); and
+    the same server (adds alternating between the two in small chunks, the
+    drains' order swapped every repeat); and
     Redis memory (INFO used_memory) per waiting and per completed job kept,
     over ``--w5-mem-n`` jobs. Repeats are inside this one run (the backlog is
     loaded once): lists of figures, one per repeat."""
@@ -567,27 +580,30 @@ def w5(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     out["w5_load_jobs_s"] = args.w5_backlog / (time.perf_counter() - t0)
     out["w5_backlog"] = args.w5_backlog
     series: dict[str, list[float]] = {}
+
+    def keep(key: str, empty: float, full: float) -> None:
+        series.setdefault(f"w5_{key}_empty", []).append(empty)
+        series.setdefault(f"w5_{key}_full", []).append(full)
+
     for rep in range(args.w5_repeats):
-        sides = [("empty", f"bench-e{rep}"), ("full", "bench-big")]
-        for side, queue in sides if rep % 2 == 0 else sides[::-1]:
+        pair = (f"bench-e{rep}", "bench-big")  # a new, empty queue and the backlog
+        # adds alternate between the two queues in small chunks; beside each
+        # rate, the server's time in scripts per job: what grows with the
+        # backlog shows there without the machine's noise
+        for kind, n, chunk in (("single", args.w5_single, 500), ("bulk", args.w5_bulk, 1000)):
+            e_rate, f_rate, e_us, f_us = peer.pair_rates(kind, n, chunk, pair)
+            keep(kind, e_rate, f_rate)
+            keep(f"{kind}_server_us", e_us, f_us)
+        drains: dict[str, dict[str, float]] = {}
+        for side, queue in (("empty", pair[0]), ("full", pair[1]))[:: 1 if rep % 2 == 0 else -1]:
             peer.use_queue(queue)
-            # server time per job in scripts, beside each rate: what grows
-            # with the backlog shows here without the machine's noise
             u0 = script_usec(r)
-            figures = {"single": peer.single_rate(args.w5_single)}
-            u1 = script_usec(r)
-            figures["bulk"] = peer.bulk_rate(args.w5_bulk)
-            u2 = script_usec(r)
-            drained = drain_first(peer, args.w5_drain, args.concurrency)
-            u3 = script_usec(r)
-            figures["drain"] = drained["jobs_s"]
-            figures["drain_cpu"] = drained["cpu_s_per_1k"]
-            figures["single_server_us"] = (u1 - u0) / args.w5_single
-            figures["bulk_server_us"] = (u2 - u1) / args.w5_bulk
+            drains[side] = drain_first(peer, args.w5_drain, args.concurrency)
             # the worker may take a few jobs past the n-th before it stops
-            figures["drain_server_us"] = (u3 - u2) / args.w5_drain
-            for k, v in figures.items():
-                series.setdefault(f"w5_{k}_{side}", []).append(v)
+            drains[side]["server_us"] = (script_usec(r) - u0) / args.w5_drain
+        keep("drain", drains["empty"]["jobs_s"], drains["full"]["jobs_s"])
+        keep("drain_cpu", drains["empty"]["cpu_s_per_1k"], drains["full"]["cpu_s_per_1k"])
+        keep("drain_server_us", drains["empty"]["server_us"], drains["full"]["server_us"])
         for k in ("single", "bulk", "drain"):
             series.setdefault(f"w5_{k}_ratio", []).append(
                 series[f"w5_{k}_full"][-1] / series[f"w5_{k}_empty"][-1])
@@ -612,8 +628,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--w4-threads", type=int, default=16)
     p.add_argument("--variant", default=None)
     p.add_argument("--w5-backlog", type=int, default=1_000_000)
-    p.add_argument("--w5-single", type=int, default=5_000)
-    p.add_argument("--w5-bulk", type=int, default=10_000)
+    p.add_argument("--w5-single", type=int, default=10_000)
+    p.add_argument("--w5-bulk", type=int, default=20_000)
     p.add_argument("--w5-drain", type=int, default=10_000)
     p.add_argument("--w5-mem-n", type=int, default=100_000)
     p.add_argument("--w5-repeats", type=int, default=3)

@@ -44,11 +44,10 @@ class NodePeer(_common.Peer):
     def load(self, n: int) -> None:
         self.client("load", self.url, n, timeout=600)
 
-    def single_rate(self, n: int) -> float:
-        return float(self.client("single", self.url, n)["jobs_s"])
-
-    def bulk_rate(self, n: int) -> float:
-        return float(self.client("bulk", self.url, n)["jobs_s"])
+    def pair_rates(self, kind: str, n: int, chunk: int,
+                   queues: tuple[str, str]) -> tuple[float, float, float, float]:
+        out = self.client("pair", self.url, kind, n, chunk, *queues)
+        return out["a_jobs_s"], out["b_jobs_s"], out["a_server_us"], out["b_server_us"]
 
     def worker_env(self) -> dict[str, str]:
         return {**super().worker_env(), "BENCH_QUEUE": self.queue_name}

@@ -26,15 +26,17 @@ class JobqPeer(_common.Peer):
 
         self.queue_name = QUEUE
         self.queue = Queue(QUEUE, connection=url)
+        self.queues = {QUEUE: self.queue}
         self.wait_key = self.queue._context.keys.wait  # for the drain's first-take probe
         self.raw = self.redis()
 
     def use_queue(self, name: str) -> None:
         from jobq import Queue
 
-        self.queue.close()
+        if name not in self.queues:  # kept open: W5 alternates between two queues
+            self.queues[name] = Queue(name, connection=self.url)
         self.queue_name = name
-        self.queue = Queue(name, connection=self.url)
+        self.queue = self.queues[name]
         self.wait_key = self.queue._context.keys.wait
 
     def wait_list_key(self) -> str:
@@ -65,7 +67,8 @@ class JobqPeer(_common.Peer):
         return [sys.executable, os.path.abspath(__file__), "events", self.url]
 
     def close(self) -> None:
-        self.queue.close()
+        for queue in self.queues.values():
+            queue.close()
 
 
 def run_worker(url: str, concurrency: int, queue: str = QUEUE) -> None:
