@@ -71,6 +71,29 @@ ROWS: list[tuple[str, str, bool, str | None]] = [
     ("W4 16 callers, round trips/s ↑", "w4_trips_s", True, "floor_pingpong16_trips_s"),
     ("W4 16 callers p50, ms ↓", "w4_p50_ms", False, "floor_pingpong16_p50_ms"),
     ("W4 16 callers p99, ms ↓", "w4_p99_ms", False, "floor_pingpong16_p99_ms"),
+    ("W5 single add, empty queue, jobs/s ↑", "w5_single_empty", True, None),
+    ("W5 single add, backlog waiting, jobs/s ↑", "w5_single_full", True, None),
+    ("W5 single add, backlog ÷ empty ↑", "w5_single_ratio", True, None),
+    ("W5 bulk add, empty queue, jobs/s ↑", "w5_bulk_empty", True, None),
+    ("W5 bulk add, backlog waiting, jobs/s ↑", "w5_bulk_full", True, None),
+    ("W5 bulk add, backlog ÷ empty ↑", "w5_bulk_ratio", True, None),
+    ("W5 drain c=8, empty queue, jobs/s ↑", "w5_drain_empty", True, None),
+    ("W5 drain c=8, backlog waiting, jobs/s ↑", "w5_drain_full", True, None),
+    ("W5 drain c=8, backlog ÷ empty ↑", "w5_drain_ratio", True, None),
+    ("W5 single add, server µs in scripts / job, empty ↓", "w5_single_server_us_empty", False,
+     None),
+    ("W5 single add, server µs in scripts / job, backlog ↓", "w5_single_server_us_full", False,
+     None),
+    ("W5 bulk add, server µs in scripts / job, empty ↓", "w5_bulk_server_us_empty", False, None),
+    ("W5 bulk add, server µs in scripts / job, backlog ↓", "w5_bulk_server_us_full", False,
+     None),
+    ("W5 drain c=8, server µs in scripts / job, empty ↓", "w5_drain_server_us_empty", False,
+     None),
+    ("W5 drain c=8, server µs in scripts / job, backlog ↓", "w5_drain_server_us_full", False,
+     None),
+    ("W5 loading the backlog (bulk), jobs/s ↑", "w5_load_jobs_s", True, None),
+    ("W5 Redis bytes per waiting job ↓", "w5_mem_waiting_b", False, None),
+    ("W5 Redis bytes per completed job kept ↓", "w5_mem_completed_b", False, None),
     ("Idle worker CPU % ↓", "idle_worker_cpu_pct", False, None),
     ("Idle worker Redis connections ↓", "idle_worker_connections", False, None),
     ("Idle worker commands/s (server-wide) ↓", "idle_worker_cmds_s", False, None),
@@ -85,7 +108,20 @@ NA_KEYS = {
     "w2_c8_server_us_per_job": "w2_c8_na",
     "idle_events_cpu_pct": "idle_events_na", "idle_events_connections": "idle_events_na",
     "idle_events_cmds_s": "idle_events_na",
+    **{key: "w5_na" for _, key, _, _ in ROWS if key.startswith("w5_")},
 }
+# W5 (scale) runs for these peers; the others are n/a for the reason given
+W5_PEERS = ("jobq", "bullmq-node")
+W5_NA = {
+    "rq": "not measured: enqueue_many loads ~14k jobs/s (70 s per 1M) and the worker "
+          "drains one job at a time; outside the bench's time budget",
+    "celery": "no bulk add: loading 1M jobs one by one takes minutes",
+    "dramatiq": "no bulk add: loading 1M jobs one by one takes minutes",
+    "huey": "no bulk add: loading 1M jobs one by one takes minutes",
+    "bullmq-py": "not measured: addBulk at ~10k jobs/s (100 s per 1M load); the same Lua "
+                 "scripts as BullMQ on Node.js, which is measured",
+}
+W5_NA["rq-simple"] = W5_NA["rq"]
 
 
 def log(msg: str) -> None:
@@ -191,6 +227,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = {k for r in runs for k in r}
     for k in keys:
         vals = [r[k] for r in runs if k in r]
+        # W5 reports its repeats as a list per figure (one adapter run)
+        vals = [x for v in vals for x in (v if isinstance(v, list) else [v])]
         nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if nums and len(nums) == len(vals):
             agg[k] = {"median": statistics.median(nums), "min": min(nums), "max": max(nums),
@@ -268,6 +306,8 @@ def _wl(key: str) -> str:
         return "w2_c8"
     if key.startswith(("w3", "w4")):
         return "rr"
+    if key.startswith("w5"):
+        return "w5"
     return "idle"
 
 
@@ -302,6 +342,11 @@ def main() -> int:
     # RQ's workers run one job at a time (the regular one forks per job): 10,000 jobs
     # would take minutes, so they drain fewer (rate is what is compared).
     w2_n = {"rq": 500 if quick else 1000, "rq-simple": 1000 if quick else 2000}
+    # W5: a backlog loaded once per peer (~40 s for 1M), then the empty and
+    # the full queue measured alternately, ``repeats`` times
+    w5 = {"w5_backlog": 100_000 if quick else 1_000_000, "w5_single": 1000 if quick else 10_000,
+          "w5_bulk": 2000 if quick else 20_000, "w5_drain": 2000 if quick else 10_000,
+          "w5_mem_n": 20_000 if quick else 100_000, "w5_repeats": repeats}
     started = time.monotonic()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
@@ -349,6 +394,7 @@ def main() -> int:
                                  for wl in ("w1", "w2_c1", "w2_c8", "rr", "idle")}
                 log(f"{peer}: skipped ({reason})")
                 continue
+            results[peer] = {}
             plan = [
                 ("w1", "w1", {"n": n}, repeats),
                 ("w2_c1", "w2", {"n": w2_n.get(peer, n), "concurrency": 1}, repeats),
@@ -356,7 +402,10 @@ def main() -> int:
                 ("rr", "rr", {**common, "concurrency": 8}, repeats),
                 ("idle", "idle", {}, 1),
             ]
-            results[peer] = {}
+            if peer in W5_PEERS:  # its repeats run inside one adapter run (one load)
+                plan.append(("w5", "w5", {**w5, "concurrency": 8}, 1))
+            else:
+                results[peer]["w5"] = {"w5_na": W5_NA.get(peer, "not measured")}
             for name, workload, params, reps in plan:
                 runs = []
                 for r in range(reps):
@@ -372,7 +421,7 @@ def main() -> int:
         admin.flushall()
         info = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                 "mode": "quick" if quick else "full", "repeats": repeats, "n": n,
-                "w2_n": w2_n, **{f"rr_{k}": v for k, v in common.items()},
+                "w2_n": w2_n, **{f"rr_{k}": v for k, v in common.items()}, "w5": w5,
                 "machine": machine(), "versions": versions(peers, server, kind),
                 "elapsed_s": round(time.monotonic() - started)}
     finally:
@@ -409,7 +458,13 @@ def render_md(info: dict[str, Any], table: str, problems: list[str]) -> str:
         f"Server: {v['server']}. W1/W2 use {info['n']:,} jobs "
         f"(RQ's W2: {', '.join(f'{k} {x:,}' for k, x in info['w2_n'].items())}); "
         f"W3 {info['rr_w3_n']:,} trips (capped at {info['rr_w3_max_seconds']} s); "
-        f"W4 {info['rr_w4_threads']} callers for {info['rr_w4_seconds']} s.",
+        f"W4 {info['rr_w4_threads']} callers for {info['rr_w4_seconds']} s. "
+        f"W5: a backlog of {info['w5']['w5_backlog']:,} waiting jobs against a new queue, "
+        f"{info['w5']['w5_single']:,} single adds and {info['w5']['w5_bulk']:,} bulk-added to "
+        f"each queue, alternating between them in chunks of 500 and 1,000, "
+        f"the first {info['w5']['w5_drain']:,} drained at c=8, {info['w5']['w5_repeats']} "
+        f"alternating repeat(s) after one load (ratio: per repeat); memory: INFO used_memory "
+        f"over {info['w5']['w5_mem_n']:,} jobs.",
         "",
         table,
         "",

@@ -149,6 +149,16 @@ def node_run(mode: str, url: str, *args: Any) -> None:
         raise RuntimeError(f"node bench.js {mode} failed")
 
 
+def _await_completed(raw: Any, n: int, deadline: float, first: list[int]) -> None:
+    """Until BullMQ's completed set holds ``n`` jobs; ``first[0]``: how many
+    it held at the start."""
+    first[0] = raw.zcard("bull:bench:completed")
+    while raw.zcard("bull:bench:completed") < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the BullMQ drain did not finish")
+        time.sleep(0.05)  # a probe every 50 ms: a few dozen commands in all
+
+
 def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int]) -> list[float]:
     """BullMQ Node's instructions per job for the same rows (bench.js; the
     scripts are loaded and each client connects before counting starts, as
@@ -171,15 +181,7 @@ def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int]) -> list[float]:
                     raise RuntimeError("the BullMQ worker did not start")
                 time.sleep(0.05)
             first = [0]
-
-            def drain() -> None:
-                first[0] = raw.zcard("bull:bench:completed")
-                while raw.zcard("bull:bench:completed") < n + 10:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the BullMQ drain did not finish")
-                    time.sleep(0.05)  # a probe every 50 ms: a few dozen commands in all
-
-            total = cg.count(drain)
+            total = cg.count(lambda: _await_completed(raw, n + 10, deadline, first))
             rows.append(total / (n + 10 - first[0]))
         finally:
             worker.terminate()

@@ -1,6 +1,7 @@
-"""The two threads of a QueueEvents: the reader of the queue's event channel,
-which resolves waiters, and the dispatcher, which runs everything a user
-wrote (listeners, futures' done-callbacks) so that none runs on the reader."""
+"""The threads of a QueueEvents: the reader of the queue's event channel,
+which answers waiters (the waker thread, WakeGate, wakes their threads a
+batch at a time), and the dispatcher, which runs everything a user wrote
+(listeners, futures' done-callbacks) so that none runs on the reader."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ._waiters import (
     Failed,
     Outcome,
     StreamId,
+    Waiter,
     WaiterTable,
     generation,
     sid,
@@ -41,6 +43,8 @@ RUN_ENDS = frozenset({"completed", "failed", "removed"})
 _RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
 #: Seconds between two looks for a trimmed gap while events keep coming.
 GAP_CHECK_INTERVAL = 5.0
+#: Entries read at most per XREAD: a reader behind catches up in few reads.
+READ_COUNT = 5000
 
 
 class Dispatcher:
@@ -271,11 +275,14 @@ class EventReader:
         assert self.read_id is not None and self.table is not None
         since = self.read_id
         reply = _connection.xread(
-            client, self._context.keys.events, f"{since[0]}-{since[1]}", 1000,
+            client, self._context.keys.events, f"{since[0]}-{since[1]}", READ_COUNT,
             int(self._block * 1000),
         )
         entries = _connection.stream_entries(reply)
         listened = self._listeners.has_any()
+        # the waiters answered by this read are queued on the gate, for the
+        # waker thread to wake a batch at a time (see WakeGate)
+        answered: list[tuple[Waiter, Outcome]] = []
         for entry_id, raw in entries:
             entry = _text(entry_id)
             name = raw.get(b"ev")
@@ -290,8 +297,9 @@ class EventReader:
                 logger.exception("skipping undecodable event %s of %r", entry, self.name)
                 events = []
             for event in events:
-                self._handle(event)
+                self._handle(event, answered)
             self.read_id = sid(entry)  # only after its outcome is recorded
+        self.table.gate.add(answered)
         self.table.settle()
         # XREAD cannot tell that entries after ``since`` were trimmed (a reader
         # stopped, starved or far behind): the stream's first id can. Trimming
@@ -324,11 +332,13 @@ class EventReader:
         if event.name == CHECKPOINT:
             self.table.settle(event.job_id)
             return
-        self._handle(event)
+        answered: list[tuple[Waiter, Outcome]] = []
+        self._handle(event, answered)
+        self.table.gate.add(answered)
 
-    def _handle(self, event: Event) -> None:
-        """Resolve the waiters of a run that ended, then queue the event for
-        listeners."""
+    def _handle(self, event: Event, answered: list[tuple[Waiter, Outcome]]) -> None:
+        """Add the waiters of a run that ended to ``answered`` (the caller
+        resolves them), then queue the event for listeners."""
         assert self.table is not None
         job_id = event.job_id
         if event.name in RUN_ENDS and job_id is not None:
@@ -336,8 +346,8 @@ class EventReader:
             run = run if isinstance(run, str) else None
             outcome, event = self._outcome(event, run)
             at = sid(event.id) if event.id else (0, 0)
-            for waiter in self.table.record(job_id, run, outcome, at):
-                waiter.resolve(outcome)
+            waiters = self.table.record(job_id, run, outcome, at)
+            answered += ((waiter, outcome) for waiter in waiters)
         elif event.name == "obliterated":
             # every record is gone: each waiter learns it from its own check
             self._lost()

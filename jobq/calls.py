@@ -379,15 +379,24 @@ class QueueScripts:
 
     def get_outcome(self, job_id: str, run: str, cursor: str, anchored: bool) -> OutcomeReply:
         """getOutcome.lua: what a waiter needs of one run, with the checkpoint."""
-        reply = self._run("getOutcome", job_id, run, cursor, "1" if anchored else "")
-        state, value, reason, stacktrace, checkpoint, final = reply[:6]
-        more = len(reply) >= 7 and reply[6] is not None  # a scan cut short: its cursor
-        return OutcomeReply(
-            _text(state), _raw(value), _text(reason), _raw(stacktrace), _text(checkpoint),
-            bool(final), (_text(reply[6]) or "") if more else None,
-            bool(reply[7]) if more else False,
-            _text(reply[8]) if len(reply) >= 9 else None,
-        )
+        return outcome_reply(self._run("getOutcome", *outcome_args(job_id, run, cursor, anchored)))
+
+
+def outcome_args(job_id: str, run: str, cursor: str, anchored: bool) -> tuple[str, ...]:
+    """getOutcome.lua's ARGV (a pipelined call sends them itself)."""
+    return job_id, run, cursor, "1" if anchored else ""
+
+
+def outcome_reply(reply: Any) -> OutcomeReply:
+    """Decode getOutcome.lua's reply."""
+    state, value, reason, stacktrace, checkpoint, final = reply[:6]
+    more = len(reply) >= 7 and reply[6] is not None  # a scan cut short: its cursor
+    return OutcomeReply(
+        _text(state), _raw(value), _text(reason), _raw(stacktrace), _text(checkpoint),
+        bool(final), (_text(reply[6]) or "") if more else None,
+        bool(reply[7]) if more else False,
+        _text(reply[8]) if len(reply) >= 9 else None,
+    )
 
 
 #: Every script and the method that runs it.

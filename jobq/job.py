@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import serializer
 from ._job_flow import Dependencies, JobFlow
 from .errors import JobNotFoundError, script_error
-from .options import JobOptions
+from .options import JobOptions, from_stored
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -124,7 +124,7 @@ class Job(JobFlow):
         self.name = _s(get(b"name")) or self.name
         self.data = serializer.decode(get(b"data"), f"data of job {self.id!r}")
         opts = serializer.decode(get(b"opts"), f"options of job {self.id!r}")
-        self.opts = dict(opts) if isinstance(opts, dict) else {}
+        self.opts = from_stored(opts) if isinstance(opts, dict) else {}
         self.timestamp = _f(get(b"ts"))
         self.delay = _f(get(b"delay")) or 0.0
         self.priority = int(get(b"priority") or 0)

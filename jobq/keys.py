@@ -113,7 +113,7 @@ OBLITERATED = tuple(sorted(set(QUEUE_KEYS) - KEPT_BY_OBLITERATE))
 JOB_FIELDS: dict[str, str] = {
     "name": "the job's name",
     "data": "its data (msgpack)",
-    "opts": "its options (msgpack map)",
+    "opts": "its options that differ from the defaults (msgpack map)",
     "ts": "when it was added (ms)",
     "delay": "its delay (ms)",
     "priority": "its priority (0: none)",

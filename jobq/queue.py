@@ -24,7 +24,7 @@ from .errors import (
 )
 from .job import Job
 from .keys import queues_key
-from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit
+from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_form
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
             return self._default_options
         opts = JobOptions.parse({**self._defaults, **options})
         plain = opts.to_plain()
-        parsed = (opts, plain, serializer.encode(plain, "job options"))
+        parsed = (opts, plain, serializer.encode(stored_form(plain), "job options"))
         if not options:
             self._default_options = parsed
         return parsed

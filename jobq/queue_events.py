@@ -17,7 +17,7 @@ from . import _fork
 from . import connection as _connection
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
-from ._threads import join_all, start_thread
+from ._threads import BackgroundLoop, join_all, start_thread
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, valid_id
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
@@ -128,6 +128,7 @@ class QueueEvents(ListenerMethods):
             self._threads = [
                 start_thread(f"jobq-events-{self.name}", self._reader.loop),
                 start_thread(f"jobq-dispatch-{self.name}", self._dispatcher.loop),
+                start_thread(f"jobq-wake-{self.name}", self._wake_loop),
             ]
         return self
 
@@ -145,6 +146,7 @@ class QueueEvents(ListenerMethods):
             self._stop.set()
         for waiter in self._table.close():
             waiter.resolve(CLOSED)
+        self._table.gate.stop()
         self._dispatcher.wake()
         self._reader.wake()
         join_all(self._threads, timeout)
@@ -255,6 +257,7 @@ class QueueEvents(ListenerMethods):
             return self._result(waiter)
         finally:
             self._table.unregister(waiter)
+            waiter.resumed()  # the reader wakes more threads once this one is done
 
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
@@ -299,14 +302,25 @@ class QueueEvents(ListenerMethods):
         return self._table.result(waiter, f"QueueEvents {self.name!r}")
 
     def _poke_all(self) -> None:
-        """Make every waiter re-check its job's record (after a possible loss)."""
+        """Re-check every waiter's job record (after a possible loss of
+        events): the waiting threads' in pipelined batches here, on the
+        reader; each waiter these could not decide is woken to check its
+        own. Futures are checked on the dispatcher."""
         waiters = self._table.snapshot()
-        for waiter in waiters:
-            if waiter.callback is None:
-                waiter.poke()
+        threads = [w for w in waiters if w.callback is None and w.outcome is None]
+        for waiter in self._table.check_many(threads):
+            waiter.poke()
         futures = [w for w in waiters if w.callback is not None]
         if futures:
             self._dispatcher.call_soon(lambda: self._check_futures(futures))
+
+    def _wake_loop(self) -> None:
+        """The waker thread: wakes the threads whose waits the reader
+        answered, a batch at a time (WakeGate)."""
+        gate = self._table.gate
+        BackgroundLoop(
+            f"waker of {self.name!r}", lambda: gate.work(self._stop), stop=self._stop, log=logger
+        ).run()
 
     def _emit_error(self, exc: BaseException) -> None:
         for callback in self._listeners.take("error"):
@@ -316,10 +330,11 @@ class QueueEvents(ListenerMethods):
         self._check_futures([w for w in self._table.snapshot() if w.callback is not None])
 
     def _check_futures(self, waiters: list[Waiter]) -> None:
-        """Check futures' jobs (no thread waits on them), on the dispatcher;
-        a transient error ends the round: the next reconnect or re-check
+        """Check futures' jobs (no thread waits on them), on the dispatcher,
+        in pipelined batches, then one by one those the batches left; a
+        transient error ends the round: the next reconnect or re-check
         tries again."""
-        for waiter in waiters:
+        for waiter in self._table.check_many([w for w in waiters if w.outcome is None]):
             if self._stop.is_set():
                 return
             try:

@@ -114,6 +114,22 @@ def test_add_returns_job_with_its_fields(queue: Queue) -> None:
     assert stored.timestamp == job.timestamp
 
 
+def test_a_job_record_keeps_redis_compact_hash_encoding(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Only options that differ from the defaults are stored: the full map
+    (96 bytes) made every job's hash a hash table, 4x the memory."""
+    plain = queue.add("x", 1)
+    tuned = queue.add_bulk([{"name": "x", "data": 2, "attempts": 3, "backoff": 2.0,
+                             "timeout": 5.0}])[0]
+    key = f"jobq:{{{queue.name}}}:job:{plain.id}"
+    assert redis_client.object("encoding", key) in (b"listpack", b"ziplist")
+    defaults = jobq.options.JobOptions().to_plain()
+    assert queue.get_job(plain.id).opts == defaults == plain.opts
+    expected = jobq.options.JobOptions.parse({"attempts": 3, "backoff": 2.0, "timeout": 5.0})
+    assert queue.get_job(tuned.id).opts == expected.to_plain() == tuned.opts
+
+
 def test_add_with_no_data_stores_none(queue: Queue) -> None:
     job = queue.add("nothing")
     assert job.data is None

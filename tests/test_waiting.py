@@ -479,3 +479,119 @@ def test_wait_and_close_keep_their_own_time_with_a_retrying_client(
         assert closing < 3.0, closing
     finally:
         client.close()
+
+
+# -- many waiters re-checked at once -----------------------------------------
+
+
+def _fail_on_boom(job: Job) -> Any:
+    if job.data == "boom":
+        raise ValueError("boom")
+    return job.data
+
+
+def test_a_batched_check_decides_every_kind_of_run_as_a_check_of_its_own_does(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    from jobq._waiters import Completed, Failed, Waiter
+
+    with Worker(queue.name, _fail_on_boom, connection=redis_url) as worker:
+        cond, done = completed_counter(worker)
+        failed = threading.Event()
+        worker.on("failed", lambda job, exc: failed.set())
+        completed = queue.add("x", "value")
+        removed_on_completion = queue.add("x", "gone", remove_on_complete=True)
+        boom = queue.add("x", "boom")
+        with cond:
+            assert cond.wait_for(lambda: len(done) == 2, WAIT)
+        assert failed.wait(WAIT)
+    removed = queue.add("x", "removed")
+    assert queue.remove(removed.id)
+    waiting = queue.add("x", "waiting")  # no worker any more
+    jobs = [completed, removed_on_completion, boom, removed, waiting]
+    alone = [Waiter(job.id, job._run) for job in jobs] + [Waiter("never-added")]
+    together = [Waiter(job.id, job._run) for job in jobs] + [Waiter("never-added")]
+    for waiter in alone:
+        qe._table.check(waiter)
+    assert qe._table.check_many(together) == []  # every one decided in the batch
+    # a missing record is decided once the reader passes the check's checkpoint
+    for waiter in alone[3:4] + alone[5:] + together[3:4] + together[5:]:
+        assert waiter.event.wait(WAIT)
+    outcomes = [(type(w.outcome), getattr(w.outcome, "value", None),
+                 getattr(w.outcome, "reason", None)) for w in together]
+    assert outcomes == [(type(w.outcome), getattr(w.outcome, "value", None),
+                         getattr(w.outcome, "reason", None)) for w in alone]
+    assert isinstance(together[0].outcome, Completed) and together[0].outcome.value == "value"
+    assert isinstance(together[1].outcome, Completed) and together[1].outcome.value == "gone"
+    assert isinstance(together[2].outcome, Failed)
+    assert together[2].outcome.reason == "ValueError: boom"
+    assert together[4].outcome is None  # still waiting: nothing decided
+
+
+def test_after_a_gap_waiting_threads_are_rechecked_in_batches_not_each_on_its_own(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """10,000 threads each checking its own job after a trimmed gap was the
+    cause of L1's seconds-long wake-ups (bench/load/README.md)."""
+    with Queue(queue_name, connection=redis_url, max_events=100) as q, QueueEvents(
+        queue_name, connection=redis_url, blocking_timeout=0.1
+    ) as qe:
+        assert qe.wait_until_ready(WAIT)
+        qe._dispatcher.interval = 3600.0  # no periodic re-check within the test
+        own_checks: list[str] = []
+        check = qe._table.check
+
+        def counted(waiter: Any) -> None:
+            own_checks.append(waiter.job_id)
+            check(waiter)
+
+        qe._table.check = counted  # type: ignore[method-assign]
+        jobs = q.add_bulk({"name": "x", "data": i} for i in range(40))
+        results: dict[str, Any] = {}
+
+        def wait(job: Job) -> None:
+            results[job.id] = job.wait_until_finished(qe, timeout=WAIT * 3)
+
+        threads = [threading.Thread(target=wait, args=(job,)) for job in jobs]
+        for thread in threads:
+            thread.start()
+        until(lambda: qe._table.jobs() == len(jobs), WAIT)
+        with ReaderKiller(redis_client, queue_name):
+            with Worker(queue_name, echo, connection=redis_url) as worker:
+                cond, done = completed_counter(worker)
+                with cond:
+                    assert cond.wait_for(lambda: len(done) == len(jobs), WAIT)
+            for _ in range(300):  # the jobs' events are trimmed before the reader reads them
+                q.emit("filler")
+        for thread in threads:
+            thread.join(WAIT * 3)
+        assert results == {job.id: job.data for job in jobs}
+        assert own_checks == []
+
+
+def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobq import _waiters
+    from jobq._waiters import Completed, Waiter, WakeGate
+
+    # only the woken threads' progress lets the gate wake more
+    monkeypatch.setattr(_waiters, "WAKE_STALE", WAIT)
+    gate = WakeGate()
+    waiters = [Waiter(f"job-{i}") for i in range(_waiters.WAKE_BATCH + 1)]
+    future = Waiter("a-future", callback=lambda waiter, outcome: None)
+    gate.add([(w, Completed(i)) for i, w in enumerate(waiters)] + [(future, Completed("f"))])
+    assert future.outcome == Completed("f")  # no thread waits on a future: at once
+    assert all(w.outcome is None for w in waiters)  # threads: woken between reads
+    pumping = threading.Thread(target=gate.pump, args=(WAIT,))
+    pumping.start()
+    try:
+        until(lambda: all(w.event.is_set() for w in waiters[:-1]), WAIT)  # the first batch
+        assert waiters[-1].outcome is None  # the next waits until that batch has run
+    finally:
+        for waiter in waiters[:-1]:  # what each woken thread does when done
+            waiter.resumed()
+        pumping.join(WAIT)
+    assert not pumping.is_alive()
+    assert [w.outcome for w in waiters] == [Completed(i) for i in range(len(waiters))]
+    assert gate.idle()

@@ -6,7 +6,7 @@ are implemented once, here, so every peer is measured the same way.
 
 Command line of every adapter::
 
-    python peer_x.py --url URL --workload {w1,w2,rr,idle} [--n N]
+    python peer_x.py --url URL --workload {w1,w2,rr,idle,w5} [--n N]
                      [--concurrency C] [--w3-n N] [--w4-seconds S]
                      [--variant V]
 
@@ -276,6 +276,58 @@ class Peer:
 
         return redis.Redis.from_url(self.url)
 
+    # W5 (scale) hooks: a peer that can switch queues measures it
+    scale_reason = "not measured (W5 covers jobq and BullMQ on Node.js)"
+
+    def use_queue(self, name: str) -> None:
+        """Make every later call (adds, probes, workers) use queue ``name``."""
+        raise NotImplementedError
+
+    def has_scale(self) -> bool:
+        return type(self).use_queue is not Peer.use_queue
+
+    def wait_list_key(self) -> str:
+        """The Redis list of waiting jobs (LPUSHed, taken from the right)."""
+        raise NotImplementedError
+
+    def nth_waiting(self, k: int) -> Any:
+        """A handle of the job ``k``-th in line (1: the next one taken)."""
+        raw = self.redis().lindex(self.wait_list_key(), -k)
+        if raw is None:
+            raise RuntimeError(f"fewer than {k} jobs waiting")
+        return raw.decode()
+
+    def load(self, n: int) -> None:
+        """Add ``n`` jobs as fast as the peer's bulk API allows (no handles kept)."""
+        for start in range(0, n, 1000):
+            self.add_bulk(start, min(1000, n - start))
+
+    def pair_rates(self, kind: str, n: int, chunk: int,
+                   queues: tuple[str, str]) -> tuple[float, float, float, float]:
+        """W1's single adds (``kind`` "single") or bulk adds of 1,000 ("bulk")
+        to two queues alternately, ``chunk`` jobs at a time, ``n`` per queue
+        (the first queue first in every other chunk): each queue's jobs/s
+        over its own time, and the server's µs in scripts per job of each
+        (read between chunks, untimed). Alternating in small chunks keeps
+        the machine's drifts out of the comparison."""
+        r = self.redis()
+        spent, usec = [0.0, 0.0], [0.0, 0.0]
+        for c, start in enumerate(range(0, n, chunk)):
+            count = min(chunk, n - start)
+            for side in (0, 1) if c % 2 == 0 else (1, 0):
+                self.use_queue(queues[side])
+                u0 = script_usec(r)
+                t0 = time.perf_counter()
+                if kind == "single":
+                    for i in range(start, start + count):
+                        self.add(i)
+                else:
+                    for s in range(start, start + count, 1000):
+                        self.add_bulk(s, min(1000, start + count - s))
+                spent[side] += time.perf_counter() - t0
+                usec[side] += script_usec(r) - u0
+        return n / spent[0], n / spent[1], usec[0] / n, usec[1] / n
+
     def close(self) -> None:
         pass
 
@@ -478,7 +530,100 @@ def idle(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-WORKLOADS = {"w1": w1, "w2": w2, "rr": rr, "idle": idle}
+def used_memory(r: Any) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def script_usec(r: Any) -> float:
+    """Server microseconds spent in script calls so far (EVALSHA, EVAL,
+    FCALL: jobq runs functions, BullMQ scripts; the commands a script calls
+    are counted inside its call's time)."""
+    stats = r.info("commandstats")
+    return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0)
+                     for c in ("evalsha", "eval", "fcall", "fcall_ro")))
+
+
+def drain_first(peer: Peer, n: int, concurrency: int) -> dict[str, float]:
+    """W2's drain of the ``n`` jobs next in line, whatever waits behind them:
+    the clock starts at the worker's first take and stops when the ``n``-th
+    job is finished."""
+    last = peer.nth_waiting(n)
+    before = peer.pending()
+    proc = Proc(peer.worker_argv(concurrency), peer.worker_env())
+    try:
+        t0 = wait_for(lambda: peer.pending() < before, READY_TIMEOUT, "the first take", proc,
+                      interval=0.001)
+        cpu0 = tree_cpu_seconds(proc.pid)
+        t1 = wait_for(lambda: peer.is_done(last), DRAIN_TIMEOUT, "the drain", proc)
+        cpu1 = tree_cpu_seconds(proc.pid)
+    finally:
+        proc.stop()
+    return {"jobs_s": n / (t1 - t0), "cpu_s_per_1k": (cpu1 - cpu0) / n * 1000.0}
+
+
+def w5(peer: Peer, args: argparse.Namespace) -> dict[str, Any]:
+    """W5 (scale): single add, bulk add and drain c=8 on a queue with
+    ``--w5-backlog`` jobs waiting, beside the same on a new, empty queue of
+    the same server (adds alternating between the two in small chunks, the
+    drains' order swapped every repeat); and
+    Redis memory (INFO used_memory) per waiting and per completed job kept,
+    over ``--w5-mem-n`` jobs. Repeats are inside this one run (the backlog is
+    loaded once): lists of figures, one per repeat."""
+    if not peer.has_scale():
+        return {"w5_na": peer.scale_reason}
+    r = peer.redis()
+    out: dict[str, Any] = {}
+    # memory, on a queue of its own, before anything else is stored
+    r.flushdb()
+    peer.use_queue("bench-mem")
+    m = args.w5_mem_n
+    base = used_memory(r)
+    peer.load(m)
+    out["w5_mem_waiting_b"] = (used_memory(r) - base) / m
+    drain_first(peer, m, args.concurrency)  # every job completed, all kept
+    out["w5_mem_completed_b"] = (used_memory(r) - base) / m
+    r.flushdb()
+    # the backlog, loaded once
+    peer.use_queue("bench-big")
+    t0 = time.perf_counter()
+    peer.load(args.w5_backlog)
+    out["w5_load_jobs_s"] = args.w5_backlog / (time.perf_counter() - t0)
+    out["w5_backlog"] = args.w5_backlog
+    series: dict[str, list[float]] = {}
+
+    def keep(key: str, empty: float, full: float) -> None:
+        series.setdefault(f"w5_{key}_empty", []).append(empty)
+        series.setdefault(f"w5_{key}_full", []).append(full)
+
+    for rep in range(args.w5_repeats):
+        pair = (f"bench-e{rep}", "bench-big")  # a new, empty queue and the backlog
+        # adds alternate between the two queues in small chunks; beside each
+        # rate, the server's time in scripts per job: what grows with the
+        # backlog shows there without the machine's noise
+        for kind, n, chunk in (("single", args.w5_single, 500), ("bulk", args.w5_bulk, 1000)):
+            e_rate, f_rate, e_us, f_us = peer.pair_rates(kind, n, chunk, pair)
+            keep(kind, e_rate, f_rate)
+            keep(f"{kind}_server_us", e_us, f_us)
+        drains: dict[str, dict[str, float]] = {}
+        for side, queue in (("empty", pair[0]), ("full", pair[1]))[:: 1 if rep % 2 == 0 else -1]:
+            peer.use_queue(queue)
+            u0 = script_usec(r)
+            drains[side] = drain_first(peer, args.w5_drain, args.concurrency)
+            # the worker may take a few jobs past the n-th before it stops
+            drains[side]["server_us"] = (script_usec(r) - u0) / args.w5_drain
+        keep("drain", drains["empty"]["jobs_s"], drains["full"]["jobs_s"])
+        keep("drain_cpu", drains["empty"]["cpu_s_per_1k"], drains["full"]["cpu_s_per_1k"])
+        keep("drain_server_us", drains["empty"]["server_us"], drains["full"]["server_us"])
+        for k in ("single", "bulk", "drain"):
+            series.setdefault(f"w5_{k}_ratio", []).append(
+                series[f"w5_{k}_full"][-1] / series[f"w5_{k}_empty"][-1])
+    out.update(series)
+    peer.use_queue("bench-big")
+    out["w5_full_waiting_at_end"] = peer.pending()
+    return out
+
+
+WORKLOADS = {"w1": w1, "w2": w2, "rr": rr, "idle": idle, "w5": w5}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -492,6 +637,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--w4-seconds", type=float, default=10.0)
     p.add_argument("--w4-threads", type=int, default=16)
     p.add_argument("--variant", default=None)
+    p.add_argument("--w5-backlog", type=int, default=1_000_000)
+    p.add_argument("--w5-single", type=int, default=10_000)
+    p.add_argument("--w5-bulk", type=int, default=20_000)
+    p.add_argument("--w5-drain", type=int, default=10_000)
+    p.add_argument("--w5-mem-n", type=int, default=100_000)
+    p.add_argument("--w5-repeats", type=int, default=3)
     return p.parse_args(argv)
 
 

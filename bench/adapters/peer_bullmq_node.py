@@ -33,10 +33,29 @@ class NodePeer(_common.Peer):
         if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "bullmq")):
             raise RuntimeError("bullmq is not installed in bench/node (run bench/install.py)")
         self.raw = self.redis()
+        self.queue_name = Q
+
+    def use_queue(self, name: str) -> None:
+        self.queue_name = name
+
+    def wait_list_key(self) -> str:
+        return f"bull:{self.queue_name}:wait"
+
+    def load(self, n: int) -> None:
+        self.client("load", self.url, n, timeout=600)
+
+    def pair_rates(self, kind: str, n: int, chunk: int,
+                   queues: tuple[str, str]) -> tuple[float, float, float, float]:
+        out = self.client("pair", self.url, kind, n, chunk, *queues)
+        return out["a_jobs_s"], out["b_jobs_s"], out["a_server_us"], out["b_server_us"]
+
+    def worker_env(self) -> dict[str, str]:
+        return {**super().worker_env(), "BENCH_QUEUE": self.queue_name}
 
     def client(self, *args: Any, timeout: float = 300) -> dict[str, Any]:
         proc = subprocess.run([self.node, SCRIPT, *map(str, args)], cwd=NODE_DIR,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "BENCH_QUEUE": self.queue_name})
         lines = proc.stdout.strip().splitlines()
         if not lines:
             raise RuntimeError(f"node printed nothing (rc {proc.returncode}): {proc.stderr[-400:]}")
@@ -52,16 +71,16 @@ class NodePeer(_common.Peer):
         return self.client("preload", self.url, n)["ids"]
 
     def wait(self, handle: Any, timeout: float) -> Any:
-        key = f"bull:{Q}:{handle}"
+        key = f"bull:{self.queue_name}:{handle}"
         _common.wait_for(lambda: self.raw.hexists(key, "finishedOn"), timeout, "a result",
                          interval=0.002)
         return json.loads(self.raw.hget(key, "returnvalue"))
 
     def is_done(self, handle: Any) -> bool:
-        return bool(self.raw.hexists(f"bull:{Q}:{handle}", "finishedOn"))
+        return bool(self.raw.hexists(f"bull:{self.queue_name}:{handle}", "finishedOn"))
 
     def pending(self) -> int:
-        return int(self.raw.llen(f"bull:{Q}:wait"))
+        return int(self.raw.llen(self.wait_list_key()))
 
     def worker_argv(self, concurrency: int) -> list[str]:
         return [self.node, SCRIPT, "worker", self.url, str(concurrency)]

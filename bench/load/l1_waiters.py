@@ -70,11 +70,11 @@ def main() -> int:
         spawn_s = time.monotonic() - started
         # every waiter registered (the reader holds them in a dict)
         deadline = time.monotonic() + 120
-        while sum(len(w) for w in list(events._waiters.values())) < args.jobs:
+        while len(events._table.snapshot()) < args.jobs:
             if time.monotonic() > deadline:
                 break
             threading.Event().wait(0.05)
-        registered = sum(len(w) for w in list(events._waiters.values()))
+        registered = len(events._table.snapshot())
         rss_waiting = me.memory_info().rss
         readers = [c for c in admin.client_list() if c["name"] == f"jobq-events-{QUEUE}"]
         env = dict(os.environ, JOBQ_REDIS_URL=server.url)

@@ -3,7 +3,7 @@
 'use strict';
 const { Queue, Worker, QueueEvents } = require('bullmq');
 
-const Q = 'bench';
+const Q = process.env.BENCH_QUEUE || 'bench';  // W5 switches queues
 const [mode, url, ...rest] = process.argv.slice(2);
 const u = new URL(url);
 const connection = { host: u.hostname, port: Number(u.port), db: Number((u.pathname || '/0').slice(1) || 0) };
@@ -76,6 +76,42 @@ async function main() {
     for (let s = 0; s < n; s += 1000) {
       await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
     }
+  } else if (mode === 'load') {  // W5's backlog: addBulk of 1,000 at a time, no ids kept
+    const n = Number(rest[0]);
+    for (let s = 0; s < n; s += 1000) {
+      await queue.addBulk(Array.from({ length: Math.min(1000, n - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+    }
+    out = { loaded: n };
+  } else if (mode === 'pair') {  // W5: adds alternating between two queues (see _common.pair_rates)
+    const [kind, n, chunk, qa, qb] = [rest[0], Number(rest[1]), Number(rest[2]), rest[3], rest[4]];
+    const IORedis = require('ioredis'); const r = new IORedis(connection);
+    const usec = async () => {  // server µs in scripts so far (INFO commandstats)
+      const text = await r.info('commandstats'); let total = 0;
+      for (const c of ['evalsha', 'eval', 'fcall', 'fcall_ro']) {
+        const m = text.match(new RegExp(`cmdstat_${c}:calls=\\d+,usec=(\\d+)`));
+        if (m) total += Number(m[1]);
+      }
+      return total;
+    };
+    const queues = [new Queue(qa, { connection }), new Queue(qb, { connection })];
+    const spent = [0, 0], us = [0, 0];
+    for (let c = 0, start = 0; start < n; c++, start += chunk) {
+      const count = Math.min(chunk, n - start);
+      for (const side of (c % 2 === 0 ? [0, 1] : [1, 0])) {
+        const q = queues[side]; const u0 = await usec(); const t0 = now();
+        if (kind === 'single') {
+          for (let i = start; i < start + count; i++) await q.add('noop', i);
+        } else {
+          for (let s = start; s < start + count; s += 1000) {
+            await q.addBulk(Array.from({ length: Math.min(1000, start + count - s) }, (_, k) => ({ name: 'noop', data: s + k })));
+          }
+        }
+        spent[side] += now() - t0; us[side] += (await usec()) - u0;
+      }
+    }
+    for (const q of queues) await q.close();
+    r.disconnect();
+    out = { a_jobs_s: n / spent[0], b_jobs_s: n / spent[1], a_server_us: us[0] / n, b_server_us: us[1] / n };
   } else if (mode === 'w1') {
     const n = Number(rest[0]);
     let t0 = now();
