@@ -17,6 +17,7 @@ shows where a phase's instructions go.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -181,7 +182,7 @@ def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int]) -> list[float]:
                     raise RuntimeError("the BullMQ worker did not start")
                 time.sleep(0.05)
             first = [0]
-            total = cg.count(lambda: _await_completed(raw, n + 10, deadline, first))
+            total = cg.count(functools.partial(_await_completed, raw, n + 10, deadline, first))
             rows.append(total / (n + 10 - first[0]))
         finally:
             worker.terminate()
