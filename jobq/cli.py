@@ -65,10 +65,17 @@ def _queue(args: argparse.Namespace, name: str) -> Queue:
     return Queue(name, connection=args.url, prefix=args.prefix)
 
 
+def _stored_queue(args: argparse.Namespace, name: str) -> Any:
+    """Open a queue as it is stored: sharded or plain (the caller closes it)."""
+    from .sharding import open_queue
+
+    return open_queue(name, connection=args.url, prefix=args.prefix)
+
+
 @contextmanager
 def _queues(args: argparse.Namespace, names: Sequence[str]) -> Iterator[list[Queue]]:
     with ExitStack() as stack:
-        yield [stack.enter_context(_queue(args, name)) for name in names]
+        yield [stack.enter_context(_stored_queue(args, name)) for name in names]
 
 
 def _ping(url: str | None) -> None:
@@ -197,6 +204,8 @@ def _snapshot(queue: Queue) -> dict[str, Any]:
         "completed_per_min": completed.per_minute(RATE_MINUTES),
         "failed_per_min": failed.per_minute(RATE_MINUTES),
         "timestamp": completed.timestamp,
+        # a sharded queue's counts per shard (summed in "counts")
+        **({"shards": queue.shard_counts()} if hasattr(queue, "shard_counts") else {}),
     }
 
 
@@ -277,7 +286,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 current = names()
                 for name in current:
                     if name not in opened:
-                        opened[name] = _queue(args, name)
+                        opened[name] = _stored_queue(args, name)
                 snapshots = [_snapshot(opened[n]) for n in current]
                 header = (f"jobq info, every {args.interval:g} s, "
                           f"{_when(time.time())[:19]} (Ctrl-C to quit)")
@@ -572,7 +581,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
                     names = known_queues(any_queue.client, args.prefix)
             for name in names:
                 if name not in opened:
-                    opened[name] = _queue(args, name)
+                    opened[name] = _stored_queue(args, name)
             return [opened[n] for n in names]
 
     server = serve(queues, port=args.port, host=args.host)

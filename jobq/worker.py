@@ -33,6 +33,8 @@ from . import _tracing
 from ._context import QueueContext
 from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
+from ._shard_worker import worker_context
+from ._shards import validate_count
 from ._signals import StopSignals
 from ._threads import start_thread
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
@@ -161,6 +163,10 @@ class Worker(ListenerMethods):
         heartbeat_ttl: seconds the worker's announcement in the registry
             (``Queue.get_workers()``) outlives its last heartbeat; it beats
             every third of that.
+        shards: the shard count of a sharded queue (``ShardedQueue``). None
+            (the default) reads the count stored with the queue at
+            ``start()``: a worker started before the queue's first write
+            serves it as a plain queue unless told the count here.
     """
 
     def __init__(
@@ -180,7 +186,9 @@ class Worker(ListenerMethods):
         autorun: bool = False,
         max_result_bytes: int | None = 1024 * 1024,
         heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
+        shards: int | None = None,
     ) -> None:
+        self._shards = None if shards is None else validate_count(shards)
         self._routes, self._processor = _routes(processor)
         self.name = _worker_name(name)
         self._settings = settings = _settings(
@@ -206,6 +214,7 @@ class Worker(ListenerMethods):
         self._roles: Roles | None = None
         self._events: QueueEvents | None = None
         self._take_args = TakeTokens(self._settings)
+        self._run_context = self._context
         _LIVE.add(self)
         if autorun:
             self.start()
@@ -244,8 +253,9 @@ class Worker(ListenerMethods):
             if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
                 self._ensure_events(wait=True)
             route = functools.partial(_handler_for, self._routes, self._processor, self.name)
+            self._run_context = worker_context(self._context, self._shards)  # see sharding.py
             roles = self._roles = Roles.build(
-                self._context, self._settings, self._listeners, paused=self._paused,
+                self._run_context, self._settings, self._listeners, paused=self._paused,
                 handler_for=route, take_args=self._take_args, status=self._status,
             )
             self._state = Lifecycle.RUNNING
@@ -338,6 +348,8 @@ class Worker(ListenerMethods):
         hook = _tracing.hook
         if hook is not None:  # the attempts' spans leave before the process may end
             hook.flush()
+        if self._run_context is not self._context:
+            self._run_context.close()
         self._context.close()
 
     def __enter__(self) -> Worker:
