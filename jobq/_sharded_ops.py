@@ -15,6 +15,7 @@ from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
     from ._context import QueueContext
+    from ._schedulers import Scheduler
     from .queue import Queue
 
 
@@ -79,6 +80,19 @@ class ShardedReading:
         if start < 0:
             start = max(0, len(jobs) + start)
         return jobs[start : end + 1]
+
+    @property
+    def event_mode(self) -> str:
+        """The shards' event mode, ``"stream"`` or ``"pubsub"``."""
+        return self._every()[0].event_mode
+
+    def get_schedulers(self) -> list[Scheduler]:
+        """None: job schedulers are not supported on a sharded queue."""
+        return []
+
+    def get_scheduler(self, scheduler_id: str) -> Scheduler | None:
+        """None: job schedulers are not supported on a sharded queue."""
+        return None
 
     def get_dedup_job_id(self, key: str) -> str | None:
         """The id of the job that owns a dedup key (on the key's shard), or None."""

@@ -161,44 +161,52 @@ def test_a_worker_told_the_count_serves_a_queue_not_yet_written(
         sharded.obliterate(force=True)
 
 
-def test_no_shard_starves(sharded: ShardedQueue, redis_url: str) -> None:
-    # shard 0 holds 40 jobs, every other shard 5: one slot, so takes are sequential
-    specs = [{"name": "x", "data": [0, i], "job_id": j} for i, j in enumerate(ids_on(0, 40, "a"))]
-    for shard in range(1, SHARDS):
-        specs += [{"name": "x", "data": [shard, i], "job_id": j}
-                  for i, j in enumerate(ids_on(shard, 5, "b"))]
+def check_no_shard_starves(sharded: ShardedQueue, url: str, first: int, others: int) -> None:
+    """Shard 0 holds ``first`` jobs, every other shard ``others``; one slot,
+    so takes are sequential: while every shard has jobs the takes go round,
+    and each shard's oldest job waits at most ``shards - 1`` takes."""
+    count = sharded.shard_count
+    specs: list[dict[str, Any]] = []
+    for shard in range(count):
+        ids = [f"f-{i}" for i in range(20_000) if shard_of(f"f-{i}", count) == shard]
+        specs += [{"name": "x", "data": shard, "job_id": j}
+                  for j in ids[: first if shard == 0 else others]]
     sharded.add_bulk(specs)
     order: list[int] = []
     done = threading.Event()
 
     def handler(job: Job) -> None:
-        order.append(job.data[0])
+        order.append(job.data)
         if len(order) == len(specs):
             done.set()
 
-    with Worker(sharded.name, handler, connection=redis_url, concurrency=1):
+    with Worker(sharded.name, handler, connection=url, concurrency=1):
         assert done.wait(WAIT)
-    # while every shard has jobs the takes go round: each shard's oldest job
-    # waits at most SHARDS - 1 takes
-    first_rounds = order[: SHARDS * 5]
-    assert Counter(first_rounds) == {shard: 5 for shard in range(SHARDS)}
-    for shard in range(SHARDS):
-        assert order.index(shard) < SHARDS
+    assert Counter(order[: count * others]) == {shard: others for shard in range(count)}
+    assert all(order.index(shard) < count for shard in range(count))
 
 
-def test_the_limiter_holds_across_shards(sharded: ShardedQueue, redis_url: str) -> None:
+def test_no_shard_starves(sharded: ShardedQueue, redis_url: str) -> None:
+    check_no_shard_starves(sharded, redis_url, 40, 5)
+
+
+def check_the_limiter(sharded: ShardedQueue, url: str) -> None:
+    """Two workers of limiter 4 per second: 12 jobs take at least 3 windows."""
     jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
     limiter = {"max": 4, "duration": 1.0}
-    with Worker(sharded.name, lambda job: None, connection=redis_url, concurrency=4,
+    with Worker(sharded.name, lambda job: None, connection=url, concurrency=4,
                 limiter=limiter), \
-         Worker(sharded.name, lambda job: None, connection=redis_url, concurrency=4,
+         Worker(sharded.name, lambda job: None, connection=url, concurrency=4,
                 limiter=limiter):
         for job in jobs:
             job.wait_until_finished(timeout=WAIT)
     started = sorted(sharded.get_job(j.id).processed_on for j in jobs)  # type: ignore[union-attr,misc]
-    # 12 jobs at 4 per window need 3 windows: per-shard limits would let all
-    # 12 (4 shards x 4) start in the first one
+    # per-shard limits would let all 12 (4 shards x 4) start in the first window
     assert started[-1] - started[0] >= 1.9
+
+
+def test_the_limiter_holds_across_shards(sharded: ShardedQueue, redis_url: str) -> None:
+    check_the_limiter(sharded, redis_url)
 
 
 def test_pause_and_resume_the_whole_queue(sharded: ShardedQueue, redis_url: str) -> None:
