@@ -7,9 +7,10 @@ Each run starts a cluster of real server processes on loopback
 controller: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) of its own that
 allows QUOTA of one core. One ``ShardedQueue`` of SHARDS shards (a multiple
 of every master count, so that each master serves as many shards) is filled
-by PRODUCERS processes with ``add_bulk`` (timed from a common start to the
-last reply), then drained by WORKERS processes (timed from their start to
-the last completion). Each cgroup's ``cpu.stat`` shows how often the node was
+by PRODUCERS processes with ``add_bulk`` (JOBS_PER_MASTER jobs per master, so
+that a phase lasts about as long on any cluster; timed from a common start
+to the last reply), then drained by WORKERS processes (timed from their
+start to the last completion). Each cgroup's ``cpu.stat`` shows how often the node was
 throttled during a phase (the share of periods in which it hit its quota).
 
 Needs root (it writes /sys/fs/cgroup/cpu). Every cgroup and server it makes
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -173,10 +175,10 @@ def measure(masters: int, args: argparse.Namespace) -> dict[str, Any]:
                 throttle.add(server)
             url = cluster.url
             name = f"scale-{masters}"
-            per = args.jobs // args.producers
+            per = args.jobs_per_master * masters // args.producers
             total = per * args.producers
             with ShardedQueue(name, shards=args.shards, connection=url) as queue:
-                queue.count()
+                queue.get_job_counts()  # a script on every shard: each node loads the library
                 producers = [
                     _child("--producer", url, name, str(args.shards), str(per), str(args.chunk))
                     for _ in range(args.producers)
@@ -217,11 +219,14 @@ def main() -> int:
     parser.add_argument("--quota", type=float, default=0.05,
                         help="share of one core each master may use")
     parser.add_argument("--period-us", type=int, default=10_000)
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--producers", type=int, default=2)
-    parser.add_argument("--chunk", type=int, default=800)
+    parser.add_argument("--jobs-per-master", type=int, default=16_000,
+                        help="jobs per master: each phase lasts about as long on any size")
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=1600)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per master count (the median is shown, and the range)")
     parser.add_argument("--producer", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -233,25 +238,33 @@ def main() -> int:
         run_worker(args.worker[0], args.worker[1], int(args.worker[2]))
         return 0
     print(
-        f"# sharded queue scaling: one queue of {args.shards} shards, {args.jobs} no-op jobs; "
+        f"# sharded queue scaling: one queue of {args.shards} shards, {args.jobs_per_master} "
+        f"no-op jobs per master; "
         f"each master throttled to {args.quota:.0%} of a core (cgroup v1, period "
         f"{args.period_us} us); {args.producers} producer processes (add_bulk of "
-        f"{args.chunk}), {args.workers} worker processes (concurrency {args.concurrency})\n"
+        f"{args.chunk}), {args.workers} worker processes (concurrency {args.concurrency}); "
+        f"median of {args.repeats} runs (range)\n"
         f"# machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}"
     )
     print("| masters | add (jobs/s) | x 1 master | drain (jobs/s) | x 1 master "
           "| throttled periods (add / drain) |\n|---:|---:|---:|---:|---:|---:|")
-    base: dict[str, Any] | None = None
+    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in args.masters}
+    for _ in range(args.repeats):  # interleaved, so that a drift of the machine is shared
+        for masters in args.masters:
+            runs[masters].append(measure(masters, args))
+    base = {k: statistics.median(r[k] for r in runs[args.masters[0]]) for k in ("add", "drain")}
     for masters in args.masters:
-        r = measure(masters, args)
-        base = base or r
-        print(
-            f"| {masters} | {r['add']:,.0f} | {r['add'] / base['add']:.2f} | "
-            f"{r['drain']:,.0f} | {r['drain'] / base['drain']:.2f} | "
-            f"{r['add_throttled']:.0%} / {r['drain_throttled']:.0%} |",
-            flush=True,
-        )
+        rs = runs[masters]
+        cells = []
+        for key in ("add", "drain"):
+            values = sorted(r[key] for r in rs)
+            median = statistics.median(values)
+            spread = f" ({values[0]:,.0f}-{values[-1]:,.0f})" if len(values) > 1 else ""
+            cells.append(f"{median:,.0f}{spread} | {median / base[key]:.2f}")
+        throttled = (f"{statistics.median(r['add_throttled'] for r in rs):.0%} / "
+                     f"{statistics.median(r['drain_throttled'] for r in rs):.0%}")
+        print(f"| {masters} | {cells[0]} | {cells[1]} | {throttled} |", flush=True)
     return 0
 
 

@@ -7,10 +7,13 @@ one command per channel: one per slot) to the wake-up channel of each shard
 the node serves; a shard's scripts publish on it whenever they make a job
 ready (``mark_ready`` in _common.lua). The fetcher takes (moveToActive,
 non-blocking) from the shards that signalled, in turn, starting after the
-shard it took from last, so that no shard waits more than ``shards - 1``
-takes of this worker behind others. It also looks at every shard after each
-(re)subscription (a wake-up sent while it was not listening is not lost),
-when a shard's next delayed job is due, and every ``drain_delay`` at least.
+shard it took from last; a pool thread's finishing calls take at most
+``_shard_worker.CHAIN_LIMIT`` jobs of the same shard along before its slot
+comes back to this turn, so a ready shard waits at most about
+``(shards - 1) x (CHAIN_LIMIT + 1)`` takes of a worker of concurrency 1.
+It also looks at every shard after each (re)subscription (a wake-up sent
+while it was not listening is not lost), when a shard's next delayed job is
+due, and every ``drain_delay`` at least.
 
 A node's connection also listens to each shard's cancel channel, so a cancel
 reaches a running job at once. When a slot moves, the server ends the

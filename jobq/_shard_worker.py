@@ -5,15 +5,16 @@ context that sends each script to the shard it concerns.
 about one job (complete, fail, updateJob, ...) goes to the shard its id
 names, lock renewal and the stalled check go to every shard (split and
 joined), the worker registry lives on the logical queue's base. Takes are
-the fetcher's (``_shard_fetcher.ShardFetcher``): a finishing call never
-takes the next job along here, so that every take goes through the
-fetcher's rotation over the shards (fairness), at the price of one more
-round trip per job.
+the fetcher's (``_shard_fetcher.ShardFetcher``), which turns over the
+shards; a finishing call takes the next job of its own shard along (saving
+a round trip) at most ``CHAIN_LIMIT`` times in a row per pool thread, then
+the slot goes back to the fetcher's turn (fairness).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from typing import Any
 
@@ -33,9 +34,15 @@ _BY_JOB = frozenset({
 })
 #: Scripts of the logical queue's own base (the worker registry).
 _LOGICAL = frozenset({"heartbeat", "getWorkers"})
-#: How many arguments of complete / fail are the job's own: the rest would
-#: take the next job along.
+#: How many arguments of complete / fail are the job's own: the rest take
+#: the next job along (from the same shard).
 _FINISH_ARGS = {"complete": 3, "fail": 6}
+#: Most jobs a pool thread takes along in a row from its shard before its
+#: slot goes back to the fetcher's turn over the shards: the bound of
+#: fairness (a ready shard waits at most about ``shards x (CHAIN_LIMIT + 1)``
+#: takes of a worker of concurrency 1) against the round trip a finishing
+#: call that takes the next job along saves.
+CHAIN_LIMIT = 16
 
 
 class RoutedKeys(QueueKeys):
@@ -76,6 +83,7 @@ class ShardedContext(QueueContext):
         self.count = count
         self.shard_keys = shard_keys(context.prefix, context.name, count)
         self.routed = RoutedKeys(context.prefix, context.name, self.shard_keys)
+        self._chains = threading.local()  # per pool thread: jobs taken along in a row
         self.keys = self.routed
 
     def _base(self, script: str, args: tuple[Any, ...]) -> str:
@@ -107,11 +115,26 @@ class ShardedContext(QueueContext):
                 found += self.scripts.run(script, keys.base, *args, client=client)
             return found
         if script in _FINISH_ARGS:
-            args = args[: _FINISH_ARGS[script]]
+            args = self._chain(args, _FINISH_ARGS[script])
         base = self._base(script, args)
         if connection is not None:
             return self.scripts.run_on(connection, script, base, *args)
         return self.scripts.run(script, base, *args, client=client)
+
+    def _chain(self, args: tuple[Any, ...], own: int) -> tuple[Any, ...]:
+        """A finishing call's arguments, without those that take the next
+        job along when the rate limiter is on (its window is counted on the
+        logical queue, by the fetcher) or when this pool thread has taken
+        ``CHAIN_LIMIT`` jobs in a row that way: its slot then goes back to
+        the fetcher, whose turn over the shards keeps every shard served."""
+        if len(args) <= own:
+            return args
+        chained = getattr(self._chains, "count", 0)
+        if int(args[own + 3]) > 0 or chained >= CHAIN_LIMIT:  # the take's limit_max
+            self._chains.count = 0
+            return args[:own]
+        self._chains.count = chained + 1
+        return args
 
     def _extend_locks(self, args: tuple[Any, ...], client: Any) -> list[list[Any]]:
         """extendLocks over the shards of the held jobs; the replies joined."""

@@ -16,16 +16,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ._reader import ALL
-from ._shards import shard_of
+from ._shards import shard_names, shard_of, validate_count
+from .connection import close_client, resolve
 from .errors import ClosedError
 from .events import Event
+from .keys import validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry
 from .queue_events import QueueEvents
 
 if TYPE_CHECKING:
     from types import TracebackType
-
-    from .sharding import ShardedQueue
 
 __all__ = ["ShardedQueueEvents"]
 
@@ -34,7 +34,10 @@ class ShardedQueueEvents(ListenerMethods):
     """Read every shard's events of a sharded queue (see ``QueueEvents``).
 
     Args:
-        queue: the ShardedQueue to follow (its client is shared).
+        queue_name: the sharded queue's name.
+        shards: its shard count.
+        connection: as for Queue (a client of the caller's is shared).
+        prefix: the queue's key prefix.
         last_event_id: ``"$"`` (from now on) or ``"0"`` (everything retained),
             for every shard.
         blocking_timeout: as for QueueEvents.
@@ -43,26 +46,30 @@ class ShardedQueueEvents(ListenerMethods):
 
     def __init__(
         self,
-        queue: ShardedQueue,
+        queue_name: str,
         *,
+        shards: int,
+        connection: object = None,
+        prefix: str = "jobq",
         last_event_id: str = "$",
         blocking_timeout: float = 10,
         autorun: bool = True,
     ) -> None:
         if last_event_id not in ("$", "0"):
             raise ValueError("a sharded queue's readers start at '$' or '0'")
-        self._name = queue.name
-        self._prefix = queue.prefix
-        self._count = queue.shard_count
+        self._name = validate_name(queue_name)
+        self._prefix = prefix
+        self._count = validate_count(shards)
         self._listeners = ListenerRegistry()
         self._lock = threading.Lock()
         self._closed = False
+        self._client, self._owned = resolve(connection)
         self._readers = tuple(
             QueueEvents(
-                shard.name, connection=queue.client, prefix=queue.prefix,
-                last_event_id=last_event_id, blocking_timeout=blocking_timeout, autorun=False,
+                shard, connection=self._client, prefix=prefix, last_event_id=last_event_id,
+                blocking_timeout=blocking_timeout, autorun=False,
             )
-            for shard in queue.shards
+            for shard in shard_names(self._name, self._count)
         )
         for reader in self._readers:
             reader.on_all_events(self._forward)
@@ -143,6 +150,8 @@ class ShardedQueueEvents(ListenerMethods):
         deadline = None if timeout is None else time.monotonic() + timeout
         for reader in self._readers:
             reader.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._owned:
+            close_client(self._client)
 
     def __enter__(self) -> ShardedQueueEvents:
         return self

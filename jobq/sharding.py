@@ -41,6 +41,7 @@ from .job import Job
 from .keys import queues_key, validate_job_id
 from .options import FAILURE_POLICIES
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
+from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -52,7 +53,7 @@ __all__ = ["ShardCountError", "ShardedQueue", "open_queue"]
 _Prepared = tuple[NewJob, dict[str, Any], Any]
 
 
-class ShardedQueue(ShardedReading, ShardedAdmin):
+class ShardedQueue(ShardedReading, ShardedAdmin, QueueTasks):
     """A queue spread over ``shards`` sub-queues, each in its own cluster slot.
 
     Use it as a ``Queue`` (same ``add``, ``add_bulk``, getters and
@@ -73,8 +74,9 @@ class ShardedQueue(ShardedReading, ShardedAdmin):
     - ``pause`` / ``resume`` act on every shard (one call each: a worker may
       take a job from a shard not yet paused while the pause goes round).
     - Not supported on a sharded queue: ``depends_on`` and flows (a parent
-      and its children must share a slot), job schedulers, the task
-      decorator. Events: ``ShardedQueue.events`` (one reader per shard).
+      and its children must share a slot), job schedulers. Tasks
+      (``@queue.task``) work as on a Queue. Events: ``ShardedQueue.events``
+      (one reader per shard).
 
     Args:
         name: the queue's name (at most 90 characters: shards add a suffix).
@@ -113,6 +115,7 @@ class ShardedQueue(ShardedReading, ShardedAdmin):
         for shard_queue in self._shards:
             shard_queue._recorded = True  # the logical name is listed, not its shards
         self._defaults = dict(default_job_options or {})
+        self._tasks: dict[str, Task[Any]] = {}
         self._turn = itertools.count(random.randrange(self._count))
         self._recorded = False
         self._pool: ThreadPoolExecutor | None = None
@@ -205,6 +208,10 @@ class ShardedQueue(ShardedReading, ShardedAdmin):
         names = [new.name for group in groups.values() for _, (new, _, _) in group]
         return hook.send(self.name, names, lambda carrier: self._write(groups, count, carrier))
 
+    def _prepare(self, name: Any, data: Any, options: dict[str, Any]) -> Any:
+        """Check a job as ``add`` would (for ``add_on_commit``)."""
+        return self._shards[0]._prepare(name, data, options)
+
     def _route(self, options: dict[str, Any]) -> int:
         """The shard of a new job; gives it a generated id when it has none."""
         job_id = options.get("job_id", self._defaults.get("job_id"))
@@ -264,7 +271,9 @@ class ShardedQueue(ShardedReading, ShardedAdmin):
             if self._events is None or self._events.closed:
                 from ._sharded_events import ShardedQueueEvents
 
-                self._events = ShardedQueueEvents(self)
+                self._events = ShardedQueueEvents(
+                    self.name, shards=self._count, connection=self.client, prefix=self.prefix
+                )
             return self._events
 
     def close(self) -> None:

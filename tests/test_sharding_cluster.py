@@ -112,7 +112,7 @@ def test_the_limiter_holds_across_shards_and_nodes(
 
 
 def test_no_shard_starves_across_nodes(cluster: LocalCluster, sharded: ShardedQueue) -> None:
-    check_no_shard_starves(sharded, cluster.url, 30, 4)
+    check_no_shard_starves(sharded, cluster.url, 100, 4)
 
 
 class Producer(threading.Thread):
