@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ._reader import ALL
@@ -140,6 +141,10 @@ class ShardedQueueEvents(ListenerMethods):
                  **kwargs: Any) -> Any:
         """Wait for a job through its shard's reader (see QueueEvents)."""
         return self.reader_for(job_id).wait_for(job_id, timeout, run, **kwargs)
+
+    def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
+        """A Future of a job's outcome, through its shard's reader (see QueueEvents)."""
+        return self.reader_for(job_id).future_for(job_id, run)
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Close every shard's reader."""

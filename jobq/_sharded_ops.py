@@ -94,6 +94,10 @@ class ShardedReading:
         """None: job schedulers are not supported on a sharded queue."""
         return None
 
+    def remove_scheduler(self, scheduler_id: str) -> bool:
+        """False: job schedulers are not supported on a sharded queue."""
+        return False
+
     def get_dedup_job_id(self, key: str) -> str | None:
         """The id of the job that owns a dedup key (on the key's shard), or None."""
         return self._shard(key).get_dedup_job_id(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import importlib
 import json
 import logging
@@ -24,7 +25,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import redis
 
@@ -59,23 +60,18 @@ class _UsageError(Exception):
 
 
 def _queue(args: argparse.Namespace, name: str) -> Queue:
-    """Open a Queue (the caller closes it)."""
-    from .queue import Queue
-
-    return Queue(name, connection=args.url, prefix=args.prefix)
-
-
-def _stored_queue(args: argparse.Namespace, name: str) -> Any:
-    """Open a queue as it is stored: sharded or plain (the caller closes it)."""
+    """Open a queue as it is stored (the caller closes it): a ShardedQueue
+    when a shard count is stored with it (it answers the calls the commands
+    make), else a Queue."""
     from .sharding import open_queue
 
-    return open_queue(name, connection=args.url, prefix=args.prefix)
+    return cast("Queue", open_queue(name, connection=args.url, prefix=args.prefix))
 
 
 @contextmanager
 def _queues(args: argparse.Namespace, names: Sequence[str]) -> Iterator[list[Queue]]:
     with ExitStack() as stack:
-        yield [stack.enter_context(_stored_queue(args, name)) for name in names]
+        yield [stack.enter_context(_queue(args, name)) for name in names]
 
 
 def _ping(url: str | None) -> None:
@@ -286,7 +282,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 current = names()
                 for name in current:
                     if name not in opened:
-                        opened[name] = _stored_queue(args, name)
+                        opened[name] = _queue(args, name)
                 snapshots = [_snapshot(opened[n]) for n in current]
                 header = (f"jobq info, every {args.interval:g} s, "
                           f"{_when(time.time())[:19]} (Ctrl-C to quit)")
@@ -334,7 +330,20 @@ def _cmd_events(args: argparse.Namespace) -> int:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 stop.set()
 
-    with stop, QueueEvents(
+    from ._sharded_events import ShardedQueueEvents
+    from ._shards import stored_count
+    from .connection import close_client, resolve
+
+    client, _ = resolve(args.url)
+    try:
+        shards = stored_count(client, args.prefix, args.queue)
+    finally:
+        close_client(client)
+    # a sharded queue's events: every shard's ("$" or "0" only)
+    reader: Any = QueueEvents
+    if shards is not None:
+        reader = functools.partial(ShardedQueueEvents, shards=shards)
+    with stop, reader(
         args.queue, connection=args.url, prefix=args.prefix, last_event_id=args.from_id,
         autorun=False,
     ) as events:
@@ -581,7 +590,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
                     names = known_queues(any_queue.client, args.prefix)
             for name in names:
                 if name not in opened:
-                    opened[name] = _stored_queue(args, name)
+                    opened[name] = _queue(args, name)
             return [opened[n] for n in names]
 
     server = serve(queues, port=args.port, host=args.host)
