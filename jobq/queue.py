@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -14,6 +14,7 @@ from ._context import QueueContext
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
 from ._schedulers import QueueSchedulers
+from ._shards import mismatch
 from .calls import NewJob
 from .connection import unreachable
 from .errors import (
@@ -50,6 +51,17 @@ def _job_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_JOB_NAME:
         raise ValueError(f"job name must be a non-empty str of at most {MAX_JOB_NAME} characters")
     return name
+
+
+def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    """The jobs of an ``add_bulk``: (name, data, options) of each, checked."""
+    for spec in jobs:
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
+        if "name" not in spec:
+            raise ValueError("each job needs a 'name'")
+        options = {k: v for k, v in spec.items() if k not in ("name", "data")}
+        yield spec["name"], spec.get("data"), options
 
 
 class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, QueueTasks):
@@ -137,7 +149,11 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         client = self._context.client
         if event_mode is not None:
             client.hsetnx(meta, "em", event_mode)
-        stored_mode, stored_max, stored_ttl = client.hmget(meta, ["em", "maxev", "rttl"])
+        stored_mode, stored_max, stored_ttl, shards = client.hmget(
+            meta, ["em", "maxev", "rttl", "shards"]
+        )
+        if shards:  # a ShardedQueue's name: its jobs are on its shards
+            raise mismatch(self.name, int(shards), None)
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:
             raise JobqError(
@@ -275,14 +291,9 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         written a chunk of 1000 per round trip, each chunk atomically.
         """
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
-        for spec in jobs:
-            if not isinstance(spec, Mapping):
-                raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
-            options = {k: v for k, v in spec.items() if k not in ("name", "data")}
-            if "name" not in spec:
-                raise ValueError("each job needs a 'name'")
-            args, opts = self._prepare(spec["name"], spec.get("data"), options)
-            prepared.append((args, opts, spec.get("data")))
+        for name, data, options in job_specs(jobs):
+            args, opts = self._prepare(name, data, options)
+            prepared.append((args, opts, data))
         hook = _tracing.hook
         if hook is None:
             return self._write(prepared, "")
