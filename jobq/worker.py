@@ -167,7 +167,8 @@ class Worker(ListenerMethods):
         shards: the shard count of a sharded queue (``ShardedQueue``). None
             (the default) reads the count stored with the queue at
             ``start()``: a worker started before the queue's first write
-            serves it as a plain queue unless told the count here.
+            serves it as a plain queue unless told the count here (and
+            reports that with an ``error`` event once the count is stored).
     """
 
     def __init__(

@@ -385,3 +385,23 @@ def test_tasks_of_a_sharded_queue(sharded: ShardedQueue, redis_url: str) -> None
     assert len({shard_of(j.id, SHARDS) for j in jobs}) == SHARDS
     with Worker(sharded.name, sharded.tasks, connection=redis_url, concurrency=2):
         assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [i * 2 for i in range(8)]
+
+
+def test_a_plain_worker_of_a_name_that_became_sharded_says_so(queue_name: str,
+                                                               redis_url: str) -> None:
+    # a worker started before the queue's first write serves the name as a
+    # plain queue: once a shard count is stored it reports that, not silence
+    errors: list[BaseException] = []
+    told = threading.Event()
+
+    def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+        told.set()
+
+    worker = Worker(queue_name, lambda job: None, connection=redis_url, stalled_interval=0.2)
+    worker.on("error", on_error)
+    with worker.start(), ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as q:
+        q.add("n", 1)
+        assert told.wait(WAIT)
+        assert f"shards={SHARDS}" in str(errors[0])
+        q.obliterate(force=True)
