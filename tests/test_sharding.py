@@ -405,3 +405,12 @@ def test_a_plain_worker_of_a_name_that_became_sharded_says_so(queue_name: str,
         assert told.wait(WAIT)
         assert f"shards={SHARDS}" in str(errors[0])
         q.obliterate(force=True)
+
+
+def test_a_plain_queue_events_of_a_sharded_queue_warns(
+    sharded: ShardedQueue, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="jobq"), \
+            QueueEvents(sharded.name, connection=redis_url) as events:
+        assert events.wait_until_ready(WAIT)
+    assert any("use ShardedQueueEvents" in r.getMessage() for r in caplog.records)
