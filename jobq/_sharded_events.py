@@ -16,6 +16,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from ._closing import ClosedOnExit
 from ._reader import ALL
 from ._shards import shard_names, shard_of, validate_count
 from .connection import close_client, resolve
@@ -26,12 +27,12 @@ from .listeners import Listener, ListenerMethods, ListenerRegistry
 from .queue_events import QueueEvents
 
 if TYPE_CHECKING:
-    from types import TracebackType
+    pass
 
 __all__ = ["ShardedQueueEvents"]
 
 
-class ShardedQueueEvents(ListenerMethods):
+class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     """Read every shard's events of a sharded queue (see ``QueueEvents``).
 
     Args:
@@ -158,13 +159,3 @@ class ShardedQueueEvents(ListenerMethods):
         if self._owned:
             close_client(self._client)
 
-    def __enter__(self) -> ShardedQueueEvents:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

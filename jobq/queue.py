@@ -10,6 +10,7 @@ import redis
 from . import _tracing, serializer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
+from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
@@ -29,7 +30,6 @@ from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
-    from types import TracebackType
 
     from .queue_events import QueueEvents
 
@@ -64,7 +64,10 @@ def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dic
         yield spec["name"], spec.get("data"), options
 
 
-class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, QueueTasks):
+class Queue(
+    OfQueue, QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, QueueTasks,
+    ClosedOnExit,
+):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -186,21 +189,6 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         """Seconds a result kept apart from its job stays readable (read on first use)."""
         self._context.ensure_ready()
         return self._result_ttl
-
-    @property
-    def name(self) -> str:
-        """The queue's name."""
-        return self._context.name
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of the queue."""
-        return self._context.prefix
-
-    @property
-    def client(self) -> Any:
-        """The Redis client this queue uses."""
-        return self._context.client
 
     def __repr__(self) -> str:
         state = "closed" if self._context.closed else "open"
@@ -353,13 +341,3 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         """Close the shared events reader and the client jobq created."""
         self._context.close()
 
-    def __enter__(self) -> Queue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from . import _tracing
+from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
 from ._sharded_ops import ShardedAdmin, ShardedReading
 from ._shards import (
@@ -44,7 +45,6 @@ from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
-    from types import TracebackType
 
     from ._sharded_events import ShardedQueueEvents
 
@@ -53,7 +53,7 @@ __all__ = ["ShardCountError", "ShardedQueue", "open_queue"]
 _Prepared = tuple[NewJob, dict[str, Any], Any]
 
 
-class ShardedQueue(ShardedReading, ShardedAdmin, QueueTasks):
+class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnExit):
     """A queue spread over ``shards`` sub-queues, each in its own cluster slot.
 
     Use it as a ``Queue`` (same ``add``, ``add_bulk``, getters and
@@ -135,21 +135,6 @@ class ShardedQueue(ShardedReading, ShardedAdmin, QueueTasks):
         self._first_use()
 
     # -- what it is ---------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """The queue's name."""
-        return self._context.name
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of the queue."""
-        return self._context.prefix
-
-    @property
-    def client(self) -> Any:
-        """The Redis client this queue uses."""
-        return self._context.client
 
     @property
     def shard_count(self) -> int:
@@ -289,16 +274,6 @@ class ShardedQueue(ShardedReading, ShardedAdmin, QueueTasks):
             shard_queue.close()
         self._context.close()
 
-    def __enter__(self) -> ShardedQueue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def open_queue(

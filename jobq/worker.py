@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _tracing
+from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
@@ -46,7 +47,6 @@ from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
 
 if TYPE_CHECKING:
-    from types import TracebackType
 
     from ._sharded_events import ShardedQueueEvents
     from .queue_events import QueueEvents
@@ -139,7 +139,7 @@ class Lifecycle(enum.Enum):
 _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
-class Worker(ListenerMethods):
+class Worker(ListenerMethods, ClosedOnExit):
     """Run a queue's jobs in a pool of ``concurrency`` threads.
 
     Args:
@@ -356,14 +356,6 @@ class Worker(ListenerMethods):
 
     def __enter__(self) -> Worker:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _after_fork(self) -> None:
         """In a forked child: nothing of the parent's run exists here."""
