@@ -6,6 +6,7 @@ QueueEvents streams every job's life to listeners, and
 """
 
 from ._schedulers import Scheduler
+from ._sharded_events import ShardedQueueEvents
 from .errors import (
     ClosedError,
     JobCancelledError,
@@ -28,6 +29,7 @@ from .options import Backoff, JobOptions, KeepJobs
 from .queue import Queue
 from .queue_events import QueueEvents
 from .registry import WorkerInfo
+from .sharding import ShardCountError, ShardedQueue, open_queue
 from .tasks import Task, current_job
 from .worker import Worker
 
@@ -58,6 +60,9 @@ __all__ = [
     "RedisOOMError",
     "Scheduler",
     "SerializationError",
+    "ShardCountError",
+    "ShardedQueue",
+    "ShardedQueueEvents",
     "Task",
     "UnrecoverableError",
     "WaitUntilFinishedTimeoutError",
@@ -65,4 +70,5 @@ __all__ = [
     "Worker",
     "__version__",
     "current_job",
+    "open_queue",
 ]

@@ -145,18 +145,23 @@ class CancelListener:
         self._check_marks()
 
     def _check_marks(self) -> None:
-        """Cancel the held attempts whose job carries a cancel mark."""
-        held = self._table.held()
-        if not held:
-            return
-        pipe = self._context.redis.pipeline(transaction=False)
-        for attempt in held:
-            pipe.hexists(self._context.keys.job(attempt.job_id), "cx")
-        for attempt, marked in zip(held, pipe.execute(), strict=True):
-            if marked:
-                attempt.cancel()
+        check_marks(self._context, self._table)
 
     def _disconnect(self) -> None:
         pubsub, client = self._pubsub, self._client
         self._pubsub = self._client = None
         close_subscription(client, pubsub)
+
+
+def check_marks(context: QueueContext, table: AttemptTable) -> None:
+    """Cancel the held attempts whose job carries a cancel mark (after a
+    subscription to cancel hints starts: a hint sent before it is lost)."""
+    held = table.held()
+    if not held:
+        return
+    pipe = context.redis.pipeline(transaction=False)
+    for attempt in held:
+        pipe.hexists(context.keys.job(attempt.job_id), "cx")
+    for attempt, marked in zip(held, pipe.execute(), strict=True):
+        if marked:
+            attempt.cancel()

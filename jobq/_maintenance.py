@@ -15,6 +15,7 @@ from ._context import QueueContext
 from ._schedulers import due_schedulers, sync_scheduler
 from ._threads import BackgroundLoop
 from .calls import WorkerScripts
+from .errors import JobqError
 from .registry import announce
 
 logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
@@ -63,6 +64,7 @@ class Maintenance:
         self._on_error = on_error
         self._first_beat = True
         self._announced: dict[str, Any] | None = None
+        self._sharded_told = False
         self.loop = BackgroundLoop(
             f"jobq-maint-{context.name}", self._step, on_error=on_error, log=logger
         )
@@ -81,6 +83,7 @@ class Maintenance:
             self._next_beat = now + self._ttl / 3
         if now >= self._next_check:
             self._check_stalled()
+            self._check_not_sharded()
             self._next_check = now + self._interval
         with self._ticks_lock:
             ticks, self._ticks = self._ticks, set()
@@ -109,6 +112,28 @@ class Maintenance:
             logger.warning("heartbeat of worker %r failed: %s", self._name, exc)
             return
         self._first_beat = False
+
+    def _check_not_sharded(self) -> None:
+        """A worker serving a plain queue whose name has since become a
+        sharded queue's (its first write came after the worker started)
+        serves none of its jobs: say so, once, loudly."""
+        from ._shard_worker import ShardedContext
+        from ._shards import stored_count
+
+        context = self._context
+        if self._sharded_told or isinstance(context, ShardedContext):
+            return
+        count = stored_count(context.client, context.prefix, context.name)
+        if count is None:
+            return
+        self._sharded_told = True
+        error = JobqError(
+            f"queue {context.name!r} is now a sharded queue of {count} shards, but this "
+            "worker started before it was written to and serves it as a plain queue: "
+            f"restart the worker, or start it with Worker(..., shards={count})"
+        )
+        logger.error("%s", error)
+        self._on_error(error)
 
     def _check_stalled(self) -> None:
         guard = round(self._interval * 1000)

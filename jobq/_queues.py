@@ -4,7 +4,7 @@ FlowProducer and the dashboard hold (any number of queues of one prefix)."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import connection as _connection
 from .errors import JobqError
@@ -17,8 +17,13 @@ class QueueSet:
     """The Queues of one prefix on one client (``connection`` as for Queue:
     a client of the caller's is never closed here)."""
 
-    def __init__(self, connection: object, prefix: str, owner: str) -> None:
+    def __init__(
+        self, connection: object, prefix: str, owner: str, stored: bool = False
+    ) -> None:
+        """``stored``: open each queue as it is stored (a ShardedQueue when
+        a shard count is stored with it, see ``jobq.open_queue``)."""
         self.prefix = prefix
+        self._stored = stored
         self.client, self._owned = _connection.resolve(connection)
         self._owner = owner  # for the error raised once closed
         self._queues: dict[str, Queue] = {}
@@ -34,7 +39,14 @@ class QueueSet:
                 raise JobqError(f"{self._owner} is closed")
             queue = self._queues.get(name)
             if queue is None:
-                queue = Queue(name, connection=self.client, prefix=self.prefix)
+                if self._stored:
+                    from .sharding import open_queue
+
+                    # a ShardedQueue answers every call the dashboard makes
+                    queue = cast(Queue, open_queue(name, connection=self.client,
+                                                   prefix=self.prefix))
+                else:
+                    queue = Queue(name, connection=self.client, prefix=self.prefix)
                 self._queues[name] = queue
             return queue
 

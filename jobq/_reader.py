@@ -132,6 +132,7 @@ class EventReader:
     ) -> None:
         self._context = context
         self._start_id = start_id
+        self._told_sharded = False
         self._block = block
         self._stop = stop
         self._dispatcher = dispatcher
@@ -215,7 +216,14 @@ class EventReader:
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, resolve the start id, subscribe."""
         keys = self._context.keys
-        mode, max_events = client.hmget(keys.meta, ["em", "maxev"])
+        mode, max_events, shards = client.hmget(keys.meta, ["em", "maxev", "shards"])
+        if shards and not self._told_sharded:  # its events are in its shards' streams
+            self._told_sharded = True
+            logger.warning(
+                "queue %r is a sharded queue of %s shards: this QueueEvents reads its "
+                "logical stream, where no job's events are; use ShardedQueueEvents",
+                self.name, shards.decode(),
+            )
         self.mode = "pubsub" if mode == b"pubsub" else "stream"
         self._gap_batch = min(1000, int(max_events or 10_000))
         reconnect = self.ready.is_set()

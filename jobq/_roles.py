@@ -22,6 +22,8 @@ from ._context import QueueContext
 from ._fetcher import Fetcher
 from ._maintenance import Maintenance
 from ._runner import Finisher, Runner
+from ._shard_fetcher import ShardFetcher
+from ._shard_worker import ShardedContext
 from ._threads import BackgroundLoop, join_all
 from .calls import TakeArgs
 from .connection import BLOCK_CAP, close_client
@@ -77,7 +79,7 @@ class Roles:
     dispatcher: ListenerDispatcher
     finisher: Finisher
     runner: Runner
-    fetcher: Fetcher
+    fetcher: Fetcher | ShardFetcher
     renewer: LockRenewer
     timeouts: TimeoutWatch
     maintenance: Maintenance
@@ -132,8 +134,8 @@ class Roles:
         return cls(
             gate=gate, table=table, abandoned=abandoned, dispatcher=dispatcher,
             finisher=finisher, runner=runner,
-            fetcher=Fetcher(
-                context, worker_name=s.name, gate=gate, slots=slots, table=table,
+            fetcher=(ShardFetcher if isinstance(context, ShardedContext) else Fetcher)(
+                context, worker_name=s.name, gate=gate, slots=slots, table=table,  # type: ignore[arg-type]
                 hand_off=runner.submit, take_args=take_args, drain_delay=s.drain_delay,
                 on_ready=lambda: emit("ready"), on_error=on_error,
             ),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import importlib
 import json
 import logging
@@ -24,7 +25,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import redis
 
@@ -59,10 +60,12 @@ class _UsageError(Exception):
 
 
 def _queue(args: argparse.Namespace, name: str) -> Queue:
-    """Open a Queue (the caller closes it)."""
-    from .queue import Queue
+    """Open a queue as it is stored (the caller closes it): a ShardedQueue
+    when a shard count is stored with it (it answers the calls the commands
+    make), else a Queue."""
+    from .sharding import open_queue
 
-    return Queue(name, connection=args.url, prefix=args.prefix)
+    return cast("Queue", open_queue(name, connection=args.url, prefix=args.prefix))
 
 
 @contextmanager
@@ -197,6 +200,8 @@ def _snapshot(queue: Queue) -> dict[str, Any]:
         "completed_per_min": completed.per_minute(RATE_MINUTES),
         "failed_per_min": failed.per_minute(RATE_MINUTES),
         "timestamp": completed.timestamp,
+        # a sharded queue's counts per shard (summed in "counts")
+        **({"shards": queue.shard_counts()} if hasattr(queue, "shard_counts") else {}),
     }
 
 
@@ -325,7 +330,20 @@ def _cmd_events(args: argparse.Namespace) -> int:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 stop.set()
 
-    with stop, QueueEvents(
+    from ._sharded_events import ShardedQueueEvents
+    from ._shards import stored_count
+    from .connection import close_client, resolve
+
+    client, _ = resolve(args.url)
+    try:
+        shards = stored_count(client, args.prefix, args.queue)
+    finally:
+        close_client(client)
+    # a sharded queue's events: every shard's ("$" or "0" only)
+    reader: Any = QueueEvents
+    if shards is not None:
+        reader = functools.partial(ShardedQueueEvents, shards=shards)
+    with stop, reader(
         args.queue, connection=args.url, prefix=args.prefix, last_event_id=args.from_id,
         autorun=False,
     ) as events:

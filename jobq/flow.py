@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from . import _tracing
+from ._closing import ClosedOnExit
 from ._queues import QueueSet
 from .calls import FlowNode, NewJob
 from .errors import JobNotFoundError, JobqError
@@ -25,7 +26,6 @@ from .keys import QueueKeys, validate_name, validate_prefix
 from .options import FAILURE_POLICIES, NO_DEDUP
 
 if TYPE_CHECKING:
-    from types import TracebackType
 
     from .queue import Queue
 
@@ -179,7 +179,7 @@ def add_with_dependencies(
     return job
 
 
-class FlowProducer:
+class FlowProducer(ClosedOnExit):
     """Adds flows: trees of jobs in which a parent runs once its children
     have completed (BullMQ's FlowProducer).
 
@@ -292,16 +292,6 @@ class FlowProducer:
         the client it created."""
         self._set.close()
 
-    def __enter__(self) -> FlowProducer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<FlowProducer prefix={self.prefix!r} {'closed' if self._set.closed else 'open'}>"

@@ -309,6 +309,9 @@ class Job(JobFlow):
     def _events(self, queue_events: QueueEvents | None) -> QueueEvents:
         if queue_events is None:
             return self._context.shared_events()
+        reader_for = getattr(queue_events, "reader_for", None)
+        if reader_for is not None:  # a ShardedQueueEvents: the reader of the job's shard
+            queue_events = reader_for(self.id)
         if (queue_events.name, queue_events.prefix) != (self._context.name, self._context.prefix):
             # ids are per queue: another queue's reader would answer for its own job
             raise ValueError(

@@ -68,9 +68,11 @@ QUEUE_KEYS: dict[str, str] = {
     "active": "sorted set: active jobs (score: when taken, ms)",
     "completed": "sorted set: completed jobs kept (score: when finished, ms)",
     "failed": "sorted set: jobs failed for good, kept (score: when finished, ms)",
-    "meta": "hash: the queue's settings (em event mode, maxev, rttl) and paused",
+    "meta": "hash: the queue's settings (em event mode, maxev, rttl) and paused; a sharded "
+            "queue's shard count (shards, on its own base) or shard mark (shard, on each shard)",
     "events": "stream of events (in pub/sub mode, the channel's name)",
-    "marker": "sorted set: wakes workers blocked on it (BZPOPMIN)",
+    "marker": "sorted set: wakes workers blocked on it (BZPOPMIN); on a shard of a sharded "
+              "queue, also the sharded channel its scripts publish wake-ups on",
     "workers": "sorted set: live workers' names (score: when their heartbeat expires)",
     "id": "counter: the last generated job id",
     "runs": "counter: the last run token given in pub/sub mode",

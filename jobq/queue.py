@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -10,10 +10,12 @@ import redis
 from . import _tracing, serializer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
+from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
 from ._schedulers import QueueSchedulers
+from ._shards import mismatch
 from .calls import NewJob
 from .connection import unreachable
 from .errors import (
@@ -28,7 +30,6 @@ from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
-    from types import TracebackType
 
     from .queue_events import QueueEvents
 
@@ -52,7 +53,21 @@ def _job_name(name: object) -> str:
     return name
 
 
-class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, QueueTasks):
+def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    """The jobs of an ``add_bulk``: (name, data, options) of each, checked."""
+    for spec in jobs:
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
+        if "name" not in spec:
+            raise ValueError("each job needs a 'name'")
+        options = {k: v for k, v in spec.items() if k not in ("name", "data")}
+        yield spec["name"], spec.get("data"), options
+
+
+class Queue(
+    OfQueue, QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, QueueTasks,
+    ClosedOnExit,
+):
     """A named queue on Redis: add jobs, read them, administer the queue.
 
     Args:
@@ -137,7 +152,11 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         client = self._context.client
         if event_mode is not None:
             client.hsetnx(meta, "em", event_mode)
-        stored_mode, stored_max, stored_ttl = client.hmget(meta, ["em", "maxev", "rttl"])
+        stored_mode, stored_max, stored_ttl, shards = client.hmget(
+            meta, ["em", "maxev", "rttl", "shards"]
+        )
+        if shards:  # a ShardedQueue's name: its jobs are on its shards
+            raise mismatch(self.name, int(shards), None)
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:
             raise JobqError(
@@ -170,21 +189,6 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         """Seconds a result kept apart from its job stays readable (read on first use)."""
         self._context.ensure_ready()
         return self._result_ttl
-
-    @property
-    def name(self) -> str:
-        """The queue's name."""
-        return self._context.name
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of the queue."""
-        return self._context.prefix
-
-    @property
-    def client(self) -> Any:
-        """The Redis client this queue uses."""
-        return self._context.client
 
     def __repr__(self) -> str:
         state = "closed" if self._context.closed else "open"
@@ -275,14 +279,9 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         written a chunk of 1000 per round trip, each chunk atomically.
         """
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
-        for spec in jobs:
-            if not isinstance(spec, Mapping):
-                raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
-            options = {k: v for k, v in spec.items() if k not in ("name", "data")}
-            if "name" not in spec:
-                raise ValueError("each job needs a 'name'")
-            args, opts = self._prepare(spec["name"], spec.get("data"), options)
-            prepared.append((args, opts, spec.get("data")))
+        for name, data, options in job_specs(jobs):
+            args, opts = self._prepare(name, data, options)
+            prepared.append((args, opts, data))
         hook = _tracing.hook
         if hook is None:
             return self._write(prepared, "")
@@ -342,13 +341,3 @@ class Queue(QueueReading, QueueAdmin, QueueCancel, QueueDedup, QueueSchedulers, 
         """Close the shared events reader and the client jobq created."""
         self._context.close()
 
-    def __enter__(self) -> Queue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _fork
 from . import connection as _connection
+from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
 from ._threads import BackgroundLoop, join_all, start_thread
@@ -24,7 +25,7 @@ from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 
 if TYPE_CHECKING:
-    from types import TracebackType
+    pass
 
 __all__ = ["QueueEvents"]
 
@@ -39,7 +40,7 @@ _TRANSIENT = _connection.TRANSIENT_ERRORS
 RETRY_CHECK = 0.25
 
 
-class QueueEvents(ListenerMethods):
+class QueueEvents(ListenerMethods, ClosedOnExit):
     """Read a queue's events on a background thread and dispatch them.
 
     Listeners run on a separate dispatcher thread, in registration order, so a
@@ -170,16 +171,6 @@ class QueueEvents(ListenerMethods):
             return self.run
         return None
 
-    def __enter__(self) -> QueueEvents:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def last_event_id(self) -> str | None:

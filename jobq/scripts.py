@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+from hiredis import pack_command as _pack  # a dependency; redis-py packs with it too
 from redis.cluster import RedisCluster
 from redis.exceptions import (
     AskError,
@@ -27,11 +28,6 @@ from redis.exceptions import (
 )
 
 from .connection import Client, take_connection
-
-try:  # a dependency of jobq; redis-py packs commands with it too
-    from hiredis import pack_command as _pack
-except ImportError:  # pragma: no cover
-    _pack = None
 
 _SCRIPT_NAMES = (
     "add",
@@ -246,10 +242,8 @@ class Scripts:
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
             try:
-                if _pack is None:
-                    connection.send_command(*command)
-                else:  # the same bytes, without redis-py's per-argument pass
-                    connection.send_packed_command([_pack(command)])
+                # the same bytes as send_command, without its per-argument pass
+                connection.send_packed_command([_pack(command)])
                 return connection.read_response()
             except ResponseError as exc:
                 if _MISSING not in str(exc):

@@ -30,9 +30,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _tracing
+from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
+from ._shard_worker import ShardedContext, worker_context
+from ._shards import validate_count
 from ._signals import StopSignals
 from ._threads import start_thread
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
@@ -44,8 +47,8 @@ from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
 
 if TYPE_CHECKING:
-    from types import TracebackType
 
+    from ._sharded_events import ShardedQueueEvents
     from .queue_events import QueueEvents
 
 __all__ = ["Worker"]
@@ -136,7 +139,7 @@ class Lifecycle(enum.Enum):
 _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
-class Worker(ListenerMethods):
+class Worker(ListenerMethods, ClosedOnExit):
     """Run a queue's jobs in a pool of ``concurrency`` threads.
 
     Args:
@@ -161,6 +164,11 @@ class Worker(ListenerMethods):
         heartbeat_ttl: seconds the worker's announcement in the registry
             (``Queue.get_workers()``) outlives its last heartbeat; it beats
             every third of that.
+        shards: the shard count of a sharded queue (``ShardedQueue``). None
+            (the default) reads the count stored with the queue at
+            ``start()``: a worker started before the queue's first write
+            serves it as a plain queue unless told the count here (and
+            reports that with an ``error`` event once the count is stored).
     """
 
     def __init__(
@@ -180,7 +188,9 @@ class Worker(ListenerMethods):
         autorun: bool = False,
         max_result_bytes: int | None = 1024 * 1024,
         heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
+        shards: int | None = None,
     ) -> None:
+        self._shards = None if shards is None else validate_count(shards)
         self._routes, self._processor = _routes(processor)
         self.name = _worker_name(name)
         self._settings = settings = _settings(
@@ -204,8 +214,9 @@ class Worker(ListenerMethods):
         self._force = False  # set by close(force=True) or a second signal; read, never waited
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
-        self._events: QueueEvents | None = None
+        self._events: QueueEvents | ShardedQueueEvents | None = None
         self._take_args = TakeTokens(self._settings)
+        self._run_context = self._context
         _LIVE.add(self)
         if autorun:
             self.start()
@@ -241,11 +252,12 @@ class Worker(ListenerMethods):
                 raise ClosedError(f"worker {self.name!r} is closed")
             if self._state is Lifecycle.RUNNING:
                 return self
+            self._run_context = worker_context(self._context, self._shards)  # see sharding.py
             if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
                 self._ensure_events(wait=True)
             route = functools.partial(_handler_for, self._routes, self._processor, self.name)
             roles = self._roles = Roles.build(
-                self._context, self._settings, self._listeners, paused=self._paused,
+                self._run_context, self._settings, self._listeners, paused=self._paused,
                 handler_for=route, take_args=self._take_args, status=self._status,
             )
             self._state = Lifecycle.RUNNING
@@ -338,18 +350,12 @@ class Worker(ListenerMethods):
         hook = _tracing.hook
         if hook is not None:  # the attempts' spans leave before the process may end
             hook.flush()
+        if self._run_context is not self._context:
+            self._run_context.close()
         self._context.close()
 
     def __enter__(self) -> Worker:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _after_fork(self) -> None:
         """In a forked child: nothing of the parent's run exists here."""
@@ -416,7 +422,7 @@ class Worker(ListenerMethods):
         """Subscribe to the queue's event channel for ``drained`` / ``stalled``."""
         with self._cond:
             if self._events is None:
-                self._events = _channel_events(self._context, self._emit)
+                self._events = _channel_events(self._run_context, self._emit)
             events = self._events
         if wait and not events.wait_until_ready(EVENTS_READY_TIMEOUT):
             logger.warning("worker %r: the queue's event channel is not readable yet; "
@@ -464,12 +470,22 @@ def _own_client(connection: object, name: str, concurrency: int) -> Any:
     return own
 
 
-def _channel_events(context: QueueContext, emit: Callable[..., None]) -> QueueEvents:
+def _channel_events(
+    context: QueueContext, emit: Callable[..., None]
+) -> QueueEvents | ShardedQueueEvents:
     """A reader of the queue's event channel that forwards ``drained`` and
     ``stalled`` to a worker's local listeners."""
     from .queue_events import QueueEvents
 
-    events = QueueEvents(context.name, connection=context.client, prefix=context.prefix)
+    events: QueueEvents | ShardedQueueEvents
+    if isinstance(context, ShardedContext):  # every shard's events
+        from ._sharded_events import ShardedQueueEvents
+
+        events = ShardedQueueEvents(
+            context.name, shards=context.count, connection=context.client, prefix=context.prefix
+        )
+    else:
+        events = QueueEvents(context.name, connection=context.client, prefix=context.prefix)
 
     def forward(event: Event) -> None:
         if event.name == "drained":

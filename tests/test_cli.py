@@ -526,3 +526,26 @@ def test_metrics_command_serves_prometheus_text(running: Any, queue: Queue,
         urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=WAIT)
     server.signal(signal.SIGTERM)
     assert server.wait() == 0
+
+
+def test_commands_open_a_sharded_queue_as_stored(
+    running: Any, queue_name: str, redis_url: str
+) -> None:
+    from jobq import ShardedQueue
+
+    with ShardedQueue(queue_name, shards=3, connection=redis_url) as sharded:
+        events = running("events", queue_name, "--from", "0", "--json")
+        jobs = [sharded.add("report", i, job_id=f"r-{i}") for i in range(3)]
+        for job in jobs:  # every shard's events, through one command
+            events.expect(rf'"job_id": "{job.id}"', "out")
+        shown = jobq(redis_url, "job", queue_name, "r-1")
+        assert shown.returncode == 0 and re.search(r"^state +waiting$", shown.stdout, re.M)
+        assert jobq(redis_url, "pause", queue_name).returncode == 0
+        assert sharded.is_paused()
+        assert jobq(redis_url, "resume", queue_name).returncode == 0
+        with Worker(queue_name, lambda job: job.data, connection=redis_url):
+            waited = jobq(redis_url, "wait", queue_name, *(j.id for j in jobs), "--timeout", "30")
+            assert waited.returncode == 0, waited.stderr
+        events.signal(signal.SIGTERM)
+        assert events.wait() == 0
+        sharded.obliterate()

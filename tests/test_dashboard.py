@@ -522,3 +522,22 @@ def test_command_serves_until_interrupted(queue: Queue, redis_url: str) -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_a_sharded_queue_shows_as_one_queue(client: Any, queue_name: str, redis_url: str) -> None:
+    from jobq import ShardedQueue
+
+    with ShardedQueue(f"{queue_name}-s", shards=4, connection=redis_url) as sharded:
+        jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
+        body = text(client.get("/"))
+        assert f'href="/queue?q={sharded.name}"' in body
+        assert f"{sharded.name}~" not in body  # its shards are not listed
+        waiting = f'href="/jobs?q={sharded.name}&amp;state=waiting" data-count="waiting">12</a>'
+        assert waiting in body
+        listed = text(client.get(f"/jobs?q={sharded.name}&state=waiting"))
+        assert all(f"id={job.id}" in listed for job in jobs)
+        page = client.get(f"/job?q={sharded.name}&id={jobs[5].id}")
+        assert page.status_code == 200 and jobs[5].id in text(page)
+        act(client, sharded, "pause")  # type: ignore[arg-type]
+        assert sharded.is_paused()
+        sharded.obliterate()

@@ -20,7 +20,8 @@ RUNNABLE = sorted(
 def test_the_examples_are_found() -> None:
     names = {path.name for path in RUNNABLE}
     assert {"quickstart.py", "flask_app.py", "cron_batch.py", "event_tail.py",
-            "listeners.py", "schedulers.py", "dedup.py", "cancel.py", "tracing.py"} <= names
+            "listeners.py", "schedulers.py", "dedup.py", "cancel.py", "tracing.py",
+            "sharded.py"} <= names
 
 
 @pytest.mark.parametrize("script", RUNNABLE, ids=[p.name for p in RUNNABLE])

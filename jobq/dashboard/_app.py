@@ -118,7 +118,7 @@ class Dashboard:
         self.cache = _data.SharedCache(cache_ttl)
         self.poll_ms = round(poll_interval * 1000)
         self._key = secret if secret is not None else secrets.token_bytes(32)
-        self._set = QueueSet(connection, self.prefix, "the dashboard")
+        self._set = QueueSet(connection, self.prefix, "the dashboard", stored=True)
         self.client = self._set.client
         self._static = {
             name: resources.files("jobq.dashboard").joinpath("static").joinpath(name).read_bytes()

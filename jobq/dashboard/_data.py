@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..events import Event, from_stream
 from ..job import STATES, Dependencies, Job
 from ..registry import WorkerInfo
+from ..sharding import ShardedQueue
 
 if TYPE_CHECKING:
     from .._schedulers import Scheduler
@@ -143,6 +144,12 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
     newest first. Reads only that page."""
     if state not in STATES:
         raise ValueError(f"unknown state {state!r}")
+    if isinstance(queue, ShardedQueue):  # every shard's page, merged
+        start = (page - 1) * PAGE_SIZE
+        total = queue.get_job_counts(state)[state]
+        newest_first = state in ("completed", "failed")
+        jobs = queue.get_jobs(state, start, start + PAGE_SIZE - 1, asc=not newest_first)
+        return JobPage(state, page, total, jobs)
     context = queue._context
     keys = context.keys
     client = context.redis
@@ -196,6 +203,8 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
     """A job with its newest log lines, its events among the newest
     ``TIMELINE_SCAN`` entries of the stream, and its scheduler; None when
     there is no such job."""
+    if isinstance(queue, ShardedQueue):  # the job's shard holds all of it
+        queue = queue.shard_for(job_id)
     context = queue._context
     keys = context.keys
     client = context.redis

@@ -69,9 +69,9 @@ local function lock_key(id) return base .. 'lock:' .. id end
 local _meta = nil
 local function meta()
   if not _meta then
-    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl')
+    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard')
     _meta = { m[1] or 'stream', m[2] and string.match(m[2], '^%d+$') or '10000', m[3] == '1',
-      tonumber(m[4]) or 60000 }
+      tonumber(m[4]) or 60000, m[5] == '1' }
   end
   return _meta
 end
@@ -140,13 +140,24 @@ end
 -- (until a job is made ready again in the same call).
 local _took, _none_waiting = false, false
 
--- Wake blocked workers (their BZPOPMIN on the marker), once per call.
+-- Wake blocked workers (their BZPOPMIN on the marker), once per call. A
+-- shard of a sharded queue (meta field shard) also publishes on the sharded
+-- channel named as its marker: a worker of the sharded queue listens to all
+-- of a node's shards on one connection (see jobq/_shard_fetcher.py).
 local _marked = false
 local function mark_ready()
   if not _marked then
     redis.call('ZADD', K_MARKER, '0', '0')
+    if meta()[5] then redis.call('SPUBLISH', K_MARKER, '1') end
     _marked = true
   end
+end
+
+-- Wake blocked workers to look again when a delayed job is due at `run_at`
+-- (ms): the marker's score is the earliest such time.
+local function mark_due(run_at)
+  redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+  if meta()[5] then redis.call('SPUBLISH', K_MARKER, '1') end
 end
 
 -- Make a job ready to run: prioritized jobs in the sorted set, others in the
@@ -351,7 +362,7 @@ local function release_parent(pid, now)
     local run_at = now + delay
     redis.call('ZADD', K_DELAYED, fmt(run_at), pid)
     redis.call('HSET', jk, 'state', 'delayed', 'rdy', fmt(run_at))
-    redis.call('ZADD', K_MARKER, 'LT', fmt(run_at), '1')
+    mark_due(fmt(run_at))
     emit('delayed', pid, { 'delay', delay, 'run_at', run_at, 'prev', 'waiting-children' })
   else
     push_ready(pid, tonumber(f[3]) or 0, f[4] == '1')
@@ -493,7 +504,7 @@ local function schedule_tick(sid, slot, after, now)
   emit('added', id, { 'job_name', s[4], 'delay', delay, 'priority', priority })
   if delay > 0 then
     redis.call('ZADD', K_DELAYED, slot, id)
-    redis.call('ZADD', K_MARKER, 'LT', slot, '1')
+    mark_due(slot)
     emit('delayed', id, { 'delay', delay, 'run_at', slot })
   else
     push_ready(id, priority, s[8] == '1')

@@ -90,7 +90,7 @@ local function dedup_hit(a, now)
   end
   redis.call('HSET', jk, unpack(fields))
   redis.call('ZADD', K_DELAYED, run_at, owner)
-  redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+  mark_due(run_at)
   emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
   return owner, 3
 end
@@ -150,7 +150,7 @@ for j = 0, n - 1 do
     redis.call('HSET', job_key(id), unpack(fields))
     if delay > 0 then
       redis.call('ZADD', K_DELAYED, delayed_score(run_at), id)
-      redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+      mark_due(run_at)
       emit('delayed', id, { 'delay', ARGV[a + 4], 'run_at', run_at })
     else
       push_ready(id, priority, lifo == '1')

@@ -16,6 +16,6 @@ if state ~= 'delayed' then return -3 end
 local run_at = now_ms() + delay
 redis.call('ZADD', K_DELAYED, run_at, id)
 redis.call('HSET', jk, 'delay', delay, 'rdy', run_at)
-redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+mark_due(run_at)
 emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
 return 1

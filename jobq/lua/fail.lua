@@ -53,7 +53,7 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     local run_at = now + delay
     redis.call('ZADD', K_DELAYED, run_at, id)
     redis.call('HSET', jk, 'state', 'delayed', 'rdy', run_at)
-    redis.call('ZADD', K_MARKER, 'LT', run_at, '1')
+    mark_due(run_at)
     emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'active' })
   else
     promote_due(now)  -- delayed jobs already due were ready first: they run first

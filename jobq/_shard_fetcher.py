@@ -1,0 +1,293 @@
+"""The fetch thread of a Worker of a sharded queue.
+
+A cluster refuses a blocking call over keys of several slots (BZPOPMIN on
+every shard's marker would be CROSSSLOT), so the fetcher does not block on
+the markers. Instead it keeps one connection per node, subscribed (SSUBSCRIBE,
+one command per channel: one per slot) to the wake-up channel of each shard
+the node serves; a shard's scripts publish on it whenever they make a job
+ready (``mark_ready`` in _common.lua). The fetcher takes (moveToActive,
+non-blocking) from the shards that signalled, in turn, starting after the
+shard it took from last; a pool thread's finishing calls take at most
+``_shard_worker.CHAIN_LIMIT`` jobs of the same shard along before its slot
+comes back to this turn, so a ready shard waits at most about
+``(shards - 1) x (CHAIN_LIMIT + 1)`` takes of a worker of concurrency 1.
+It also looks at every shard after each (re)subscription (a wake-up sent
+while it was not listening is not lost), when a shard's next delayed job is
+due, and every ``drain_delay`` at least.
+
+A node's connection also listens to each shard's cancel channel, so a cancel
+reaches a running job at once. When a slot moves, the server ends the
+subscriptions of its channels (SUNSUBSCRIBE): the fetcher subscribes again
+where the slot now lives.
+
+The rate limiter holds across the shards: its window is counted on the
+logical queue's base (one transaction before each take), not per shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from ._attempt import Attempt
+from ._cancel import check_marks
+from ._fetcher import Fetcher
+from ._shard_worker import ShardedContext
+from ._shards import store_count
+from .calls import TakeArgs, WorkerScripts
+from .connection import BLOCK_CAP, blocking_client, close_subscription
+
+logger = logging.getLogger("jobq.worker")
+
+#: Longest wait for a free pool slot before the subscriptions are read
+#: again (a cancel must reach a running job within about 100 ms).
+SLOT_WAIT = 0.1
+#: Longest wait for the confirmations of a node's subscriptions.
+SUBSCRIBE_TIMEOUT = 10.0
+
+
+class _Node:
+    """One node's subscription: its client, pubsub, and shards by channel."""
+
+    def __init__(self, client: Any, channels: dict[bytes, tuple[int, bool]]) -> None:
+        self.client = client
+        self.pubsub = client.pubsub()
+        self.channels = channels  # channel -> (shard, is the cancel channel)
+
+    def subscribe(self, stopping: Callable[[], bool]) -> None:
+        for channel in self.channels:  # one slot per SSUBSCRIBE
+            self.pubsub.ssubscribe(channel)
+        confirmed = 0
+        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+        while confirmed < len(self.channels):
+            message = self.pubsub.get_sharded_message(timeout=BLOCK_CAP)
+            if message is not None and _kind(message) == "ssubscribe":
+                confirmed += 1
+            elif stopping() or time.monotonic() > deadline:
+                raise ConnectionError("no subscribe confirmation on the shards' channels")
+
+    def socket(self) -> Any:
+        return getattr(self.pubsub.connection, "_sock", None)
+
+    def close(self) -> None:
+        close_subscription(self.client, self.pubsub)
+
+
+def _kind(message: dict[str, Any]) -> str:
+    kind = message["type"]
+    return kind.decode() if isinstance(kind, bytes) else str(kind)
+
+
+class ShardFetcher(Fetcher):
+    """Take jobs from every shard while the gate is open and a slot is free
+    (``Fetcher``'s life cycle, its own steps)."""
+
+    def __init__(self, context: ShardedContext, **kwargs: Any) -> None:
+        super().__init__(context, **kwargs)
+        self._context: ShardedContext = context
+        count = context.count
+        self._nodes: list[_Node] = []
+        self._signalled: set[int] = set(range(count))
+        self._due: dict[int, float] = {}
+        self._last = count - 1  # the shard taken from last
+        self._looked = time.monotonic()
+        self._limited_until = 0.0
+        self._shard_unsure: tuple[int, TakeArgs] | None = None  # a take whose reply was lost
+        self._told_ready = False
+
+    def stop(self) -> None:
+        """Stop taking; the thread ends within one wait (at most ``BLOCK_CAP``)."""
+        self._loop.stop()
+
+    def interrupt(self) -> None:
+        """Cut the subscriptions under a read that does not return."""
+        for node in list(self._nodes):
+            node.close()
+
+    # -- subscriptions ------------------------------------------------------
+
+    def _subscribe(self) -> None:
+        client = self._context.client
+        context = self._context
+        store_count(client, context.prefix, context.name, context.count)
+        groups: dict[Any, dict[bytes, tuple[int, bool]]] = {}
+        if isinstance(client, RedisCluster):
+            for shard, keys in enumerate(self._context.shard_keys):
+                node = client.get_node_from_key(keys.base)  # type: ignore[no-untyped-call]
+                group = groups.setdefault(node.name, {})
+                group[keys.marker.encode()] = (shard, False)
+                group[f"{keys.base}cancels".encode()] = (shard, True)
+            nodes = {n.name: n for n in client.get_nodes()}  # type: ignore[no-untyped-call]
+            clients = {name: nodes[name].redis_connection for name in groups}
+        else:
+            group = groups.setdefault("", {})
+            for shard, keys in enumerate(self._context.shard_keys):
+                group[keys.marker.encode()] = (shard, False)
+                group[f"{keys.base}cancels".encode()] = (shard, True)
+            clients = {"": client}
+        for name, channels in groups.items():
+            node = _Node(blocking_client(clients[name], self._name), channels)
+            self._nodes.append(node)
+            node.subscribe(lambda: self._loop.stopping)
+        # whatever was published before the subscriptions is looked for now
+        self._signalled = set(range(self._context.count))
+        self._looked = time.monotonic()
+        check_marks(self._context, self._table)
+
+    def _listen(self, wait: float) -> None:
+        """Read wake-ups for at most ``wait`` seconds (every node's socket at once)."""
+        got = self._drain()
+        if got or wait <= 0:
+            return
+        if len(self._nodes) == 1:
+            message = self._nodes[0].pubsub.get_sharded_message(timeout=wait)
+            if message is not None:
+                self._handle(self._nodes[0], message)
+            return
+        sockets = [s for s in (node.socket() for node in self._nodes) if s is not None]
+        if sockets:
+            select.select(sockets, [], [], wait)
+            self._drain()
+
+    def _drain(self) -> bool:
+        got = False
+        for node in self._nodes:
+            while True:
+                message = node.pubsub.get_sharded_message(timeout=0)
+                if message is None:
+                    break
+                got = True
+                self._handle(node, message)
+        return got
+
+    def _handle(self, node: _Node, message: dict[str, Any]) -> None:
+        kind = _kind(message)
+        if kind == "sunsubscribe":  # the slot moved: subscribe where it lives now
+            raise ConnectionError("a shard's slot moved; subscribing again")
+        if kind != "smessage":
+            return
+        channel = message["channel"]
+        shard, cancels = node.channels.get(
+            channel if isinstance(channel, bytes) else str(channel).encode(), (-1, False)
+        )
+        if shard < 0:
+            return
+        if cancels:
+            data = message["data"]
+            job_id = data.decode() if isinstance(data, bytes) else str(data)
+            for attempt in self._table.by_job(job_id):
+                attempt.cancel()
+        else:
+            self._signalled.add(shard)
+
+    # -- the loop -----------------------------------------------------------
+
+    def _failed(self, exc: Exception) -> None:
+        self._close()
+        client = self._context.client
+        if isinstance(client, RedisCluster):
+            try:  # a failover or a moved slot: learn the new map
+                client.nodes_manager.initialize()
+            except Exception as refresh:
+                logger.debug("could not refresh the cluster's slot map: %s", refresh)
+        self._on_error(exc)
+
+    def _step(self) -> float:
+        if not self._gate.wait_open(BLOCK_CAP):
+            return 0.0
+        if not self._nodes:
+            self._subscribe()
+        now = time.monotonic()
+        if now - self._looked >= self._drain_delay:
+            self._signalled = set(range(self._context.count))
+            self._looked = now
+        for shard, due in list(self._due.items()):
+            if due <= now:
+                del self._due[shard]
+                self._signalled.add(shard)
+        if self._signalled and now >= self._limited_until:
+            return self._take(self._pick())
+        waits = [BLOCK_CAP, self._looked + self._drain_delay - now, *(
+            due - now for due in self._due.values()
+        )]
+        if self._signalled:
+            waits.append(self._limited_until - now)
+        self._listen(max(0.0, min(waits)))
+        return 0.0
+
+    def _pick(self) -> int:
+        if self._shard_unsure is not None:
+            return self._shard_unsure[0]
+        count = self._context.count
+        for step in range(1, count + 1):
+            shard = (self._last + step) % count
+            if shard in self._signalled:
+                return shard
+        raise AssertionError("no shard is ready")
+
+    def _take(self, shard: int) -> float:
+        if not self._slots.acquire(timeout=SLOT_WAIT):
+            self._drain()  # every slot busy: cancels still arrive at once
+            return 0.0
+        if not self._gate.begin():  # paused or closing since the slot came
+            self._slots.release()
+            return 0.0
+        held = False
+        try:
+            retried = self._shard_unsure is not None
+            take = self._shard_unsure[1] if self._shard_unsure is not None else self._take_args()
+            if not retried and take.limit_max:
+                wait_ms = self._limit(take)
+                if wait_ms:
+                    self._limited_until = time.monotonic() + wait_ms / 1000.0
+                    return 0.0
+            take = take._replace(limit_max=0, limit_ms=0)
+            self._shard_unsure = (shard, take)
+            base = self._context.shard_keys[shard].base
+            scripts = WorkerScripts(
+                lambda script, *argv: self._context.scripts.run(script, base, *argv)
+            )
+            reply = scripts.take(take, retried=retried)
+            self._shard_unsure = None
+            if reply.taken is not None:
+                job_id, token, record = reply.taken
+                attempt = Attempt(job_id, token, record)
+                self._table.add(attempt)  # under lock renewal from now on
+                held = True
+                self._last = shard
+                self._hand_off(attempt)
+            else:
+                self._signalled.discard(shard)
+                if reply.next_delay_ms >= 0:
+                    self._due[shard] = time.monotonic() + reply.next_delay_ms / 1000.0
+        finally:
+            self._gate.end()
+            if not held:
+                self._slots.release()
+        if not self._told_ready:
+            self._told_ready = True
+            self._on_ready()
+        return 0.0
+
+    def _limit(self, take: TakeArgs) -> int:
+        """Count one take in the limiter's window (on the logical queue's
+        base, shared by every shard); ms to wait when the window is full."""
+        key = self._context.keys.base + "limiter"
+        pipe = self._context.client.pipeline(transaction=True)
+        pipe.set(key, 0, px=take.limit_ms, nx=True)
+        pipe.incr(key)
+        pipe.pttl(key)
+        _, taken, ttl = pipe.execute()
+        if int(taken) <= take.limit_max:
+            return 0
+        return max(1, int(ttl))
+
+    def _close(self) -> None:
+        nodes, self._nodes = self._nodes, []
+        for node in nodes:
+            node.close()

@@ -1,0 +1,172 @@
+"""A Worker of a sharded queue: the same roles as for a plain queue, over a
+context that sends each script to the shard it concerns.
+
+``ShardedContext`` stands for the queue in the worker's roles: a script
+about one job (complete, fail, updateJob, ...) goes to the shard its id
+names, lock renewal and the stalled check go to every shard (split and
+joined), the worker registry lives on the logical queue's base. Takes are
+the fetcher's (``_shard_fetcher.ShardFetcher``), which turns over the
+shards; a finishing call takes the next job of its own shard along (saving
+a round trip) at most ``CHAIN_LIMIT`` times in a row per pool thread, then
+the slot goes back to the fetcher's turn (fairness).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from typing import Any
+
+import redis
+
+from ._context import QueueContext
+from ._shards import shard_keys, shard_of, stored_count
+from .errors import JobqError
+from .keys import QueueKeys
+
+logger = logging.getLogger("jobq.worker")
+
+#: Scripts whose first argument is the id of the job they concern.
+_BY_JOB = frozenset({
+    "cancel", "changeDelay", "changePriority", "complete", "fail", "getOutcome", "promote",
+    "remove", "updateJob",
+})
+#: Scripts of the logical queue's own base (the worker registry).
+_LOGICAL = frozenset({"heartbeat", "getWorkers"})
+#: How many arguments of complete / fail are the job's own: the rest take
+#: the next job along (from the same shard).
+_FINISH_ARGS = {"complete": 3, "fail": 6}
+#: Most jobs a pool thread takes along in a row from its shard before its
+#: slot goes back to the fetcher's turn over the shards: the bound of
+#: fairness (a ready shard waits at most about ``shards x (CHAIN_LIMIT + 1)``
+#: takes of a worker of concurrency 1) against the round trip a finishing
+#: call that takes the next job along saves.
+CHAIN_LIMIT = 16
+
+
+class RoutedKeys(QueueKeys):
+    """The logical queue's keys, but a job's keys on the job's shard."""
+
+    __slots__ = ("shards",)
+
+    def __init__(self, prefix: str, queue: str, shards: tuple[QueueKeys, ...]) -> None:
+        super().__init__(prefix, queue)
+        self.shards = shards
+
+    def of(self, job_id: str) -> QueueKeys:
+        """The keys of the job's shard."""
+        return self.shards[shard_of(job_id, len(self.shards))]
+
+    def job(self, job_id: str) -> str:
+        return self.of(job_id).job(job_id)
+
+    def logs(self, job_id: str) -> str:
+        return self.of(job_id).logs(job_id)
+
+    def lock(self, job_id: str) -> str:
+        return self.of(job_id).lock(job_id)
+
+    def parent_key(self, kind: str, job_id: str) -> str:
+        return self.of(job_id).parent_key(kind, job_id)
+
+
+class ShardedContext(QueueContext):
+    """A worker's queue context over the shards of a sharded queue.
+
+    It shares the worker's client (never closing it) and is closed with the
+    worker's run.
+    """
+
+    def __init__(self, context: QueueContext, count: int) -> None:
+        super().__init__(context.name, context.client, context.prefix, "worker", owned=False)
+        self.count = count
+        self.shard_keys = shard_keys(context.prefix, context.name, count)
+        self.routed = RoutedKeys(context.prefix, context.name, self.shard_keys)
+        self._chains = threading.local()  # per pool thread: jobs taken along in a row
+        self.keys = self.routed
+
+    def _base(self, script: str, args: tuple[Any, ...]) -> str:
+        if script in _BY_JOB:
+            return self.routed.of(str(args[0])).base
+        if script in _LOGICAL:
+            return self.keys.base
+        raise JobqError(f"script {script!r} has no one shard in sharded queue {self.name!r}")
+
+    def run(self, script: str, *args: Any) -> Any:
+        return self._send(None, script, args)
+
+    def run_on(self, connection: Any, script: str, *args: Any) -> Any:
+        return self._send(connection, script, args)
+
+    def run_bounded(self, script: str, *args: Any) -> Any:
+        return self._send(None, script, args, client=self.bounded)
+
+    def _send(
+        self, connection: Any, script: str, args: tuple[Any, ...], client: Any = None
+    ) -> Any:
+        if self.closed or self._setup is not None:
+            self.ensure_ready()
+        if script == "extendLocks":
+            return self._extend_locks(args, client)
+        if script == "stalledCheck":
+            found: list[Any] = []
+            for keys in self.shard_keys:
+                found += self.scripts.run(script, keys.base, *args, client=client)
+            return found
+        if script in _FINISH_ARGS:
+            args = self._chain(args, _FINISH_ARGS[script])
+        base = self._base(script, args)
+        if connection is not None:
+            return self.scripts.run_on(connection, script, base, *args)
+        return self.scripts.run(script, base, *args, client=client)
+
+    def _chain(self, args: tuple[Any, ...], own: int) -> tuple[Any, ...]:
+        """A finishing call's arguments, without those that take the next
+        job along when the rate limiter is on (its window is counted on the
+        logical queue, by the fetcher) or when this pool thread has taken
+        ``CHAIN_LIMIT`` jobs in a row that way: its slot then goes back to
+        the fetcher, whose turn over the shards keeps every shard served."""
+        if len(args) <= own:
+            return args
+        chained = getattr(self._chains, "count", 0)
+        if int(args[own + 3]) > 0 or chained >= CHAIN_LIMIT:  # the take's limit_max
+            self._chains.count = 0
+            return args[:own]
+        self._chains.count = chained + 1
+        return args
+
+    def _extend_locks(self, args: tuple[Any, ...], client: Any) -> list[list[Any]]:
+        """extendLocks over the shards of the held jobs; the replies joined."""
+        held: defaultdict[int, list[Any]] = defaultdict(list)
+        for i in range(1, len(args), 2):
+            held[shard_of(str(args[i]), self.count)] += (args[i], args[i + 1])
+        lost: list[Any] = []
+        cancelled: list[Any] = []
+        for shard, pairs in held.items():
+            reply = self.scripts.run(
+                "extendLocks", self.shard_keys[shard].base, args[0], *pairs, client=client
+            )
+            lost += reply[0]
+            cancelled += reply[1]
+        return [lost, cancelled]
+
+
+def worker_context(context: QueueContext, shards: int | None) -> QueueContext:
+    """The context a Worker's run uses: a ``ShardedContext`` when ``shards``
+    is given (stored, or checked against the stored count, by the fetcher)
+    or a shard count is stored with the queue, else ``context``."""
+    if shards is not None:
+        return ShardedContext(context, shards)
+    try:
+        count = stored_count(context.client, context.prefix, context.name)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # a worker may start while the server is away (its loops retry);
+        # a sharded queue's worker must then be started again once it is back
+        logger.warning("worker of %r: cannot read whether the queue is sharded (%s); "
+                       "serving it as a plain queue", context.name, exc)
+        return context
+    if count is None:
+        return context
+    logger.debug("queue %r is sharded over %d shards", context.name, count)
+    return ShardedContext(context, count)

@@ -1,0 +1,224 @@
+"""What a ShardedQueue reads and how it is administered, as two mixins:
+each call goes to the shard a job id names, or to every shard and sums."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._shards import COUNT_FIELD, shard_of
+from .errors import JobqError
+from .job import STATES, Job
+from .keys import queues_key
+from .metrics import Metrics
+from .registry import WorkerInfo, live_workers
+
+if TYPE_CHECKING:
+    from ._context import QueueContext
+    from ._schedulers import Scheduler
+    from .queue import Queue
+
+
+class ShardedReading:
+    """Reading a sharded queue's jobs (a mixin of ShardedQueue)."""
+
+    _context: QueueContext
+    _shards: tuple[Queue, ...]
+    _count: int
+
+    def _shard(self, job_id: str) -> Queue:
+        self._context.ensure_ready()
+        return self._shards[shard_of(job_id, self._count)]
+
+    def _every(self) -> tuple[Queue, ...]:
+        self._context.ensure_ready()
+        return self._shards
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job with that id (read from its shard), or None."""
+        return self._shard(job_id).get_job(job_id)
+
+    def get_job_state(self, job_id: str) -> str:
+        """The job's state (see ``Queue.get_job_state``)."""
+        return self._shard(job_id).get_job_state(job_id)
+
+    def get_job_result(self, job_id: str, default: Any = None) -> Any:
+        """The return value of a completed job, else ``default``."""
+        return self._shard(job_id).get_job_result(job_id, default)
+
+    def get_job_counts(self, *states: str) -> dict[str, int]:
+        """Jobs per state summed over the shards (every state when none is named)."""
+        total = dict.fromkeys(states or STATES, 0)
+        for counts in self.shard_counts(*states):
+            for state, count in counts.items():
+                total[state] += count
+        return total
+
+    def shard_counts(self, *states: str) -> list[dict[str, int]]:
+        """Jobs per state of each shard, in shard order."""
+        return [shard.get_job_counts(*states) for shard in self._every()]
+
+    def count(self) -> int:
+        """Jobs waiting or delayed, on every shard."""
+        counts = self.get_job_counts("waiting", "delayed")
+        return counts["waiting"] + counts["delayed"]
+
+    def get_jobs(
+        self, states: str | Sequence[str], start: int = 0, end: int = -1, asc: bool = False
+    ) -> list[Job]:
+        """Jobs in the given state(s) over every shard, newest added first
+        (oldest first when ``asc``); ``start`` and ``end`` index the merged
+        list inclusively, like LRANGE. Reads up to ``end + 1`` jobs of each
+        shard (every job when ``end`` is negative)."""
+        per_shard_end = end if end >= 0 else -1
+        jobs: list[Job] = []
+        for shard in self._every():
+            jobs += shard.get_jobs(states, 0, per_shard_end, asc)
+        jobs.sort(key=lambda job: job.timestamp or 0.0, reverse=not asc)
+        if end < 0:
+            end = len(jobs) + end
+        if start < 0:
+            start = max(0, len(jobs) + start)
+        return jobs[start : end + 1]
+
+    @property
+    def event_mode(self) -> str:
+        """The shards' event mode, ``"stream"`` or ``"pubsub"``."""
+        return self._every()[0].event_mode
+
+    def get_schedulers(self) -> list[Scheduler]:
+        """None: job schedulers are not supported on a sharded queue."""
+        return []
+
+    def get_scheduler(self, scheduler_id: str) -> Scheduler | None:
+        """None: job schedulers are not supported on a sharded queue."""
+        return None
+
+    def remove_scheduler(self, scheduler_id: str) -> bool:
+        """False: job schedulers are not supported on a sharded queue."""
+        return False
+
+    def get_dedup_job_id(self, key: str) -> str | None:
+        """The id of the job that owns a dedup key (on the key's shard), or None."""
+        return self._shard(key).get_dedup_job_id(key)
+
+    def remove_dedup_key(self, key: str) -> bool:
+        """Release a dedup key (on the key's shard)."""
+        return self._shard(key).remove_dedup_key(key)
+
+
+class ShardedAdmin:
+    """Administering a sharded queue (a mixin of ShardedQueue)."""
+
+    _context: QueueContext
+    _shards: tuple[Queue, ...]
+    _count: int
+    _recorded: bool
+
+    def _shard(self, job_id: str) -> Queue:
+        raise NotImplementedError  # ShardedReading's
+
+    def _every(self) -> tuple[Queue, ...]:
+        raise NotImplementedError  # ShardedReading's
+
+    def remove(self, job_id: str) -> bool:
+        """Remove a job (see ``Queue.remove``)."""
+        return self._shard(job_id).remove(job_id)
+
+    def cancel(self, job_id: str, reason: str | None = None) -> bool:
+        """Cancel a job, from any process (see ``Queue.cancel``)."""
+        return self._shard(job_id).cancel(job_id, reason)
+
+    def pause(self) -> None:
+        """Pause every shard (durable); emits ``paused`` on each."""
+        for shard in self._every():
+            shard.pause()
+
+    def resume(self) -> None:
+        """Resume every shard; emits ``resumed`` on each, and wakes the
+        workers (a shard's resume writes no wake-up of its own)."""
+        for shard in self._every():
+            shard.resume()
+            keys = shard._context.keys
+            self._context.client.execute_command("SPUBLISH", keys.marker, "1")
+
+    def is_paused(self) -> bool:
+        """Whether every shard is paused."""
+        return all(shard.is_paused() for shard in self._every())
+
+    def drain(self, delayed: bool = False) -> int:
+        """Remove every waiting job of every shard (and delayed ones when asked)."""
+        return sum(shard.drain(delayed) for shard in self._every())
+
+    def clean(self, grace: float, limit: int = 0, state: str = "completed") -> list[str]:
+        """Remove jobs of ``state`` older than ``grace`` seconds from every
+        shard, at most ``limit`` in all (0: no cap); return their ids."""
+        removed: list[str] = []
+        for shard in self._every():
+            left = limit - len(removed) if limit else 0
+            removed += shard.clean(grace, left, state)
+            if limit and len(removed) >= limit:
+                break
+        return removed
+
+    def obliterate(self, force: bool = False) -> None:
+        """Delete every shard's jobs, events and metrics, the worker
+        registry and the stored shard count (see ``Queue.obliterate``).
+
+        Raises:
+            JobqError: a shard has active jobs and ``force`` is False
+                (checked on every shard before any is touched).
+        """
+        shards = self._every()
+        if not force:
+            busy = [s.name for s in shards if s.get_job_counts("active")["active"]]
+            if busy:
+                raise JobqError(
+                    f"queue {self._context.name!r} has active jobs (shards {', '.join(busy)}); "
+                    "obliterate(force=True) removes them anyway"
+                )
+        for shard in shards:
+            shard.obliterate(force=True)
+        client = self._context.client
+        keys = self._context.keys
+        client.delete(keys.workers, keys.base + "limiter")
+        client.hdel(keys.meta, COUNT_FIELD)
+        client.srem(queues_key(self._context.prefix), self._context.name)
+        self._recorded = False
+        self._context.on_first_use(self._restore)
+
+    def _restore(self) -> None:
+        raise NotImplementedError  # ShardedQueue's first use
+
+    def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
+        """Move every failed (or completed) job of every shard back to waiting."""
+        shards = self._every()
+        return sum(shard.retry_jobs(state, reset_attempts=reset_attempts) for shard in shards)
+
+    def get_workers(self) -> list[WorkerInfo]:
+        """The live workers of this queue."""
+        self._context.ensure_ready()
+        return live_workers(self._context)
+
+    def get_metrics(self, kind: str, start: int = 0, end: int = -1) -> Metrics:
+        """Counts of finished jobs per minute summed over the shards (see
+        ``Queue.get_metrics``)."""
+        parts = [shard.get_metrics(kind, start, end) for shard in self._every()]
+        data = [0] * max((len(p.data) for p in parts), default=0)
+        for part in parts:
+            for i, value in enumerate(part.data):
+                data[i] += value
+        return Metrics(
+            count=sum(p.count for p in parts), data=data,
+            timestamp=max((p.timestamp for p in parts), default=0.0),
+            waited_for=sum(p.waited_for for p in parts), ran_for=sum(p.ran_for for p in parts),
+        )
+
+    def trim_events(self, max_len: int) -> int:
+        """Trim each shard's event stream to about ``max_len`` entries."""
+        return sum(shard.trim_events(max_len) for shard in self._every())
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Publish a custom event (on the first shard's channel: every
+        reader of the sharded queue reads every shard)."""
+        self._every()[0].emit(event, **fields)

@@ -1,0 +1,295 @@
+"""ShardedQueue: one logical queue spread over N sub-queues (shards), each
+with its own cluster hash tag, for a queue that outgrows one Redis node.
+
+Each shard is a plain queue (its keys, scripts and guarantees unchanged);
+this module routes: a job id names its shard (``jobq._shards``), adds go to
+the shard of their id (or of their dedup key) or round robin, and reads and
+administration visit every shard and sum. ``Worker(name, ...)`` finds the
+shard count stored with the queue and takes from every shard through one
+connection per node (``jobq._shard_worker``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from . import _tracing
+from ._closing import ClosedOnExit, OfQueue
+from ._context import QueueContext
+from ._sharded_ops import ShardedAdmin, ShardedReading
+from ._shards import (
+    ShardCountError,
+    check_prefix,
+    generated_id,
+    shard_names,
+    shard_of,
+    store_count,
+    stored_count,
+    validate_count,
+)
+from .calls import NewJob
+from .connection import unreachable
+from .errors import JobqError
+from .job import Job
+from .keys import queues_key, validate_job_id
+from .options import FAILURE_POLICIES
+from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
+from .tasks import QueueTasks, Task
+
+if TYPE_CHECKING:
+
+    from ._sharded_events import ShardedQueueEvents
+
+__all__ = ["ShardCountError", "ShardedQueue", "open_queue"]
+
+_Prepared = tuple[NewJob, dict[str, Any], Any]
+
+
+class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnExit):
+    """A queue spread over ``shards`` sub-queues, each in its own cluster slot.
+
+    Use it as a ``Queue`` (same ``add``, ``add_bulk``, getters and
+    administration); workers need not be told: ``Worker(name, ...)`` reads
+    the shard count stored with the queue when it starts.
+
+    - The count is stored with the queue on first use; opening the queue
+      with another count (or as a plain ``Queue``) raises
+      ``ShardCountError``. ``obliterate`` removes every shard and the count.
+    - A job id names its shard: a custom ``job_id`` is hashed (so an
+      idempotent add and ``get_job`` find it); a generated id is
+      ``"<shard>-<32 hex digits>"``, the shard chosen round robin. An add
+      with a ``dedup`` key and no id goes to the shard of its dedup key.
+    - ``add_bulk`` writes each shard's jobs in its own round trips, the
+      shards in parallel; atomic per chunk of one shard.
+    - Counts, lists and metrics are summed over the shards; ``shard_counts``
+      gives them per shard, ``shards`` the sub-queues themselves.
+    - ``pause`` / ``resume`` act on every shard (one call each: a worker may
+      take a job from a shard not yet paused while the pause goes round).
+    - Not supported on a sharded queue: ``depends_on`` and flows (a parent
+      and its children must share a slot), job schedulers. Tasks
+      (``@queue.task``) work as on a Queue. Events: ``ShardedQueue.events``
+      (one reader per shard).
+
+    Args:
+        name: the queue's name (at most 90 characters: shards add a suffix).
+        shards: how many sub-queues, 1 to 256. A multiple of the number of
+            cluster masters spreads them evenly.
+        connection, prefix, event_mode, max_events, default_job_options,
+        max_payload_bytes, result_ttl: as for ``Queue``, applied to each
+            shard. A prefix with a hash tag is refused (one slot for all).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        shards: int,
+        connection: object = None,
+        prefix: str = "jobq",
+        event_mode: str | None = None,
+        max_events: int | None = None,
+        default_job_options: Mapping[str, Any] | None = None,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        result_ttl: float | None = None,
+    ) -> None:
+        self._count = validate_count(shards)
+        check_prefix(prefix)
+        self._context = QueueContext(name, connection, prefix)
+        client = self._context.client
+        self._shards = tuple(
+            Queue(
+                shard, connection=client, prefix=prefix, event_mode=event_mode,
+                max_events=max_events, default_job_options=default_job_options,
+                max_payload_bytes=max_payload_bytes, result_ttl=result_ttl,
+            )
+            for shard in shard_names(name, self._count)
+        )
+        for shard_queue in self._shards:
+            shard_queue._recorded = True  # the logical name is listed, not its shards
+        self._defaults = dict(default_job_options or {})
+        self._tasks: dict[str, Task[Any]] = {}
+        self._turn = itertools.count(random.randrange(self._count))
+        self._recorded = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._events: ShardedQueueEvents | None = None
+        self._context.on_first_use(self._first_use)
+
+    def _first_use(self) -> None:
+        client = self._context.client
+        try:
+            store_count(client, self.prefix, self.name, self._count)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise unreachable(exc, client) from exc
+
+    def _restore(self) -> None:
+        """After ``obliterate``: the next use stores the count again."""
+        self._first_use()
+
+    # -- what it is ---------------------------------------------------------
+
+    @property
+    def shard_count(self) -> int:
+        """How many shards the queue has."""
+        return self._count
+
+    @property
+    def shards(self) -> tuple[Queue, ...]:
+        """The shards, as plain queues (for per-shard detail)."""
+        return self._shards
+
+    def shard_for(self, job_id: str) -> Queue:
+        """The shard that holds (or would hold) the job with this id."""
+        return self._shards[shard_of(job_id, self._count)]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._context.closed else "open"
+        return f"<ShardedQueue {self.name!r} shards={self._count} prefix={self.prefix!r} {state}>"
+
+    # -- adding -------------------------------------------------------------
+
+    def add(self, name: str, data: Any = None, **options: Any) -> Job:
+        """Add one job to the shard of its id; return it (see ``Queue.add``).
+
+        Raises:
+            JobqError: ``depends_on`` or a failure policy (flows are not
+                supported on a sharded queue).
+            As ``Queue.add`` otherwise.
+        """
+        return self.add_bulk([{"name": name, "data": data, **options}])[0]
+
+    def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """Add many jobs (``{"name": ..., "data": ..., **options}`` each).
+
+        Every job is validated before anything is written; then each shard's
+        jobs are written a chunk per round trip, the shards in parallel.
+        """
+        self._context.ensure_ready()
+        groups: dict[int, list[tuple[int, _Prepared]]] = defaultdict(list)
+        count = 0
+        for name, data, options in job_specs(jobs):
+            if options.get("depends_on") is not None or any(
+                options.get(p) for p in FAILURE_POLICIES
+            ):
+                raise JobqError(
+                    f"queue {self.name!r} is sharded: depends_on and flows need every job "
+                    "of a flow in one slot; use a plain queue for them"
+                )
+            shard = self._route(options)
+            new, opts = self._shards[shard]._prepare(name, data, options)
+            groups[shard].append((count, (new, opts, data)))
+            count += 1
+        hook = _tracing.hook
+        if hook is None:
+            return self._write(groups, count, "")
+        names = [new.name for group in groups.values() for _, (new, _, _) in group]
+        return hook.send(self.name, names, lambda carrier: self._write(groups, count, carrier))
+
+    def _prepare(self, name: Any, data: Any, options: dict[str, Any]) -> Any:
+        """Check a job as ``add`` would (for ``add_on_commit``)."""
+        return self._shards[0]._prepare(name, data, options)
+
+    def _route(self, options: dict[str, Any]) -> int:
+        """The shard of a new job; gives it a generated id when it has none."""
+        job_id = options.get("job_id", self._defaults.get("job_id"))
+        if job_id is not None:
+            return shard_of(validate_job_id(job_id), self._count)
+        dedup = options.get("dedup", self._defaults.get("dedup"))
+        if isinstance(dedup, Mapping) and isinstance(dedup.get("id"), str):
+            shard = shard_of(dedup["id"], self._count)
+        else:
+            shard = next(self._turn) % self._count
+        options["job_id"] = generated_id(shard)
+        return shard
+
+    def _write(
+        self, groups: dict[int, list[tuple[int, _Prepared]]], count: int, trace: str
+    ) -> list[Job]:
+        result: list[Job | None] = [None] * count
+
+        def write(shard: int) -> None:
+            group = groups[shard]
+            jobs = self._shards[shard]._write([prepared for _, prepared in group], trace)
+            for (index, _), job in zip(group, jobs, strict=True):
+                result[index] = job
+
+        shards = sorted(groups)
+        if len(shards) == 1:
+            write(shards[0])
+        elif shards:
+            for future in [self._executor().submit(write, shard) for shard in shards]:
+                future.result()
+        if count:
+            self._record()
+        return [job for job in result if job is not None]
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._context.closed:
+                raise JobqError(f"queue {self.name!r} is closed")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=min(self._count, 16), thread_name_prefix=f"jobq-add-{self.name}"
+                )
+            return self._pool
+
+    def _record(self) -> None:
+        if not self._recorded:
+            self._context.redis.sadd(queues_key(self.prefix), self.name)
+            self._recorded = True
+
+    # -- events and closing -------------------------------------------------
+
+    @property
+    def events(self) -> ShardedQueueEvents:
+        """Events of every shard, started on first use, shared by all threads."""
+        self._context.ensure_ready()
+        with self._pool_lock:
+            if self._events is None or self._events.closed:
+                from ._sharded_events import ShardedQueueEvents
+
+                self._events = ShardedQueueEvents(
+                    self.name, shards=self._count, connection=self.client, prefix=self.prefix
+                )
+            return self._events
+
+    def close(self) -> None:
+        """Close the shared events reader, the shards and the client jobq created."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+            events, self._events = self._events, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if events is not None:
+            events.close()
+        for shard_queue in self._shards:
+            shard_queue.close()
+        self._context.close()
+
+
+
+def open_queue(
+    name: str, *, connection: object = None, prefix: str = "jobq", **options: Any
+) -> Queue | ShardedQueue:
+    """Open queue ``name`` as what it is stored as: a ``ShardedQueue`` when a
+    shard count is stored with it, else a plain ``Queue`` (one read).
+
+    For tools that are given only a name (``jobq info``, the dashboard).
+    ``options`` go to the queue's constructor.
+    """
+    probe = QueueContext(name, connection, prefix)
+    try:
+        count = stored_count(probe.client, prefix, name)
+    finally:
+        probe.close()
+    if count is None:
+        return Queue(name, connection=connection, prefix=prefix, **options)
+    return ShardedQueue(name, shards=count, connection=connection, prefix=prefix, **options)

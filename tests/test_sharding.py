@@ -1,0 +1,416 @@
+"""Sharded queues on one server (and, in ``make test``'s cluster pass, on a
+one-node cluster through a cluster client, where every shard is its own
+slot): routing, the stored count, one worker over every shard, fairness,
+the limiter, pause, admin calls summed, events and waits.
+
+The three-master tests are in test_sharding_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import (
+    Job,
+    Queue,
+    QueueEvents,
+    ShardCountError,
+    ShardedQueue,
+    ShardedQueueEvents,
+    Worker,
+    open_queue,
+)
+from jobq._shard_worker import CHAIN_LIMIT
+from jobq._shards import generated_id, shard_names, shard_of
+
+WAIT = 10.0
+QUIET = 0.3
+SHARDS = 4
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sharded(queue_name: str, redis_url: str) -> Iterator[ShardedQueue]:
+    with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as q:
+        q.count()  # stored: a worker started now finds the count
+        yield q
+        q.obliterate(force=True)
+
+
+def ids_on(shard: int, count: int, tag: str = "id") -> list[str]:
+    """Custom ids that route to ``shard``."""
+    found = []
+    for i in range(10_000):
+        job_id = f"{tag}-{i}"
+        if shard_of(job_id, SHARDS) == shard:
+            found.append(job_id)
+            if len(found) == count:
+                return found
+    raise AssertionError("no ids found")
+
+
+def test_shard_names_are_spread_over_the_slot_space() -> None:
+    from redis.crc import key_slot
+
+    for count in (1, 2, 3, 4, 8, 256):
+        names = shard_names("mail", count)
+        slots = [key_slot(n.encode()) for n in names]
+        assert [s * count // 16384 for s in slots] == list(range(count))
+    assert shard_of(generated_id(3), 4) == 3
+    assert shard_of("order-17", 4) == shard_of("order-17", 4)
+
+
+def test_adds_route_by_id_and_spread_generated_ids(sharded: ShardedQueue) -> None:
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(40)])
+    assert [j.data for j in jobs] == list(range(40))
+    assert len({j.id for j in jobs}) == 40
+    assert [c["waiting"] for c in sharded.shard_counts("waiting")] == [10] * SHARDS
+    for job in jobs:  # a generated id names its shard
+        shard = sharded.shards[shard_of(job.id, SHARDS)]
+        assert shard.get_job_state(job.id) == "waiting"
+        assert sharded.get_job(job.id).data == job.data  # type: ignore[union-attr]
+    first = sharded.add("x", "a", job_id="order-1")
+    again = sharded.add("x", "b", job_id="order-1")  # idempotent: the same job
+    assert again.id == first.id and again.data == "a"
+    assert sharded.get_job_counts("waiting") == {"waiting": 41}
+    assert sharded.shard_for("order-1").get_job("order-1") is not None
+    # a bulk over every shard with custom ids, some already there
+    bulk = sharded.add_bulk(
+        [{"name": "x", "data": i, "job_id": f"b-{i}"} for i in range(20)]
+        + [{"name": "x", "data": "dup", "job_id": "order-1"}]
+    )
+    assert [j.id for j in bulk] == [f"b-{i}" for i in range(20)] + ["order-1"]
+    assert bulk[-1].data == "a"
+    assert sharded.count() == 61
+
+
+def test_the_shard_count_is_stored_and_checked(
+    sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    sharded.add("x")
+    assert redis_client.hget(f"jobq:{{{sharded.name}}}:meta", "shards") == str(SHARDS).encode()
+    with ShardedQueue(sharded.name, shards=2, connection=redis_url) as other:
+        with pytest.raises(ShardCountError, match="stored with 4 shard"):
+            other.add("x")
+    with Queue(sharded.name, connection=redis_url) as plain:
+        with pytest.raises(ShardCountError, match=r"ShardedQueue\(.*shards=4\)"):
+            plain.add("x")
+    opened = open_queue(sharded.name, connection=redis_url)
+    try:
+        assert isinstance(opened, ShardedQueue) and opened.shard_count == SHARDS
+        assert opened.count() == 1
+    finally:
+        opened.close()
+    with pytest.raises(ValueError, match="hash tag"):
+        ShardedQueue("x", shards=2, prefix="{app}")
+    with pytest.raises(ValueError, match="shards"):
+        ShardedQueue("x", shards=0)
+
+
+def test_one_worker_serves_every_shard_through_one_fetch_thread(
+    sharded: ShardedQueue, redis_client: redis.Redis, redis_url: str
+) -> None:
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(60)])
+    with Worker(sharded.name, lambda job: job.data * 2, connection=redis_url, concurrency=4,
+                name="w-one") as worker:
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [i * 2 for i in range(60)]
+        fetchers = [t for t in threading.enumerate() if t.name.startswith("jobq-fetch-")]
+        assert len(fetchers) == 1
+        # one subscribed connection for the node (one server here), not one per shard
+        named = [c for c in redis_client.client_list() if c["name"] == "jobq-fetch-w-one"]
+        assert len(named) == 1
+        assert [w.name for w in sharded.get_workers()] == [worker.name]
+    counts = sharded.get_job_counts()
+    assert counts["completed"] == 60 and counts["waiting"] == counts["active"] == 0
+
+
+def test_an_idle_worker_is_woken_by_any_shard(sharded: ShardedQueue, redis_url: str) -> None:
+    # drain_delay is long: only the shards' wake-ups can make the worker look
+    with Worker(sharded.name, lambda job: job.data, connection=redis_url, drain_delay=60,
+                concurrency=2) as worker:
+        ready = threading.Event()
+        worker.on("ready", ready.set)
+        assert ready.wait(WAIT)
+        for shard in range(SHARDS):
+            job = sharded.add("x", shard, job_id=ids_on(shard, 1, "wake")[0])
+            started = time.monotonic()
+            assert job.wait_until_finished(timeout=WAIT) == shard
+            assert time.monotonic() - started < 2.0
+        # a delayed job is taken when due, without a wake-up
+        job = sharded.add("x", "late", delay=0.3)
+        assert job.wait_until_finished(timeout=WAIT) == "late"
+
+
+def test_a_worker_told_the_count_serves_a_queue_not_yet_written(
+    queue_name: str, redis_url: str
+) -> None:
+    with Worker(queue_name, lambda job: job.data, connection=redis_url, shards=SHARDS), \
+         ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+        jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(8)])
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(8))
+        sharded.obliterate(force=True)
+
+
+def check_no_shard_starves(sharded: ShardedQueue, url: str, first: int, others: int) -> None:
+    """Shard 0 holds ``first`` jobs, every other shard ``others``; one slot,
+    so takes are sequential: while every shard has jobs the takes go round,
+    and each shard's oldest job waits at most ``(shards - 1)`` visits of
+    other shards."""
+    count = sharded.shard_count
+    specs: list[dict[str, Any]] = []
+    for shard in range(count):
+        ids = [f"f-{i}" for i in range(20_000) if shard_of(f"f-{i}", count) == shard]
+        specs += [{"name": "x", "data": shard, "job_id": j}
+                  for j in ids[: first if shard == 0 else others]]
+    sharded.add_bulk(specs)
+    order: list[int] = []
+    done = threading.Event()
+
+    def handler(job: Job) -> None:
+        order.append(job.data)
+        if len(order) == len(specs):
+            done.set()
+
+    with Worker(sharded.name, handler, connection=url, concurrency=1):
+        assert done.wait(WAIT)
+    # a visit of a shard is one take of the fetcher and at most CHAIN_LIMIT
+    # taken along by the finishing calls
+    visit = CHAIN_LIMIT + 1
+    assert all(order.index(shard) < (count - 1) * visit + 1 for shard in range(count))
+    assert set(order[: count * visit]) == set(range(count))
+
+
+def test_no_shard_starves(sharded: ShardedQueue, redis_url: str) -> None:
+    check_no_shard_starves(sharded, redis_url, 100, 5)
+
+
+def check_the_limiter(sharded: ShardedQueue, url: str) -> None:
+    """Two workers of limiter 4 per second: 12 jobs take at least 3 windows."""
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
+    limiter = {"max": 4, "duration": 1.0}
+    with Worker(sharded.name, lambda job: None, connection=url, concurrency=4,
+                limiter=limiter), \
+         Worker(sharded.name, lambda job: None, connection=url, concurrency=4,
+                limiter=limiter):
+        for job in jobs:
+            job.wait_until_finished(timeout=WAIT)
+    started = sorted(sharded.get_job(j.id).processed_on for j in jobs)  # type: ignore[union-attr,misc]
+    # per-shard limits would let all 12 (4 shards x 4) start in the first window
+    assert started[-1] - started[0] >= 1.9
+
+
+def test_the_limiter_holds_across_shards(sharded: ShardedQueue, redis_url: str) -> None:
+    check_the_limiter(sharded, redis_url)
+
+
+def test_pause_and_resume_the_whole_queue(sharded: ShardedQueue, redis_url: str) -> None:
+    ran = threading.Event()
+    sharded.pause()
+    assert sharded.is_paused()
+    with Worker(sharded.name, lambda job: ran.set(), connection=redis_url, concurrency=2):
+        jobs = sharded.add_bulk([{"name": "x"} for _ in range(8)])
+        assert not ran.wait(QUIET)
+        assert sharded.get_job_counts("waiting") == {"waiting": 8}
+        sharded.resume()
+        assert not sharded.is_paused()
+        for job in jobs:
+            job.wait_until_finished(timeout=WAIT)
+
+
+def test_reads_and_admin_are_summed(sharded: ShardedQueue, redis_url: str,
+                                    redis_client: redis.Redis) -> None:
+    def handler(job: Job) -> int:
+        if job.data % 5 == 0:
+            raise ValueError("five")
+        return int(job.data)
+
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(20)])
+    with Worker(sharded.name, handler, connection=redis_url, concurrency=4):
+        for job in jobs:
+            try:
+                job.wait_until_finished(timeout=WAIT)
+            except Exception:
+                pass
+    assert sharded.get_job_counts("completed", "failed") == {"completed": 16, "failed": 4}
+    assert sharded.get_metrics("completed").count == 16
+    assert sharded.get_metrics("failed").count == 4
+    listed = sharded.get_jobs("completed", 0, 9)
+    assert len(listed) == 10
+    assert [j.timestamp for j in listed] == sorted((j.timestamp for j in listed), reverse=True)
+    assert {j.id for j in sharded.get_jobs(["completed", "failed"])} == {j.id for j in jobs}
+    assert sharded.retry_jobs("failed") == 4
+    assert sharded.get_job_counts("waiting")["waiting"] == 4
+    assert sharded.drain() == 4
+    sharded.add_bulk([{"name": "x", "data": i, "delay": 60} for i in range(8)])
+    assert sharded.get_job_counts("delayed")["delayed"] == 8
+    assert len(sharded.clean(0, 5, "completed")) == 5
+    assert len(sharded.clean(0, 0, "completed")) == 11
+    assert sharded.remove(jobs[0].id) in (True, False)
+    assert sharded.drain(delayed=True) == 8
+    sharded.obliterate()
+    assert redis_client.hget(f"jobq:{{{sharded.name}}}:meta", "shards") is None
+    for shard in sharded.shards:
+        assert not redis_client.exists(f"jobq:{{{shard.name}}}:completed")
+    assert sharded.name.encode() not in redis_client.smembers("jobq:queues")
+    sharded.add("x")  # usable again: the count is stored again
+    assert redis_client.hget(f"jobq:{{{sharded.name}}}:meta", "shards") == b"4"
+
+
+def test_events_and_waits_over_every_shard(sharded: ShardedQueue, redis_url: str) -> None:
+    events = sharded.events
+    assert isinstance(events, ShardedQueueEvents)
+    assert events.wait_until_ready(WAIT)
+    completed: list[str] = []
+    got = threading.Condition()
+    one: list[Any] = []
+
+    def on_completed(event: Any) -> None:
+        with got:
+            completed.append(event.job_id)
+            got.notify_all()
+
+    events.on("completed", on_completed)
+    events.on("completed:order-9", one.append)
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(16)])
+    jobs.append(sharded.add("x", 99, job_id="order-9"))
+    with Worker(sharded.name, lambda job: job.data, connection=redis_url, concurrency=4):
+        assert [j.wait_until_finished(events, timeout=WAIT) for j in jobs] == [
+            *range(16), 99
+        ]
+        with got:
+            assert got.wait_for(lambda: len(completed) == 17, WAIT)
+    assert set(completed) == {j.id for j in jobs}
+    assert [e.job_id for e in one] == ["order-9"]
+    # a plain QueueEvents of the logical name is not how a sharded queue is read
+    assert sharded.get_job("order-9").wait_until_finished(timeout=WAIT) == 99  # type: ignore[union-attr]
+
+
+def test_a_running_job_is_cancelled_at_once(sharded: ShardedQueue, redis_url: str) -> None:
+    started = threading.Event()
+    stopped = threading.Event()
+
+    def handler(job: Job) -> None:
+        started.set()
+        if job.cancelled.wait(WAIT):
+            stopped.set()
+
+    # a long lock: the renewal would see the cancel only after 15 s
+    with Worker(sharded.name, handler, connection=redis_url, lock_duration=30):
+        job = sharded.add("x", job_id="cancel-me")
+        assert started.wait(WAIT)
+        assert sharded.cancel(job.id, "enough")
+        assert stopped.wait(2.0)
+    assert sharded.get_job_state(job.id) == "failed"
+
+
+def test_a_stalled_job_of_a_shard_is_recovered(sharded: ShardedQueue, redis_url: str) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def stuck(job: Job) -> None:
+        started.set()
+        release.wait(WAIT)
+
+    first = Worker(sharded.name, stuck, connection=redis_url, lock_duration=1,
+                   stalled_interval=0.5)
+    first.start()
+    job = sharded.add("x", "again", job_id="stall-me")
+    try:
+        assert started.wait(WAIT)
+        first.close(force=True)  # abandoned: its lock runs out
+    finally:
+        release.set()
+    second = Worker(sharded.name, lambda j: j.data, connection=redis_url, lock_duration=1,
+                    stalled_interval=0.5)
+    stalled: list[str] = []
+    heard = threading.Event()
+    second.on("stalled", lambda job_id: (stalled.append(job_id), heard.set()))
+    with second:  # its `stalled` listeners hear every shard's events
+        assert job.wait_until_finished(timeout=WAIT) == "again"
+        assert heard.wait(WAIT)
+    assert stalled == ["stall-me"]
+    assert sharded.get_job("stall-me").stalled_counter == 1  # type: ignore[union-attr]
+
+
+def test_dedup_keys_route_with_their_job(sharded: ShardedQueue) -> None:
+    first = sharded.add("x", 1, dedup={"id": "mail-7"})
+    second = sharded.add("x", 2, dedup={"id": "mail-7"})
+    assert second.id == first.id
+    assert sharded.get_dedup_job_id("mail-7") == first.id
+    assert sharded.count() == 1
+
+
+def test_flows_are_refused(sharded: ShardedQueue) -> None:
+    with pytest.raises(Exception, match="sharded"):
+        sharded.add("x", depends_on=["a"])
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("JOBQ_TEST_CLUSTER") == "1", reason="the CLI's own URL"
+)
+def test_jobq_info_shows_one_queue(sharded: ShardedQueue, redis_url: str) -> None:
+    sharded.add_bulk([{"name": "x"} for _ in range(6)])
+    done = subprocess.run(
+        [sys.executable, "-m", "jobq", "--url", redis_url, "info", sharded.name, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (snap,) = json.loads(done.stdout)
+    assert snap["queue"] == sharded.name and snap["counts"]["waiting"] == 6
+    assert sum(c["waiting"] for c in snap["shards"]) == 6 and len(snap["shards"]) == SHARDS
+
+
+def test_a_plain_queue_events_is_not_confused(queue_name: str, redis_url: str) -> None:
+    # the names of shards never collide with the logical queue's keys
+    with QueueEvents(queue_name, connection=redis_url) as events:
+        assert events.wait_until_ready(WAIT)
+
+
+def test_tasks_of_a_sharded_queue(sharded: ShardedQueue, redis_url: str) -> None:
+    @sharded.task(name="double")
+    def double(x: int) -> int:
+        return x * 2
+
+    jobs = [double.delay(i) for i in range(8)]
+    assert len({shard_of(j.id, SHARDS) for j in jobs}) == SHARDS
+    with Worker(sharded.name, sharded.tasks, connection=redis_url, concurrency=2):
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [i * 2 for i in range(8)]
+
+
+def test_a_plain_worker_of_a_name_that_became_sharded_says_so(queue_name: str,
+                                                               redis_url: str) -> None:
+    # a worker started before the queue's first write serves the name as a
+    # plain queue: once a shard count is stored it reports that, not silence
+    errors: list[BaseException] = []
+    told = threading.Event()
+
+    def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+        told.set()
+
+    worker = Worker(queue_name, lambda job: None, connection=redis_url, stalled_interval=0.2)
+    worker.on("error", on_error)
+    with worker.start(), ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as q:
+        q.add("n", 1)
+        assert told.wait(WAIT)
+        assert f"shards={SHARDS}" in str(errors[0])
+        q.obliterate(force=True)
+
+
+def test_a_plain_queue_events_of_a_sharded_queue_warns(
+    sharded: ShardedQueue, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="jobq"), \
+            QueueEvents(sharded.name, connection=redis_url) as events:
+        assert events.wait_until_ready(WAIT)
+    assert any("use ShardedQueueEvents" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,213 @@
+"""Sharded queues on a real three-master cluster: shards spread over the
+masters, one fetch connection per node, idempotent ids, the limiter and
+fairness across nodes, and a load through a slot migration and a master
+failover that loses and doubles no job.
+
+The cluster is started here from real server binaries on loopback
+(``jobq.testing.LocalCluster``); see test_sharding.py for one server.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from jobq import ShardCountError, ShardedQueue, Worker
+from jobq._shards import shard_of
+from jobq.testing import LocalCluster
+from tests.test_cluster import add_retrying
+from tests.test_sharding import check_no_shard_starves, check_the_limiter
+
+pytestmark = pytest.mark.cluster
+
+WAIT = 30.0
+SHARDS = 6  # two per master
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(masters=3) as c:
+        yield c
+
+
+@pytest.fixture
+def sharded(cluster: LocalCluster, queue_name: str) -> Iterator[ShardedQueue]:
+    with ShardedQueue(queue_name, shards=SHARDS, connection=cluster.url) as q:
+        q.count()  # the count is stored: workers started now find it
+        yield q
+
+
+def masters_of(cluster: LocalCluster, queue: ShardedQueue) -> list[int]:
+    """The port of the master serving each shard."""
+    with cluster.client() as client:
+        return [
+            cluster.server_of_slot(int(client.keyslot(s._context.keys.base))).port
+            for s in queue.shards
+        ]
+
+
+def completions(cluster: LocalCluster, queue: ShardedQueue) -> Counter[str]:
+    """How many ``completed`` events each job has in its shard's stream."""
+    done: Counter[str] = Counter()
+    with cluster.client() as client:
+        for shard in queue.shards:
+            for _, fields in client.xrange(shard._context.keys.events):
+                if fields[b"ev"] == b"completed":
+                    done[fields[b"jid"].decode()] += 1
+    return done
+
+
+def test_shards_spread_over_the_masters_one_connection_per_node(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    ports = masters_of(cluster, sharded)
+    assert Counter(ports) == {port: 2 for port in set(ports)} and len(set(ports)) == 3
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(120)])
+    with Worker(sharded.name, lambda job: job.data, connection=cluster.url, concurrency=4,
+                name="w-nodes"):
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(120))
+        for master in cluster.masters():
+            with master.client() as client:
+                named = [c for c in client.client_list() if c["name"] == "jobq-fetch-w-nodes"]
+            assert len(named) == 1, master
+    assert [c["completed"] for c in sharded.shard_counts("completed")] == [20] * SHARDS
+
+
+def test_idempotent_ids_stay_idempotent(cluster: LocalCluster, sharded: ShardedQueue) -> None:
+    ids = [f"order-{i}" for i in range(60)]
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            barrier.wait(WAIT)
+            sharded.add_bulk([{"name": "x", "data": i, "job_id": j} for i, j in enumerate(ids)])
+            for i, job_id in enumerate(ids):
+                sharded.add("x", i, job_id=job_id)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert sharded.get_job_counts("waiting") == {"waiting": 60}
+    for i, job_id in enumerate(ids):
+        job = sharded.get_job(job_id)
+        assert job is not None and job.data == i
+        assert sharded.shards[shard_of(job_id, SHARDS)].get_job(job_id) is not None
+
+
+def test_the_limiter_holds_across_shards_and_nodes(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    check_the_limiter(sharded, cluster.url)
+
+
+def test_no_shard_starves_across_nodes(cluster: LocalCluster, sharded: ShardedQueue) -> None:
+    check_no_shard_starves(sharded, cluster.url, 100, 4)
+
+
+class Producer(threading.Thread):
+    """Adds ``m-<i>`` jobs (custom ids, retried through transient errors)
+    until told to stop; a test waits for its progress."""
+
+    def __init__(self, queue: ShardedQueue, deadline: float) -> None:
+        super().__init__(name="producer")
+        self.queue = queue
+        self.deadline = deadline
+        self.added = 0
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self._cond = threading.Condition()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                # a ShardedQueue adds as a Queue does
+                add_retrying(self.queue, f"m-{self.added}", self.added,  # type: ignore[arg-type]
+                             self.deadline)
+                with self._cond:
+                    self.added += 1
+                    self._cond.notify_all()
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+            with self._cond:
+                self._cond.notify_all()
+
+    def wait_more(self, count: int) -> bool:
+        """Wait until ``count`` more jobs are added (bounded)."""
+        with self._cond:
+            target = self.added + count
+            return self._cond.wait_for(
+                lambda: self.added >= target or bool(self.errors), WAIT
+            ) and not self.errors
+
+
+@pytest.mark.slow
+def test_a_load_through_a_slot_migration_and_a_failover_loses_and_doubles_no_job(
+    queue_name: str,
+) -> None:
+    with LocalCluster(masters=3, replicas=1, node_timeout=1000) as cluster, \
+         ShardedQueue(queue_name, shards=SHARDS, connection=cluster.url) as queue:
+        queue.count()
+        with cluster.client() as client:
+            slots = [int(client.keyslot(s._context.keys.base)) for s in queue.shards]
+        producer = Producer(queue, time.monotonic() + 4 * WAIT)
+        options = {"concurrency": 4, "lock_duration": 5, "stalled_interval": 1}
+        with Worker(queue_name, lambda job: job.data * 2, connection=cluster.url, **options), \
+             Worker(queue_name, lambda job: job.data * 2, connection=cluster.url, **options):
+            producer.start()
+            try:
+                assert producer.wait_more(100)
+                # move shard 0's slot to another master, keys in small batches,
+                # while jobs are added and taken
+                source = cluster.server_of_slot(slots[0])
+                target = next(m for m in cluster.masters() if m is not source)
+                assert cluster.migrate_slot(slots[0], target, batch=5) > 0
+                assert producer.wait_more(100)
+                # kill the master of shard 1 in the middle of the load
+                victim = cluster.server_of_slot(slots[1])
+                victim.kill(signal.SIGKILL)
+                cluster.wait_ok(WAIT)
+                assert producer.wait_more(100)
+            finally:
+                producer.stop.set()
+                producer.join(4 * WAIT)
+            assert not producer.is_alive() and not producer.errors, producer.errors
+            assert cluster.server_of_slot(slots[0]) is target
+            assert cluster.server_of_slot(slots[1]) is not victim
+            total = producer.added
+            for i in range(total):
+                job = queue.get_job(f"m-{i}")
+                assert job is not None, f"m-{i} lost"
+                assert job.wait_until_finished(timeout=WAIT) == i * 2
+            assert queue.get_job_counts("completed")["completed"] == total
+        done = completions(cluster, queue)
+        assert set(done) == {f"m-{i}" for i in range(total)}
+        assert max(done.values()) == 1, "a job was finished twice"
+
+
+def test_a_wrong_count_from_a_worker_is_an_error(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    errors: list[BaseException] = []
+    got = threading.Event()
+
+    def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+        got.set()
+
+    worker = Worker(sharded.name, lambda job: None, connection=cluster.url, shards=SHARDS - 1)
+    worker.on("error", on_error)
+    with worker:
+        assert got.wait(WAIT)
+    assert "stored with 6 shard(s), not 5" in str(errors[0])
+    assert isinstance(errors[0], ShardCountError)
