@@ -18,9 +18,10 @@
            the dedup key, left as it was; 3 debounced: id is the owner, a
            delayed job whose name, data, options and delay were replaced by
            this add's; added: the id of its `added` event, or '')
-  Events   added, then waiting (both in one stream entry) or delayed; duplicated for an existing id;
-           deduplicated (dedup_id, existing_job_id) for a dedup hit, then
-           delayed (prev delayed) when it debounced
+  Events   added, then waiting (both in one stream entry) or delayed;
+           duplicated for an existing id; deduplicated (dedup_id,
+           existing_job_id) for a dedup hit, then delayed (prev delayed)
+           when it debounced
   Dedup    the key dedup:<id> stores its owner's id (PX ttl in throttle
            mode; extend restarts the ttl on each hit). A hit counts while
            the owner is not finished (simple mode) or the key lives
