@@ -21,7 +21,7 @@ subscriptions of its channels (SUNSUBSCRIBE): the fetcher subscribes again
 where the slot now lives.
 
 The rate limiter holds across the shards: its window is counted on the
-logical queue's base (one transaction before each take), not per shard.
+logical queue's base (one round trip before each take), not per shard.
 """
 
 from __future__ import annotations
@@ -278,11 +278,17 @@ class ShardFetcher(Fetcher):
         """Count one take in the limiter's window (on the logical queue's
         base, shared by every shard); ms to wait when the window is full."""
         key = self._context.keys.base + "limiter"
-        pipe = self._context.client.pipeline(transaction=True)
+        # one round trip, not a transaction (a cluster client of redis-py 5
+        # has none): a window that ended between the SET and the INCR left
+        # a key without a ttl, given one here
+        pipe = self._context.client.pipeline(transaction=False)
         pipe.set(key, 0, px=take.limit_ms, nx=True)
         pipe.incr(key)
         pipe.pttl(key)
         _, taken, ttl = pipe.execute()
+        if int(ttl) == -1:
+            self._context.client.pexpire(key, take.limit_ms)
+            ttl = take.limit_ms
         if int(taken) <= take.limit_max:
             return 0
         return max(1, int(ttl))

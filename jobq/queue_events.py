@@ -230,7 +230,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         try:
             # a run the reader has not yet seen end needs no look at its
             # record: its last event will reach this waiter
-            checked = True if unseen else self._table.try_check(waiter)
+            checked = True if unseen else _try_check(self, waiter)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
@@ -244,7 +244,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 # poked after a reconnect, or a re-check is due
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
-                    checked = self._table.try_check(waiter)
+                    checked = _try_check(self, waiter)
             return self._result(waiter)
         finally:
             self._table.unregister(waiter)
@@ -336,3 +336,15 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 return
             except Exception:
                 logger.exception("re-checking job %r failed", waiter.job_id)
+
+
+def _try_check(events: QueueEvents, waiter: Waiter) -> bool:
+    """The waiter's record check; a check cut by ``close()`` (its connection
+    dropped under it, which some redis-py versions report as any error)
+    raises ClosedError."""
+    try:
+        return events._table.try_check(waiter)
+    except Exception:
+        if events.closed:
+            raise ClosedError(f"QueueEvents {events.name!r} closed during the wait") from None
+        raise
