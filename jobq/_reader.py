@@ -169,16 +169,26 @@ class EventReader:
         evicted = self.table.evicted_upto if self.table is not None else (0, 0)
         return added > self.first_id and added > evicted
 
+    @property
+    def key(self) -> str:
+        """The events stream's key (and channel's name)."""
+        return self._context.keys.events
+
     def wake(self) -> None:
         """Cut the reader's current block short, so that close is prompt."""
         if self.mode == "pubsub":
-            try:  # a checkpoint marker nobody waits for: every reader ignores it
-                message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
-                self._context.bounded.spublish(self._context.keys.events, message)
-            except Exception:  # the block ends by itself within a second
-                pass
+            self.publish_wake()
         else:
             _connection.unblock(self._context.bounded, self._blocked)
+
+    def publish_wake(self) -> None:
+        """Publish a checkpoint nobody waits for on the events channel: it
+        ends a wait for a message there (every reader ignores it)."""
+        try:
+            message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
+            self._context.bounded.spublish(self._context.keys.events, message)
+        except Exception:  # the wait ends by itself within a second
+            pass
 
     # -- the loop ---------------------------------------------------------
 
@@ -214,9 +224,24 @@ class EventReader:
         self._client, self._pubsub = None, None
 
     def _connect(self, client: Client) -> Any:
-        """(Re)connect: read the queue's mode, resolve the start id, subscribe."""
-        keys = self._context.keys
-        mode, max_events, shards = client.hmget(keys.meta, ["em", "maxev", "shards"])
+        """(Re)connect: read the queue's mode, subscribe, resolve the start id."""
+        pubsub = None
+        if self.settings(client) == "pubsub":
+            pubsub = client.pubsub()
+            pubsub.ssubscribe(self._context.keys.events)  # sharded: the queue's own node
+            deadline = time.monotonic() + 10.0
+            while True:  # wait for the subscription's confirmation
+                message = pubsub.get_sharded_message(timeout=self._block)
+                if message is not None and message["type"] == "ssubscribe":
+                    break
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    raise ConnectionError("no subscribe confirmation")
+        self.start(client)
+        return pubsub
+
+    def settings(self, client: Client) -> str:
+        """Read the queue's event mode (returned) and stream length."""
+        mode, max_events, shards = client.hmget(self._context.keys.meta, ["em", "maxev", "shards"])
         if shards and not self._told_sharded:  # its events are in its shards' streams
             self._told_sharded = True
             logger.warning(
@@ -226,33 +251,28 @@ class EventReader:
             )
         self.mode = "pubsub" if mode == b"pubsub" else "stream"
         self._gap_batch = min(1000, int(max_events or 10_000))
-        reconnect = self.ready.is_set()
-        pubsub = None
-        if self.mode == "pubsub":
-            pubsub = client.pubsub()
-            pubsub.ssubscribe(keys.events)  # sharded: served by the queue's own node
-            deadline = time.monotonic() + 10.0
-            while True:  # wait for the subscription's confirmation
-                message = pubsub.get_sharded_message(timeout=self._block)
-                if message is not None and message["type"] == "ssubscribe":
-                    break
-                if self._stop.is_set() or time.monotonic() > deadline:
-                    raise ConnectionError("no subscribe confirmation")
-        elif self.read_id is None:
-            if self._start_id == "$":
-                last = client.xrevrange(keys.events, "+", "-", count=1)
-                self.read_id = sid(_text(last[0][0])) if last else (0, 0)
+        return self.mode
+
+    def start(self, client: Client) -> None:
+        """Once the caller listens (pub/sub mode) or is about to read: resolve
+        the start id (stream mode), or look for a gap since the last read;
+        mark the reader ready. After a reconnect (events may have been lost)
+        re-check every waiter; on the first connect, the futures registered
+        before the reader was ready get their first check."""
+        if self.mode == "stream":
+            if self.read_id is None:
+                if self._start_id == "$":
+                    last = client.xrevrange(self._context.keys.events, "+", "-", count=1)
+                    self.read_id = sid(_text(last[0][0])) if last else (0, 0)
+                else:
+                    self.read_id = sid(self._start_id)
+                self.first_id = self.read_id
             else:
-                self.read_id = sid(self._start_id)
-            self.first_id = self.read_id
-        else:
-            self._detect_gap(client)
+                self._detect_gap(client)
+        reconnect = self.ready.is_set()
         self.ready.set()
-        # after a reconnect events may have been lost; on the first connect,
-        # futures registered before the reader was ready get their first check
         if reconnect or (self.table is not None and not self.table.empty()):
             self._lost()
-        return pubsub
 
     def _detect_gap(self, client: Client, since: StreamId | None = None) -> None:
         """Warn and re-check every waiter when events after ``since`` (by
@@ -280,13 +300,23 @@ class EventReader:
             self._lost()
 
     def _read_stream(self, client: Client) -> None:
-        assert self.read_id is not None and self.table is not None
-        since = self.read_id
+        assert self.read_id is not None
         reply = _connection.xread(
-            client, self._context.keys.events, f"{since[0]}-{since[1]}", READ_COUNT,
+            client, self._context.keys.events, self.position(), READ_COUNT,
             int(self._block * 1000),
         )
-        entries = _connection.stream_entries(reply)
+        self.consume(_connection.stream_entries(reply), client)
+
+    def position(self) -> str:
+        """The id to read after (stream mode, once ready)."""
+        assert self.read_id is not None
+        return f"{self.read_id[0]}-{self.read_id[1]}"
+
+    def consume(self, entries: list[Any], client: Client) -> None:
+        """Handle the entries of a read after ``position()``; ``client``
+        serves the look for a trimmed gap."""
+        assert self.read_id is not None and self.table is not None
+        since = self.read_id
         listened = self._listeners.has_any()
         # the waiters answered by this read are queued on the gate, for the
         # waker thread to wake a batch at a time (see WakeGate)
@@ -320,10 +350,13 @@ class EventReader:
             self._detect_gap(client, since)
 
     def _read_pubsub(self, pubsub: Any) -> None:
-        assert self.table is not None
         message = pubsub.get_sharded_message(timeout=self._block)
-        if message is None:
-            return
+        if message is not None:
+            self.consume_message(message)
+
+    def consume_message(self, message: dict[str, Any]) -> None:
+        """Handle a message of the subscription to the events channel."""
+        assert self.table is not None
         kind = _text(message["type"])
         if kind == "ssubscribe":  # a silent reconnect resubscribed
             self._lost()

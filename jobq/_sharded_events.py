@@ -1,12 +1,13 @@
 """ShardedQueueEvents: the events of every shard of a sharded queue, to one
 set of listeners.
 
-Each shard's events are read by that shard's own ``QueueEvents`` (its
-stream, its resume-from-last-id, its waiters); this class forwards them all
-to one listener registry. Listeners of a per-job channel
-(``"completed:<id>"``) and waits go to the reader of the job's shard only.
-Events of different shards come in no guaranteed order relative to each
-other; each shard's come in order.
+One reader thread reads every shard (``_shard_reader``: one blocking read
+on a single server, one connection per node on a cluster), one dispatcher
+thread runs the listeners and one waker thread wakes waiting callers, as
+for a plain queue. Each shard has a part (a ``QueueEvents`` sharing those)
+that keeps the shard's position in its stream and its waiters: a wait goes
+to the part of the job's shard. Events of different shards come in no
+guaranteed order relative to each other; each shard's come in order.
 """
 
 from __future__ import annotations
@@ -14,20 +15,21 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from . import _fork
 from ._closing import ClosedOnExit
-from ._reader import ALL
+from ._context import QueueContext
+from ._reader import ALL, Dispatcher
+from ._shard_reader import ShardReader
 from ._shards import shard_names, shard_of, validate_count
-from .connection import close_client, resolve
+from ._threads import BackgroundLoop, join_all, start_thread
+from ._waiters import CLOSED, WakeGate
+from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
-from .events import Event
 from .keys import validate_name
-from .listeners import Listener, ListenerMethods, ListenerRegistry
-from .queue_events import QueueEvents
-
-if TYPE_CHECKING:
-    pass
+from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
+from .queue_events import RECHECK_INTERVAL, QueueEvents, Shared, logger
 
 __all__ = ["ShardedQueueEvents"]
 
@@ -43,7 +45,8 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         last_event_id: ``"$"`` (from now on) or ``"0"`` (everything retained),
             for every shard.
         blocking_timeout: as for QueueEvents.
-        autorun: start reading at once; else call ``run()``.
+        autorun: start reading on first use (a listener added, a wait);
+            else call ``run()``.
     """
 
     def __init__(
@@ -59,24 +62,42 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     ) -> None:
         if last_event_id not in ("$", "0"):
             raise ValueError("a sharded queue's readers start at '$' or '0'")
+        if isinstance(blocking_timeout, bool) or not isinstance(blocking_timeout, (int, float)):
+            raise ValueError(f"blocking_timeout must be seconds, not {blocking_timeout!r}")
         self._name = validate_name(queue_name)
         self._prefix = prefix
         self._count = validate_count(shards)
-        self._listeners = ListenerRegistry()
-        self._lock = threading.Lock()
-        self._closed = False
         self._client, self._owned = resolve(connection)
+        self._listeners = ListenerRegistry()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._dispatcher = Dispatcher(
+            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL
+        )
+        shared = Shared(self._listeners, self._stop, self._dispatcher, [], self.run, self.close)
+        self._threads = shared.threads
         self._readers = tuple(
-            QueueEvents(
-                shard, connection=self._client, prefix=prefix, last_event_id=last_event_id,
-                blocking_timeout=blocking_timeout, autorun=False,
+            QueueEvents._part_of(
+                QueueContext(shard, self._client, prefix, "QueueEvents"), last_event_id,
+                blocking_timeout, shared,
             )
             for shard in shard_names(self._name, self._count)
         )
-        for reader in self._readers:
-            reader.on_all_events(self._forward)
-        if autorun:
-            self.run()
+        self._share_gate()
+        block = max(0.01, min(float(blocking_timeout), BLOCK_CAP))
+        self._reader = ShardReader(
+            self._name, self._client, tuple(part._reader for part in self._readers), block,
+            self._stop, self._emit_error,
+        )
+        self._started = False
+        self._restart = bool(autorun)  # no I/O here: start on first use
+        _fork.track(self)
+
+    def _share_gate(self) -> None:
+        """One waker thread wakes the callers waiting on every shard."""
+        self._gate = WakeGate()
+        for part in self._readers:
+            part._table.gate = self._gate
 
     @property
     def name(self) -> str:
@@ -91,71 +112,135 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     @property
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
-        return self._closed
+        return self._stop.is_set()
 
     @property
     def readers(self) -> tuple[QueueEvents, ...]:
-        """Each shard's reader, in shard order."""
+        """Each shard's part, in shard order: its waits and position (its
+        listeners, threads and ``close`` are this object's)."""
         return self._readers
 
+    @property
+    def connections(self) -> int:
+        """How many connections read the shards' events now: one on a single
+        server in stream mode, else one per node (0 before the first read)."""
+        return self._reader.connections
+
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else ("running" if self._started else "idle")
         return f"<ShardedQueueEvents {self._name!r} shards={self._count} {state}>"
 
     def reader_for(self, job_id: str) -> QueueEvents:
-        """The reader of the shard of a job (``Job.wait_until_finished``
+        """The part of the shard of a job (``Job.wait_until_finished``
         given this object waits through it)."""
-        if self._closed:
+        if self.closed:
             raise ClosedError(f"QueueEvents {self._name!r} is closed")
         return self._readers[shard_of(job_id, self._count)]
 
     def run(self) -> ShardedQueueEvents:
-        """Start every shard's reader; return self."""
-        for reader in self._readers:
-            reader.run()
+        """Start reading (when ``autorun=False``); return self."""
+        with self._lock:
+            if self._stop.is_set():
+                raise ClosedError(f"QueueEvents {self._name!r} is closed")
+            if self._started:
+                return self
+            self._started = True
+            self._restart = False
+            self._threads[:] = [
+                start_thread(f"jobq-events-{self._name}", self._reader.loop),
+                start_thread(f"jobq-dispatch-{self._name}", self._dispatcher.loop),
+                start_thread(f"jobq-wake-{self._name}", self._wake_loop),
+            ]
         return self
 
     def wait_until_ready(self, timeout: float | None = None) -> bool:
-        """Wait until every shard's reader is ready (see QueueEvents)."""
+        """Wait until every shard's events emitted from now on will be delivered."""
+        if not self._started and not self._stop.is_set():
+            self.run()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for reader in self._readers:
+        for part in self._readers:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not reader.wait_until_ready(left):
+            if not part._reader.ready.wait(left):
                 return False
-        return True
+        return not self._stop.is_set()
 
-    def _forward(self, event: Event) -> None:
-        self._listeners.emit(event.name, event)
-        if event.job_id is not None:
-            self._listeners.emit(f"{event.name}:{event.job_id}", event)
-        self._listeners.emit(ALL, event)
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop reading, fail pending waits with ClosedError, join the threads."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+        for part in self._readers:
+            for waiter in part._table.close():
+                waiter.resolve(CLOSED)
+        self._gate.stop()
+        self._dispatcher.wake()
+        self._reader.wake()
+        join_all(self._threads, timeout)
+        for part in self._readers:
+            part._context.close()
+        if self._owned:
+            close_client(self._client)
+
+    def _after_fork(self) -> Any:
+        """In a forked child: forget what the parent's threads knew; start
+        again on first use (at once when listeners are registered)."""
+        self._lock = threading.Lock()
+        self._stop._at_fork_reinit()  # type: ignore[attr-defined]
+        self._listeners.after_fork()
+        self._dispatcher.after_fork()
+        self._reader.after_fork()
+        for part in self._readers:
+            part._reader.after_fork()
+            part._table.after_fork()
+        self._share_gate()
+        was_running = self._started and not self._stop.is_set()
+        self._started = False
+        self._threads.clear()
+        self._restart = was_running
+        if was_running and self._listeners.has_any():
+            return self.run
+        return None
+
+    # -- listeners ----------------------------------------------------------
+
+    def _listener_added(self, event: str) -> None:
+        self._resume()
+
+    def _resume(self) -> None:
+        if self._restart:
+            self.run()
 
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event of every shard."""
+        self._resume()
         return self._listeners.on(ALL, callback)
 
     def off_all_events(self, callback: Listener) -> bool:
         """Remove an ``on_all_events`` listener."""
         return self._listeners.off(ALL, callback)
 
+    def _emit_error(self, exc: BaseException) -> None:
+        for callback in self._listeners.take("error"):
+            call_safely(callback, "error", exc)
+
+    # -- waiting ------------------------------------------------------------
+
     def wait_for(self, job_id: str, timeout: float | None = None, run: str | None = None,
                  **kwargs: Any) -> Any:
-        """Wait for a job through its shard's reader (see QueueEvents)."""
+        """Wait for a job through its shard's part (see QueueEvents)."""
         return self.reader_for(job_id).wait_for(job_id, timeout, run, **kwargs)
 
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
-        """A Future of a job's outcome, through its shard's reader (see QueueEvents)."""
+        """A Future of a job's outcome, through its shard's part (see QueueEvents)."""
         return self.reader_for(job_id).future_for(job_id, run)
 
-    def close(self, timeout: float | None = 5.0) -> None:
-        """Close every shard's reader."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for reader in self._readers:
-            reader.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if self._owned:
-            close_client(self._client)
+    def _recheck_futures(self) -> None:
+        for part in self._readers:
+            part._recheck_futures()
 
+    def _wake_loop(self) -> None:
+        BackgroundLoop(
+            f"waker of {self._name!r}", lambda: self._gate.work(self._stop), stop=self._stop,
+            log=logger,
+        ).run()

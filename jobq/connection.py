@@ -324,14 +324,22 @@ def bounded_client(client: Client) -> Client:
 
 
 def stream_entries(reply: Any) -> list[Any]:
-    """The entries of an XREAD reply for one stream: a list of
+    """The entries of an XREAD reply for one stream (see ``streams_entries``)."""
+    streams = streams_entries(reply)
+    return streams[0][1] if streams else []
+
+
+def streams_entries(reply: Any) -> list[tuple[str, list[Any]]]:
+    """Each stream's key and entries in an XREAD reply: a list of
     ``[key, entries]`` pairs in RESP2, a map of key to entries in RESP3."""
     if not reply:
         return []
-    if isinstance(reply, dict):
-        value = next(iter(reply.values()))
+    resp3 = isinstance(reply, dict)
+    pairs = reply.items() if resp3 else ((item[0], item[1]) for item in reply)
+    streams = []
+    for key, value in pairs:
         # redis-py wraps RESP3's entries in one more list
-        if value and isinstance(value[0], list):
+        if resp3 and value and isinstance(value[0], list):
             value = value[0]
-        return list(value)
-    return list(reply[0][1])
+        streams.append((key.decode() if isinstance(key, bytes) else str(key), list(value)))
+    return streams

@@ -7,9 +7,11 @@ listeners and futures' callbacks); the tracking of waiting callers in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,21 @@ RECHECK_INTERVAL = 10.0
 _TRANSIENT = _connection.TRANSIENT_ERRORS
 #: Seconds before a check that failed on a transient error is tried again.
 RETRY_CHECK = 0.25
+
+
+@dataclasses.dataclass
+class Shared:
+    """What a QueueEvents reads and runs with. A plain one's own; the parts
+    of a ShardedQueueEvents (one per shard) share the whole's listeners,
+    stop event, dispatcher and threads, and their ``run`` and ``close``
+    are the whole's."""
+
+    listeners: ListenerRegistry
+    stop: threading.Event
+    dispatcher: Dispatcher
+    threads: list[threading.Thread]
+    run: Callable[[], object] | None
+    close: Callable[[float | None], None] | None
 
 
 class QueueEvents(ListenerMethods, ClosedOnExit):
@@ -75,13 +92,36 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             )
         if isinstance(blocking_timeout, bool) or not isinstance(blocking_timeout, (int, float)):
             raise ValueError(f"blocking_timeout must be seconds, not {blocking_timeout!r}")
-        self._context = QueueContext(queue_name, connection, prefix, "QueueEvents")
-        self._listeners = ListenerRegistry()
-        self._stop = threading.Event()
+        context = QueueContext(queue_name, connection, prefix, "QueueEvents")
+        listeners = ListenerRegistry()
+        stop = threading.Event()
+        dispatcher = Dispatcher(listeners, stop, self._recheck_futures, RECHECK_INTERVAL)
+        self._setup(context, last_event_id, blocking_timeout,
+                    Shared(listeners, stop, dispatcher, [], None, None))
+        # start on first use: autorun, or forked while running. No I/O here,
+        # so a QueueEvents made at import never touches the server then
+        self._restart = bool(autorun)
+        _fork.track(self)
+
+    @classmethod
+    def _part_of(cls, context: QueueContext, last_event_id: str, blocking_timeout: float,
+                 shared: Shared) -> QueueEvents:
+        """The reader of one shard of a ShardedQueueEvents: the whole's
+        listeners, threads and life cycle, its own position and waiters (the
+        whole's thread reads its events)."""
+        part = cls.__new__(cls)
+        part._setup(context, last_event_id, blocking_timeout, shared)
+        part._restart = False
+        return part
+
+    def _setup(self, context: QueueContext, last_event_id: str, blocking_timeout: float,
+               shared: Shared) -> None:
+        self._context = context
+        self._shared = shared
+        self._listeners = shared.listeners
+        self._stop = shared.stop
         self._lock = threading.Lock()
-        self._dispatcher = Dispatcher(
-            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL
-        )
+        self._dispatcher = shared.dispatcher
         block = max(0.01, min(float(blocking_timeout), BLOCK_CAP))
         self._reader = EventReader(
             self._context, last_event_id, block, self._stop, self._dispatcher,
@@ -89,12 +129,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         )
         self._table = WaiterTable(self._context, self._reader)
         self._reader.table = self._table
-        self._threads: list[threading.Thread] = []
+        self._threads = shared.threads  # filled in place: the parts of a whole share it
         self._started = False
-        # start on first use: autorun, or forked while running. No I/O here,
-        # so a QueueEvents made at import never touches the server then
-        self._restart = bool(autorun)
-        _fork.track(self)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -119,6 +155,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def run(self) -> QueueEvents:
         """Start the reader (when ``autorun=False``); return self."""
+        if self._shared.run is not None:
+            self._shared.run()
+            return self
         with self._lock:
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self.name!r} is closed")
@@ -126,7 +165,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 return self
             self._started = True
             self._restart = False
-            self._threads = [
+            self._threads[:] = [
                 start_thread(f"jobq-events-{self.name}", self._reader.loop),
                 start_thread(f"jobq-dispatch-{self.name}", self._dispatcher.loop),
                 start_thread(f"jobq-wake-{self.name}", self._wake_loop),
@@ -136,11 +175,14 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until every event emitted from now on will be delivered."""
         if not self._started and not self._stop.is_set():
-            self.run()
+            self.run()  # a shard's part: the whole's run, at each call
         return self._reader.ready.wait(timeout) and not self._stop.is_set()
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads."""
+        if self._shared.close is not None:
+            self._shared.close(timeout)
+            return
         with self._lock:
             if self._stop.is_set():
                 return
@@ -165,7 +207,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._table.after_fork()
         was_running = self._started and not self._stop.is_set()
         self._started = False
-        self._threads = []
+        self._threads.clear()
         self._restart = was_running
         if was_running and self._listeners.has_any():
             return self.run

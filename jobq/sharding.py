@@ -252,6 +252,8 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     def events(self) -> ShardedQueueEvents:
         """Events of every shard, started on first use, shared by all threads."""
         self._context.ensure_ready()
+        for shard in self._shards:  # each shard's settings (its event mode) are stored
+            shard._context.ensure_ready()
         with self._pool_lock:
             if self._events is None or self._events.closed:
                 from ._sharded_events import ShardedQueueEvents

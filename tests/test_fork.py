@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Event, Job, Queue, Worker
+from jobq import Event, Job, Queue, ShardedQueue, Worker
 
 WAIT = 10.0
 
@@ -144,6 +144,34 @@ def test_child_of_an_unstarted_queue_starts_its_reader_on_first_use(
             return queue.add("x", 7).wait_until_finished(timeout=5)
 
         assert in_child(child) == 7
+
+
+def test_child_of_a_preloaded_sharded_queue_waits_and_listens(
+    queue_name: str, redis_url: str
+) -> None:
+    completed: list[Event] = []
+    with (
+        ShardedQueue(queue_name, shards=4, connection=redis_url) as queue,
+        Worker(queue_name, echo, connection=redis_url, concurrency=4, shards=4),
+    ):
+        assert queue.events.wait_until_ready(WAIT)
+        queue.events.on("completed", completed.append)
+        assert queue.add("x", "parent").wait_until_finished(timeout=WAIT) == "parent"
+
+        def child() -> Any:
+            assert queue.events.wait_until_ready(5)
+            # each wait is shorter than the re-check: the reader answers it
+            results = [queue.add("x", f"child-{i}").wait_until_finished(timeout=5)
+                       for i in range(8)]
+            threads = [t.name for t in threading.enumerate() if t.name.startswith("jobq-")]
+            return {"results": results, "threads": threads,
+                    "heard": sorted({e.result for e in completed if e.result != "parent"})}
+
+        answer = in_child(child)
+        assert answer["results"] == [f"child-{i}" for i in range(8)]
+        assert answer["threads"].count(f"jobq-events-{queue_name}") == 1
+        assert "child-0" in answer["heard"]
+        assert queue.add("x", "after").wait_until_finished(timeout=WAIT) == "after"
 
 
 # -- multiprocessing with the fork start method ---------------------------------

@@ -295,6 +295,73 @@ def test_events_and_waits_over_every_shard(sharded: ShardedQueue, redis_url: str
     assert sharded.get_job("order-9").wait_until_finished(timeout=WAIT) == 99  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
+def test_one_thread_and_connection_read_every_shard(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
+) -> None:
+    """One reader thread for all the shards, one connection of its own (one
+    server here, or one node), whatever the shard count and event mode."""
+    with ShardedQueue(queue_name, shards=8, connection=redis_url, event_mode=mode) as queue:
+        events = queue.events
+        before = {t.name for t in threading.enumerate()}
+        assert events.wait_until_ready(WAIT)
+        started = sorted(t.name for t in threading.enumerate() if t.name not in before)
+        assert started == [f"jobq-{role}-{queue_name}" for role in ("dispatch", "events", "wake")]
+        assert events.connections == 1
+        named = [c for c in redis_client.client_list() if c["name"] == f"jobq-events-{queue_name}"]
+        assert len(named) == 1
+        seen: list[str] = []
+        got = threading.Condition()
+
+        def on_completed(event: Any) -> None:
+            with got:
+                seen.append(event.job_id)
+                got.notify_all()
+
+        events.on("completed", on_completed)
+        jobs = [queue.add("x", i, job_id=f"order-{i}") for i in range(8)]
+        jobs += queue.add_bulk([{"name": "x", "data": 10 + i} for i in range(16)])
+        with Worker(queue_name, lambda job: job.data, connection=redis_url, concurrency=4):
+            assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [
+                *range(8), *range(10, 26)
+            ]
+            with got:
+                assert got.wait_for(lambda: len(seen) == len(jobs), WAIT)
+        assert sorted(seen) == sorted(j.id for j in jobs)
+        assert {shard_of(j.id, 8) for j in jobs} == set(range(8))
+        queue.obliterate(force=True)
+
+
+def test_a_reader_of_every_shard_resumes_after_its_connection_is_killed(
+    sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    events = sharded.events
+    assert events.wait_until_ready(WAIT)
+    errors: list[BaseException] = []
+    events.on("error", errors.append)
+    seen: set[str] = set()
+    got = threading.Condition()
+
+    def on_completed(event: Any) -> None:
+        with got:
+            seen.add(event.job_id)
+            got.notify_all()
+
+    events.on("completed", on_completed)
+    killed = 0
+    for client in redis_client.client_list():
+        if client["name"] == f"jobq-events-{sharded.name}":
+            redis_client.client_kill_filter(_id=client["id"])
+            killed += 1
+    assert killed == 1
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
+    with Worker(sharded.name, lambda job: job.data, connection=redis_url, concurrency=4):
+        with got:  # every shard's events still come, on a new connection
+            assert got.wait_for(lambda: seen == {j.id for j in jobs}, WAIT)
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(12))
+    assert errors  # the lost connection was reported
+
+
 def test_a_running_job_is_cancelled_at_once(sharded: ShardedQueue, redis_url: str) -> None:
     started = threading.Event()
     stopped = threading.Event()

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,24 @@ def sharded(cluster: LocalCluster, queue_name: str) -> Iterator[ShardedQueue]:
     with ShardedQueue(queue_name, shards=SHARDS, connection=cluster.url) as q:
         q.count()  # the count is stored: workers started now find it
         yield q
+
+
+class Seen:
+    """The job ids of the events a listener was given; a test waits for some."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self._cond = threading.Condition()
+
+    def add(self, event: Any) -> None:
+        with self._cond:
+            self.ids.add(event.job_id)
+            self._cond.notify_all()
+
+    def wait_for(self, ids: set[str], timeout: float) -> bool:
+        """Whether every id of ``ids`` was seen within ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: ids <= self.ids, timeout)
 
 
 def masters_of(cluster: LocalCluster, queue: ShardedQueue) -> list[int]:
@@ -76,6 +95,28 @@ def test_shards_spread_over_the_masters_one_connection_per_node(
                 named = [c for c in client.client_list() if c["name"] == "jobq-fetch-w-nodes"]
             assert len(named) == 1, master
     assert [c["completed"] for c in sharded.shard_counts("completed")] == [20] * SHARDS
+
+
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
+def test_events_are_read_on_one_connection_per_node(
+    cluster: LocalCluster, queue_name: str, mode: str
+) -> None:
+    with ShardedQueue(queue_name, shards=SHARDS, connection=cluster.url, event_mode=mode) as queue:
+        events = queue.events
+        seen = Seen()
+        events.on("completed", seen.add)
+        assert events.wait_until_ready(WAIT)
+        assert events.connections == 3
+        for master in cluster.masters():
+            with master.client() as client:
+                names = [c["name"] for c in client.client_list()]
+            assert names.count(f"jobq-events-{queue_name}") == 1, master
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(60)])
+        with Worker(queue_name, lambda job: job.data, connection=cluster.url, concurrency=4):
+            assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(60))
+            assert seen.wait_for({j.id for j in jobs}, WAIT)
+        assert {shard_of(j.id, SHARDS) for j in jobs} == set(range(SHARDS))
+        queue.obliterate(force=True)
 
 
 def test_idempotent_ids_stay_idempotent(cluster: LocalCluster, sharded: ShardedQueue) -> None:
@@ -160,6 +201,9 @@ def test_a_load_through_a_slot_migration_and_a_failover_loses_and_doubles_no_job
         queue.count()
         with cluster.client() as client:
             slots = [int(client.keyslot(s._context.keys.base)) for s in queue.shards]
+        seen = Seen()
+        queue.events.on("completed", seen.add)
+        assert queue.events.wait_until_ready(WAIT)
         producer = Producer(queue, time.monotonic() + 4 * WAIT)
         options = {"concurrency": 4, "lock_duration": 5, "stalled_interval": 1}
         with Worker(queue_name, lambda job: job.data * 2, connection=cluster.url, **options), \
@@ -193,6 +237,9 @@ def test_a_load_through_a_slot_migration_and_a_failover_loses_and_doubles_no_job
         done = completions(cluster, queue)
         assert set(done) == {f"m-{i}" for i in range(total)}
         assert max(done.values()) == 1, "a job was finished twice"
+        # the events reader followed the moved slot and the new master: every
+        # completion in the streams reached the listener
+        assert seen.wait_for(set(done), WAIT), sorted(set(done) - seen.ids)[:10]
 
 
 def test_a_wrong_count_from_a_worker_is_an_error(

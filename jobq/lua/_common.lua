@@ -91,6 +91,12 @@ end
 -- events written after the record is gone.
 local _runs = {}
 
+-- The wake-up a shard publishes on its events channel after writing to its
+-- stream, once per call: a pub/sub reader's checkpoint message that no
+-- waiter waits for (netstrings of ev, the checkpoint name, jid, "wake").
+local WAKE_READERS = '2:ev19:__jobq_checkpoint__3:jid4:wake'
+local _told = false
+
 -- Events that end a run of a job: they carry the run's token, so that a
 -- waiter never takes the outcome of an earlier or later run of the same id.
 local RUN_ENDS = { completed = true, failed = true, removed = true }
@@ -130,6 +136,12 @@ local function emit(name, jid, fields, then_name, own_record)
     end
     id = redis.call('XADD', K_EVENTS, 'MAXLEN', '~', m[2], '*', 'ev', name, 'jid', jid or '',
       unpack(fields))
+    if m[5] and not _told then
+      -- a shard: wake the readers of the sharded queue, which listen to
+      -- every shard of a node on one connection (jobq/_shard_reader.py)
+      redis.call('SPUBLISH', K_EVENTS, WAKE_READERS)
+      _told = true
+    end
   end
   if name == 'added' and not own_record then redis.call('HSET', job_key(jid), 'run', id) end
   return id
@@ -339,13 +351,13 @@ local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
 -- On a cluster the queues of one flow share a slot (FlowProducer checks).
 local function in_queue(target, fn, ...)
   if target == base then return fn(...) end
-  local keys, runs, marked, settings = KEYS, _runs, _marked, _meta
+  local keys, runs, marked, settings, told = KEYS, _runs, _marked, _meta, _told
   KEYS = { target, target .. 'slot-guard' }
   _per_call()
   local r = fn(...)
   KEYS = keys
   _per_call()
-  _runs, _marked, _meta = runs, marked, settings
+  _runs, _marked, _meta, _told = runs, marked, settings, told
   return r
 end
 

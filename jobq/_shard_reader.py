@@ -1,0 +1,254 @@
+"""The reader thread of a ShardedQueueEvents: every shard's events on one
+thread, with one connection per node.
+
+On one server in stream mode, one blocking XREAD reads every shard's stream.
+A cluster refuses a blocking read over keys of several slots (CROSSSLOT,
+even on one node), and in pub/sub mode the events are messages: there the
+reader subscribes (SSUBSCRIBE, one per slot) to each shard's events channel,
+on one connection per node. In pub/sub mode the messages are the events. In
+stream mode a shard's scripts publish one wake-up on that channel after they
+write to its stream (once per call, ``emit`` in _common.lua); the reader
+then reads the streams of the shards that signalled, non-blocking, in one
+pipelined round trip per node. It subscribes before it first reads, so no
+wake-up is lost between a read and the wait that follows it.
+
+Each shard's ``EventReader`` keeps that shard's position, waiters and gap
+checks; this module only moves entries and messages to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from . import connection as _connection
+from ._reader import READ_COUNT, EventReader
+from ._threads import BackgroundLoop
+from .connection import BLOCK_CAP, Client, blocking_client, close_subscription
+
+logger = logging.getLogger("jobq.queue_events")
+
+#: Longest wait for the confirmations of a node's subscriptions.
+SUBSCRIBE_TIMEOUT = 10.0
+
+
+class _Node:
+    """One node: a connection of its own subscribed to the events channels
+    of the shards it serves, and the shared client of the node for the
+    (non-blocking) reads of their streams."""
+
+    def __init__(self, own: Client, reads: Client, channels: dict[bytes, int]) -> None:
+        self.client = own
+        self.pubsub = own.pubsub()
+        self.reads = reads
+        self.channels = channels  # channel -> shard
+
+    def subscribe(self, stopping: Callable[[], bool]) -> None:
+        for channel in self.channels:  # one slot per SSUBSCRIBE
+            self.pubsub.ssubscribe(channel)
+        confirmed = 0
+        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+        while confirmed < len(self.channels):
+            message = self.pubsub.get_sharded_message(timeout=BLOCK_CAP)
+            if message is not None and _text(message["type"]) == "ssubscribe":
+                confirmed += 1
+            elif stopping() or time.monotonic() > deadline:
+                raise ConnectionError("no subscribe confirmation on the shards' channels")
+
+    def socket(self) -> Any:
+        return getattr(self.pubsub.connection, "_sock", None)
+
+    def close(self) -> None:
+        close_subscription(self.client, self.pubsub)
+
+
+class ShardReader:
+    """Reads every shard's events for their ``EventReader``s, on one thread."""
+
+    def __init__(
+        self,
+        name: str,
+        client: Client,
+        readers: tuple[EventReader, ...],
+        block: float,
+        stop: threading.Event,
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        self._name = name
+        self._client = client
+        self._readers = readers
+        self._by_key = {reader.key: reader for reader in readers}
+        self._block = block
+        self._stop = stop
+        self._failed = failed
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """Forget every connection (in a forked child they are the parent's)."""
+        self._multi: Client | None = None  # one server, stream mode: one blocking XREAD
+        self._blocked: _connection.Blocked | None = None
+        self._nodes: list[_Node] = []
+        self._signalled: set[int] = set()
+
+    @property
+    def connections(self) -> int:
+        """How many connections of its own the reader holds: one per node
+        (one on a single server)."""
+        return 1 if self._multi is not None else len(self._nodes)
+
+    def wake(self) -> None:
+        """Cut the current wait short, so that close is prompt."""
+        if self._multi is not None:
+            _connection.unblock(self._client, self._blocked)
+        for node in list(self._nodes):
+            self._readers[next(iter(node.channels.values()))].publish_wake()
+
+    # -- the loop -------------------------------------------------------------
+
+    def loop(self) -> None:
+        """The reader thread's body, until the stop event is set."""
+        BackgroundLoop(
+            f"events reader of {self._name!r}", self._step, on_error=self._reconnect,
+            on_exit=self._disconnect, stop=self._stop, log=logger,
+        ).run()
+
+    def _step(self) -> float:
+        if self._multi is None and not self._nodes:
+            self._connect()
+        if self._multi is not None:
+            self._read_all(self._multi)
+        else:
+            self._listen()
+        return 0.0
+
+    def _reconnect(self, exc: Exception) -> None:
+        """A failed read: report it; the next step connects again (on a
+        cluster, after learning where the slots now live)."""
+        self._failed(exc)
+        self._disconnect()
+        if isinstance(self._client, RedisCluster):
+            try:
+                self._client.nodes_manager.initialize()
+            except Exception as refresh:
+                logger.debug("could not refresh the cluster's slot map: %s", refresh)
+
+    def _disconnect(self) -> None:
+        if self._multi is not None:
+            _connection.close_subscription(self._multi, None)
+        for node in self._nodes:
+            node.close()
+        self.after_fork()
+
+    def _connect(self) -> None:
+        client = self._client
+        modes = {reader.settings(client) for reader in self._readers}
+        if modes == {"stream"} and not isinstance(client, RedisCluster):
+            multi = blocking_client(client, f"jobq-events-{self._name}")
+            self._blocked = _connection.client_id(multi, self._readers[0].key)
+            for reader in self._readers:
+                reader.start(multi)
+            self._multi = multi
+            return
+        groups: dict[str, dict[bytes, int]] = {}
+        clients: dict[str, Client] = {}
+        for shard, reader in enumerate(self._readers):
+            name, node_client = "", client
+            if isinstance(client, RedisCluster):
+                node = client.get_node_from_key(reader.key)  # type: ignore[no-untyped-call]
+                name, node_client = node.name, node.redis_connection
+            groups.setdefault(name, {})[reader.key.encode()] = shard
+            clients[name] = node_client
+        for name, channels in groups.items():
+            own = blocking_client(clients[name], f"jobq-events-{self._name}")
+            node = _Node(own, clients[name], channels)
+            self._nodes.append(node)
+            node.subscribe(self._stop.is_set)
+        # listening now: whatever was written before is read from the streams
+        for reader in self._readers:
+            reader.start(client)
+        if modes == {"stream"}:
+            self._signalled = set(range(len(self._readers)))
+
+    # -- reading --------------------------------------------------------------
+
+    def _read_all(self, client: Client) -> None:
+        """One server, stream mode: one blocking XREAD over every stream."""
+        streams = {reader.key: reader.position() for reader in self._readers}
+        reply = client.xread(streams, count=READ_COUNT, block=int(self._block * 1000))
+        for key, entries in _connection.streams_entries(reply):
+            self._by_key[key].consume(entries, client)
+
+    def _listen(self) -> None:
+        """Read the streams of the shards that signalled (stream mode), then
+        wait for messages (at once if a read left entries unread)."""
+        if self._signalled:
+            self._read_signalled()
+        wait = 0.0 if self._signalled else self._block
+        if self._drain() or wait <= 0 or self._stop.is_set():
+            return
+        if len(self._nodes) == 1:
+            node = self._nodes[0]
+            message = node.pubsub.get_sharded_message(timeout=wait)
+            if message is not None:
+                self._handle(node, message)
+            return
+        sockets = [s for s in (node.socket() for node in self._nodes) if s is not None]
+        if sockets:
+            select.select(sockets, [], [], wait)
+            self._drain()
+
+    def _read_signalled(self) -> None:
+        """Read each signalled shard's stream, in one pipelined round trip per
+        node; a shard whose read was full stays signalled."""
+        for node in self._nodes:
+            shards = [s for s in node.channels.values() if s in self._signalled]
+            if not shards:
+                continue
+            pipe = node.reads.pipeline(transaction=False)
+            for shard in shards:
+                reader = self._readers[shard]
+                pipe.xread({reader.key: reader.position()}, count=READ_COUNT)
+            for shard, reply in zip(shards, pipe.execute(), strict=True):
+                entries = _connection.stream_entries(reply)
+                self._readers[shard].consume(entries, node.reads)
+                if len(entries) < READ_COUNT:
+                    self._signalled.discard(shard)
+
+    def _drain(self) -> bool:
+        got = False
+        for node in self._nodes:
+            while True:
+                message = node.pubsub.get_sharded_message(timeout=0)
+                if message is None:
+                    break
+                got = True
+                self._handle(node, message)
+        return got
+
+    def _handle(self, node: _Node, message: dict[str, Any]) -> None:
+        kind = _text(message["type"])
+        if kind in ("ssubscribe", "sunsubscribe"):
+            # a silent reconnect resubscribed (events may be lost), or the
+            # slot moved: connect again, and look for gaps
+            raise ConnectionError(f"the subscription to a shard's events changed ({kind})")
+        if kind != "smessage":
+            return
+        channel = message["channel"]
+        shard = node.channels.get(channel if isinstance(channel, bytes) else str(channel).encode())
+        if shard is None:
+            return
+        reader = self._readers[shard]
+        if reader.mode == "pubsub":
+            reader.consume_message(message)
+        else:
+            self._signalled.add(shard)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
