@@ -43,6 +43,11 @@ class QueueContext:
         #: the scripts' typed front end, over ``run``
         self.calls = QueueScripts(self.run)
         self._events: QueueEvents | None = None
+        #: the name users know the queue by: a shard's is its sharded queue's
+        self.queue_name = self.name
+        #: where ``shared_events`` comes from instead (a shard's: its part of
+        #: the sharded queue's events)
+        self.events_source: Callable[[], QueueEvents] | None = None
         self._bounded: Any = None
         self._lock = threading.Lock()
         self._setup: Callable[[], None] | None = None
@@ -159,6 +164,8 @@ class QueueContext:
 
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""
+        if self.events_source is not None:
+            return self.events_source()
         with self._lock:
             if self.closed:
                 raise ClosedError(f"{self.kind} {self.name!r} is closed")

@@ -146,12 +146,12 @@ class Job(JobFlow):
         self._run = _s(get(b"run")) or self._run
 
     def __repr__(self) -> str:
-        return f"<Job {self.id!r} name={self.name!r} queue={self._context.name!r}>"
+        return f"<Job {self.id!r} name={self.name!r} queue={self.queue_name!r}>"
 
     @property
     def queue_name(self) -> str:
-        """The name of the job's queue."""
-        return self._context.name
+        """The name of the job's queue (of a sharded queue: its name, not the shard's)."""
+        return self._context.queue_name
 
     @property
     def cancelled(self) -> threading.Event:

@@ -11,6 +11,7 @@ connection per node (``jobq._shard_worker``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import threading
@@ -45,8 +46,8 @@ from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
-
     from ._sharded_events import ShardedQueueEvents
+    from .queue_events import QueueEvents
 
 __all__ = ["ShardCountError", "ShardedQueue", "open_queue"]
 
@@ -112,8 +113,12 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             )
             for shard in shard_names(name, self._count)
         )
-        for shard_queue in self._shards:
+        for index, shard_queue in enumerate(self._shards):
             shard_queue._recorded = True  # the logical name is listed, not its shards
+            shard_context = shard_queue._context
+            shard_context.queue_name = name  # a job's queue is the sharded queue
+            # a job's wait goes through this queue's events, not a reader of its shard
+            shard_context.events_source = functools.partial(self._shard_events, index)
         self._defaults = dict(default_job_options or {})
         self._tasks: dict[str, Task[Any]] = {}
         self._turn = itertools.count(random.randrange(self._count))
@@ -247,6 +252,9 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             self._recorded = True
 
     # -- events and closing -------------------------------------------------
+
+    def _shard_events(self, index: int) -> QueueEvents:
+        return self.events.readers[index]
 
     @property
     def events(self) -> ShardedQueueEvents:

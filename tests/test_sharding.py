@@ -321,7 +321,10 @@ def test_one_thread_and_connection_read_every_shard(
         events.on("completed", on_completed)
         jobs = [queue.add("x", i, job_id=f"order-{i}") for i in range(8)]
         jobs += queue.add_bulk([{"name": "x", "data": 10 + i} for i in range(16)])
-        with Worker(queue_name, lambda job: job.data, connection=redis_url, concurrency=4):
+        def handler(job: Job) -> Any:  # a worker's job names the sharded queue too
+            return job.data if job.queue_name == queue_name else job.queue_name
+
+        with Worker(queue_name, handler, connection=redis_url, concurrency=4):
             assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [
                 *range(8), *range(10, 26)
             ]
@@ -329,6 +332,11 @@ def test_one_thread_and_connection_read_every_shard(
                 assert got.wait_for(lambda: len(seen) == len(jobs), WAIT)
         assert sorted(seen) == sorted(j.id for j in jobs)
         assert {shard_of(j.id, 8) for j in jobs} == set(range(8))
+        # the waits went through it too: no reader of a shard was started
+        now = sorted(t.name for t in threading.enumerate() if t.name not in before)
+        assert [n for n in now if not n.startswith("jobq-add-")] == started  # add_bulk's pool
+        assert {j.queue_name for j in jobs} == {queue_name}
+        assert queue.get_job("order-1").queue_name == queue_name  # type: ignore[union-attr]
         queue.obliterate(force=True)
 
 
