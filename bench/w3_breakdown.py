@@ -43,10 +43,10 @@ def main() -> None:
     seen: dict[str, float] = {}
     original = reader.EventReader._handle
 
-    def handle(self: Any, event: Any) -> None:  # stamp the reader's receipt
+    def handle(self: Any, event: Any, *args: Any) -> None:  # stamp the reader's receipt
         if event.name == "completed":
             seen[event.job_id] = time.time()
-        original(self, event)
+        original(self, event, *args)
 
     reader.EventReader._handle = handle  # type: ignore[method-assign]
     with RedisServer(binary) as server:
