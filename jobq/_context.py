@@ -186,6 +186,7 @@ class QueueContext:
             events, self._events = self._events, None
         if events is not None:
             events.close()
+        self.scripts.close()
         if self._bounded is not None and self._bounded is not self.client:
             _connection.close_client(self._bounded)
         if self._owned:

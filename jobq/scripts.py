@@ -27,6 +27,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from ._coalesce import Coalescer
 from .connection import Client, take_connection
 
 _SCRIPT_NAMES = (
@@ -164,6 +165,20 @@ class Scripts:
     def __init__(self, client: Client) -> None:
         _library()  # a broken script fails here, not on first use
         self._client = client
+        self._coalescer: Coalescer | None = None
+        self._coalescer_lock = threading.Lock()
+
+    def _coalesced(self, pool: Any) -> Coalescer:
+        if self._coalescer is None:
+            with self._coalescer_lock:
+                if self._coalescer is None:
+                    self._coalescer = Coalescer(pool)
+        return self._coalescer
+
+    def close(self) -> None:
+        """Give back the connection that carries concurrent calls."""
+        if self._coalescer is not None:
+            self._coalescer.close()
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
         """Run script ``name`` with KEYS = [base, guard] and ARGV = args.
@@ -177,11 +192,14 @@ class Scripts:
 
         ``client`` (a client or a pipeline) overrides the default one.
 
-        On a plain client the call goes straight to a connection of its pool,
-        without the client's per-command layers (a sixth of a call's CPU
-        time here). Only scripts that may run twice to the same effect
-        (``RESENDABLE``) are resent under the connection's retry policy: a
-        reply lost after the server ran an ``add`` must not make two jobs.
+        On a plain client the call goes straight to a connection, without
+        the client's per-command layers (a sixth of a call's CPU time here):
+        the default client's calls share one connection, on which the calls
+        of concurrent threads go out in one write (``_coalesce``); a
+        ``client`` given goes through its pool. Only scripts that may run
+        twice to the same effect (``RESENDABLE``) are resent (through the
+        pool, under the connection's retry policy): a reply lost after the
+        server ran an ``add`` must not make two jobs.
         """
         target = client or self._client
         if isinstance(target, RedisCluster) and name not in RESENDABLE:
@@ -211,6 +229,17 @@ class Scripts:
             and target.connection is None
         ):
             pool = target.connection_pool
+            if client is None:
+                command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
+                try:
+                    return self._coalesced(pool).call(_pack(command))
+                except ResponseError as exc:
+                    if _MISSING not in str(exc):
+                        raise
+                    _load(target)  # a restarted or new server; then as below
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    if name not in RESENDABLE:
+                        raise
             connection: Any = take_connection(pool)
             try:
                 if name not in RESENDABLE:
