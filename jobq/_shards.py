@@ -40,8 +40,8 @@ class ShardCountError(JobqError, ValueError):
     """A queue was opened with a shard count other than the one stored with it.
 
     The count is fixed for the life of the queue's name (until
-    ``obliterate``). To change it, see "Changing the shard count" in the
-    README: a new queue name with the new count, producers moved to it, the
+    ``obliterate``). To change it, see "Changing the shard count" in
+    docs/guide/scaling.md: a new queue name with the new count, producers moved to it, the
     old queue drained by its workers, then obliterated.
     """
 

@@ -4,8 +4,7 @@
 A tree of jobs, in any queues of one prefix, is written by one script call
 (addFlow.lua): parents first, so no child runs before its parent exists. A
 parent waits in state ``waiting-children`` until its last child completes;
-the child's completion moves it on in the same script call. See the README
-section "Flows" and SPEC.md.
+the child's completion moves it on in the same script call. See docs/guide/flows.md.
 """
 
 from __future__ import annotations

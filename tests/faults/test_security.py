@@ -1,6 +1,6 @@
-"""Least-privilege ACL users (the README's exact lines) and TLS (T1).
+"""Least-privilege ACL users (the guide's exact lines) and TLS (T1).
 
-The ACL lines are read from README.md's "Security" section and run on a
+The ACL lines are read from docs/guide/security.md and run on a
 server of the test's own, so the documentation is what is tested.
 """
 
@@ -29,8 +29,8 @@ pytestmark = pytest.mark.fault
 
 
 def _acl_lines() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Security"):]
+    text = (ROOT / "docs" / "guide" / "security.md").read_text()
+    section = text
     lines = re.findall(r"^\s*(ACL SETUSER (\S+) .*)$", section, re.M)
     return {user: line.strip() for line, user in lines}
 
