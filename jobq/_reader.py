@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from . import connection as _connection
 from . import events as _events
 from . import serializer
@@ -145,6 +147,10 @@ class EventReader:
     def after_fork(self) -> None:
         """Start afresh, as a new reader with the same start id would."""
         self.ready = threading.Event()
+        # set by the first attempt to connect, whatever its end; while the
+        # reader has never been ready, ``unreachable`` is that end's error
+        self.tried = threading.Event()
+        self.unreachable: Exception | None = None
         self.mode = "stream"
         self.read_id: StreamId | None = None
         self.first_id: StreamId | None = None  # where reading began
@@ -206,8 +212,12 @@ class EventReader:
             client = self._client = blocking_client(
                 self._context.client, f"jobq-events-{self.name}"
             )
-            self._blocked = _connection.client_id(client, self._context.keys.events)
-            self._pubsub = self._connect(client)
+            try:
+                self._blocked = _connection.client_id(client, self._context.keys.events)
+                self._pubsub = self._connect(client)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    OSError) as exc:
+                raise self.connect_failed(exc) from exc
         if self._pubsub is not None:
             self._read_pubsub(self._pubsub)
         else:
@@ -238,6 +248,15 @@ class EventReader:
                     raise ConnectionError("no subscribe confirmation")
         self.start(client)
         return pubsub
+
+    def connect_failed(self, exc: BaseException) -> Exception:
+        """A connection attempt failed: the error, naming the server (with
+        its password hidden), which waits of a reader never ready raise."""
+        error = _connection.unreachable(exc, self._context.client)
+        if not self.ready.is_set():
+            self.unreachable = error
+        self.tried.set()
+        return error
 
     def settings(self, client: Client) -> str:
         """Read the queue's event mode (returned) and stream length."""
@@ -271,6 +290,8 @@ class EventReader:
                 self._detect_gap(client)
         reconnect = self.ready.is_set()
         self.ready.set()
+        self.unreachable = None
+        self.tried.set()
         if reconnect or (self.table is not None and not self.table.empty()):
             self._lost()
 

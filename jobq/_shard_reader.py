@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 
 from . import connection as _connection
@@ -120,7 +121,12 @@ class ShardReader:
 
     def _step(self) -> float:
         if self._multi is None and not self._nodes:
-            self._connect()
+            try:
+                self._connect()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    OSError) as exc:
+                errors = [reader.connect_failed(exc) for reader in self._readers]
+                raise errors[0] from exc
         if self._multi is not None:
             self._read_all(self._multi)
         else:

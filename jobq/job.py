@@ -337,6 +337,9 @@ class Job(JobFlow):
             WaitUntilFinishedTimeoutError: ``timeout`` elapsed first.
             ClosedError: the QueueEvents was closed during the wait.
             ValueError: ``queue_events`` follows another queue (or prefix).
+            redis.exceptions.ConnectionError: the QueueEvents has never
+                reached the server (its last attempt failed); the message
+                names the server, password hidden.
         """
         events = self._events(queue_events)
         fresh, self._fresh = self._fresh, False

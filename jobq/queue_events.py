@@ -253,6 +253,12 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         that event, every later event of the run reaches the reader, so the
         record need not be read first, unless the token may be stale
         (``fresh`` False: the run may have been retried since).
+
+        A reader that has never reached the server (its first attempt, or
+        the retries since, failed) makes the wait raise that
+        ``redis.exceptions.ConnectionError``, naming the server, rather
+        than time out; once the reader was ready, a lost connection only
+        delays the wait (the reader reconnects and re-checks).
         """
         if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
             raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
@@ -263,6 +269,12 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
         if self._stop.is_set():
             raise ClosedError(f"QueueEvents {self.name!r} is closed")
+        if not self.wait_until_ready(0):
+            # the first use: an unreachable server is an error, as for a Queue
+            self._reader.tried.wait(remaining())
+            error = self._reader.unreachable
+            if error is not None and not self._reader.ready.is_set():
+                raise type(error)(*error.args)
         if not self.wait_until_ready(remaining()):
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")

@@ -72,7 +72,11 @@ def register(
 
 def _default(value: Any) -> Any:
     """msgpack's hook for a value it cannot pack."""
-    if isinstance(value, _dt.datetime):  # an aware one is packed before this hook
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            # a subclass (freezegun's FakeDatetime, pendulum's DateTime):
+            # msgpack packs only datetime itself before this hook
+            return msgpack.Timestamp.from_datetime(value)
         raise SerializationError(
             f"naive datetime {value.isoformat()} is refused: without a timezone it "
             "means different instants on different hosts; pass an aware one "

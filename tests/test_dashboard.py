@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 import redis
+import werkzeug.test as werkzeug_test
 
 from jobq import FlowProducer, Queue, Worker
 from jobq.dashboard import create_app
 from jobq.dashboard._app import Dashboard
 from jobq.dashboard._data import PAGE_SIZE
 from tests.polling import until
-
-werkzeug_test = pytest.importorskip("werkzeug.test")
 
 WAIT = 20.0
 XSS = "<script>alert(1)</script>"
@@ -450,7 +449,7 @@ def test_redis_unreachable_is_a_503_page() -> None:
 
 
 def test_mounted_in_flask(queue: Queue, redis_url: str) -> None:
-    flask = pytest.importorskip("flask")
+    import flask
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
     site = flask.Flask(__name__)

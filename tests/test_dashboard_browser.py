@@ -21,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium import webdriver
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
+from selenium.webdriver.common.by import By
 
 from jobq import Queue, Worker
 from jobq.dashboard import create_app
@@ -28,15 +35,6 @@ from jobq.dashboard._command import serve
 from tests.polling import until
 
 pytestmark = pytest.mark.browser
-
-webdriver = pytest.importorskip("selenium.webdriver")
-
-from selenium.common.exceptions import (  # noqa: E402 (after the importorskip)
-    NoAlertPresentException,
-    StaleElementReferenceException,
-    WebDriverException,
-)
-from selenium.webdriver.common.by import By  # noqa: E402
 
 WAIT = 20.0
 XSS = "<script>alert(1)</script>"
@@ -84,8 +82,11 @@ def base_url(redis_url: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("no chromium and chromedriver on PATH (apt-get install chromium "
-                    "chromium-driver)")
+        missing = ("no chromium and chromedriver on PATH (apt-get install chromium "
+                   "chromium-driver)")
+        if os.environ.get("JOBQ_TEST_REQUIRE_BROWSER"):  # CI installs them: never skip there
+            pytest.fail(missing)
+        pytest.skip(missing)
     os.environ.setdefault("SE_AVOID_STATS", "true")
     profile = tempfile.mkdtemp(prefix="jobq-chromium-")
     options = webdriver.ChromeOptions()

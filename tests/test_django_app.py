@@ -6,6 +6,7 @@ gunicorn with a ``manage.py jobq_worker`` process."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -13,12 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 
 from jobq import Queue
 from tests.test_forking_servers import _get, gunicorn_with_worker
-
-django = pytest.importorskip("django")
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "examples" / "django_app"
@@ -89,11 +89,20 @@ def test_delay_on_commit_adds_after_commit_and_nothing_on_rollback(shop: Any) ->
         shop.send_welcome.delay_on_commit()
 
 
-def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(shop: Any) -> None:
-    from django.core.management import call_command
-
+def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(
+    shop: Any, prefix: str, redis_url: str
+) -> None:
     jobs = [shop.add.delay(n, 1) for n in range(4)] + [shop.send_welcome.delay("c@d.e")]
-    call_command("jobq_worker", "--burst", "--concurrency", "2")
+    # a process of its own, where only the app's discovery imports shop.tasks
+    env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix,
+               DJANGO_SETTINGS_MODULE="mysite.settings",
+               PYTHONPATH=os.pathsep.join([str(PROJECT), str(ROOT)]))
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobq_worker", "--burst", "--concurrency", "2",
+         "--skip-checks"],  # the URL checks would import shop.views, hence its tasks
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
     queue = shop.queue
     assert [queue.get_job_result(j.id) for j in jobs] == [
         1, 2, 3, 4, "welcome mail sent to c@d.e"]
@@ -130,10 +139,20 @@ def test_system_checks_report_missing_malformed_and_unreachable(shop: Any) -> No
         assert "redis://:***@127.0.0.1:1/0" in down.msg and "hunter2" not in down.msg
 
 
+def test_the_checks_run_with_manage_py_check(shop: Any) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+    from django.test.utils import override_settings
+
+    call_command("check", "--tag", "jobq")  # configured and reachable: silent
+    with override_settings(JOBQ={"URL": "redis://x"}):
+        with pytest.raises(SystemCheckError, match=r"jobq\.E001"):
+            call_command("check", "--tag", "jobq")
+
+
 def test_the_example_project_under_gunicorn_with_a_manage_py_worker(
     redis_url: str, queue_name: str
 ) -> None:
-    pytest.importorskip("gunicorn")
     prefix = f"djg-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix, PYTHONUNBUFFERED="1",
                DJANGO_SETTINGS_MODULE="mysite.settings")

@@ -11,14 +11,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import flask
 import pytest
 
 from jobq import Queue
+from jobq.contrib.flask import JobQ
 from tests.test_forking_servers import _get, gunicorn_with_worker
-
-flask = pytest.importorskip("flask")
-
-from jobq.contrib.flask import JobQ  # noqa: E402 (after the skip)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -75,7 +73,6 @@ def test_flask_jobq_worker_burst_runs_the_apps_tasks(app: flask.Flask) -> None:
 
 
 def test_the_example_under_gunicorn_with_a_flask_jobq_worker(redis_url: str) -> None:
-    pytest.importorskip("gunicorn")
     prefix = f"flg-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES), str(ROOT)])

@@ -28,8 +28,6 @@ import pytest
 
 from tests.polling import until
 
-pytest.importorskip("gunicorn")
-
 ROOT = Path(__file__).resolve().parent.parent
 REQUESTS = 240
 CONCURRENCY = 16

@@ -45,6 +45,20 @@ def test_constructors_do_no_io_and_the_first_call_names_the_server() -> None:
         queue.close()
 
 
+def test_a_first_wait_on_an_unreachable_server_raises_naming_it() -> None:
+    url = _dead_url("s3cret")
+    with QueueEvents("lazy", connection=url) as events:
+        # not a timeout: the reader's first attempt to connect failed
+        with pytest.raises(redis.exceptions.ConnectionError) as info:
+            events.wait_for("1", timeout=30)
+        message = str(info.value)
+        assert "cannot reach the Redis server at redis://user:***@127.0.0.1:" in message
+        assert "s3cret" not in message
+        assert not events.wait_until_ready(0)
+        with pytest.raises(redis.exceptions.ConnectionError, match="cannot reach"):
+            events.wait_for("1", timeout=30)  # still unreachable: the same answer
+
+
 def test_an_import_while_the_server_is_down_works() -> None:
     code = (
         "from jobq import Queue, QueueEvents\n"

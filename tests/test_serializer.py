@@ -52,6 +52,20 @@ def test_a_naive_datetime_is_refused_with_the_reason(queue: Queue) -> None:
     assert queue.get_job_counts()["waiting"] == 0
 
 
+class FrozenDatetime(dt.datetime):
+    """A datetime subclass, as freezegun and pendulum make."""
+
+
+def test_an_aware_datetime_of_a_subclass_round_trips_and_a_naive_one_is_refused(
+    queue: Queue,
+) -> None:
+    when = FrozenDatetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=dt.timezone.utc)
+    job = queue.add("remind", {"at": when})
+    assert queue.get_job(job.id).data == {"at": when}  # type: ignore[union-attr]
+    with pytest.raises(SerializationError, match="naive datetime"):
+        queue.add("remind", {"at": FrozenDatetime(2026, 1, 1)})
+
+
 def test_unregistered_types_are_refused_naming_register(queue: Queue) -> None:
     with pytest.raises(SerializationError, match=r"'UUID'.*jobq\.serializer\.register"):
         queue.add("x", uuid.uuid4())

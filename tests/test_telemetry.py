@@ -14,25 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import SpanKind, StatusCode
 
 from jobq import FlowProducer, Job, Queue, Worker
 from jobq.keys import JOB_FIELDS
+from jobq.telemetry import JobqInstrumentor
 
 from .polling import until
-
-pytest.importorskip(
-    "opentelemetry.sdk", reason="the OpenTelemetry SDK is not installed (pip install jobq[dev])"
-)
-
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
-    InMemorySpanExporter,
-)
-from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
-
-from jobq.telemetry import JobqInstrumentor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 10.0
@@ -370,7 +364,7 @@ def test_without_opentelemetry_every_module_but_telemetry_imports() -> None:
 def test_one_trace_from_a_flask_view_to_a_worker_in_another_process(
     redis_url: str, tmp_path: Path, traced: Traced
 ) -> None:
-    flask = pytest.importorskip("flask")
+    import flask
     from opentelemetry.propagate import extract
 
     prefix = f"otel-{uuid.uuid4().hex[:8]}"

@@ -73,7 +73,6 @@ def default_queue(redis_url: str) -> Iterator[Queue]:
 
 def test_the_readme_django_tutorial(tmp_path: Path, redis_url: str,
                                     default_queue: Queue) -> None:
-    pytest.importorskip("django")
     out = run_tutorial(ROOT / "README.md", "django", tmp_path, redis_url)
     assert "jobq worker ready on default" in out
     done = {j.return_value for j in default_queue.get_jobs("completed")}
@@ -82,7 +81,6 @@ def test_the_readme_django_tutorial(tmp_path: Path, redis_url: str,
 
 def test_the_readme_flask_tutorial(tmp_path: Path, redis_url: str,
                                    default_queue: Queue) -> None:
-    pytest.importorskip("flask")
     out = run_tutorial(ROOT / "README.md", "flask", tmp_path, redis_url)
     assert "{'job': '" in out and "jobq worker ready on default" in out
     [job] = default_queue.get_jobs("completed")
