@@ -249,7 +249,7 @@ class EventReader:
         self.start(client)
         return pubsub
 
-    def connect_failed(self, exc: BaseException) -> Exception:
+    def connect_failed(self, exc: Exception) -> Exception:
         """A connection attempt failed: the error, naming the server (with
         its password hidden), which waits of a reader never ready raise."""
         error = _connection.unreachable(exc, self._context.client)
