@@ -8,12 +8,21 @@ for a plain queue. Each shard has a part (a ``QueueEvents`` sharing those)
 that keeps the shard's position in its stream and its waiters: a wait goes
 to the part of the job's shard. Events of different shards come in no
 guaranteed order relative to each other; each shard's come in order.
+
+A shard writes ``drained`` when it has nothing waiting or active; the
+sharded queue is drained only when every shard is. So a shard's ``drained``
+reaches the listeners only if, checked when it is dispatched (one round
+trip per node), no shard has a job waiting or active, and (stream mode) some
+event was written since the last ``drained`` reported: shards that finish
+together report one ``drained``, not one each.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -27,6 +36,7 @@ from ._threads import BackgroundLoop, join_all, start_thread
 from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
+from .events import Event
 from .keys import validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .queue_events import RECHECK_INTERVAL, QueueEvents, Shared, logger
@@ -71,8 +81,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._listeners = ListenerRegistry()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._dispatcher = Dispatcher(
-            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL
+        self._dispatcher = _ShardedDispatcher(
+            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL,
+            self._all_drained,
         )
         shared = Shared(self._listeners, self._stop, self._dispatcher, [], self.run, self.close)
         self._threads = shared.threads
@@ -239,8 +250,70 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         for part in self._readers:
             part._recheck_futures()
 
+    def _all_drained(self) -> tuple[object, ...] | None:
+        """None if a shard has a job waiting or active now; else what marks
+        this drained state: the last entry id of each shard's stream (in
+        pub/sub mode, nothing: each such state is a new one)."""
+        streams = all(part._reader.mode == "stream" for part in self._readers)
+        pipe = self._client.pipeline(transaction=False)
+        for part in self._readers:
+            keys = part._context.keys
+            if streams:  # before the counts: an event written after them changes it
+                pipe.xrevrange(keys.events, "+", "-", count=1)
+            pipe.llen(keys.wait)
+            pipe.zcard(keys.prioritized)
+            pipe.zcard(keys.active)
+        replies = pipe.execute()
+        per_shard = 4 if streams else 3
+        marks: list[object] = []
+        for i in range(0, len(replies), per_shard):
+            if any(replies[i + per_shard - 3:i + per_shard]):
+                return None
+            if streams:
+                marks.append(replies[i][0][0] if replies[i] else None)
+        return tuple(marks)
+
     def _wake_loop(self) -> None:
         BackgroundLoop(
             f"waker of {self._name!r}", lambda: self._gate.work(self._stop), stop=self._stop,
             log=logger,
         ).run()
+
+
+class _ShardedDispatcher(Dispatcher):
+    """The dispatcher of a ShardedQueueEvents: a shard's ``drained`` is
+    dispatched only when the whole queue is drained (see the module's
+    docstring), checked on the dispatcher thread in the order of events."""
+
+    def __init__(
+        self,
+        listeners: ListenerRegistry,
+        stop: threading.Event,
+        recheck: Callable[[], None],
+        interval: float,
+        all_drained: Callable[[], tuple[object, ...] | None],
+    ) -> None:
+        super().__init__(listeners, stop, recheck, interval)
+        self._all_drained = all_drained
+        self._reported: tuple[object, ...] | None = None  # the last drained state told
+
+    def put(self, event: Event) -> None:
+        if event.name == "drained":
+            self.call_soon(functools.partial(self._drained, event))
+        else:
+            super().put(event)
+
+    def _drained(self, event: Event) -> None:
+        if self._listeners.has("drained") or self._listeners.has(ALL):
+            try:
+                state = self._all_drained()
+            except Exception as exc:  # cannot tell: the shard's word stands
+                logger.warning("could not check the other shards for drained: %s", exc)
+                state = ()
+            if state is not None and (state == () or state != self._reported):
+                self._reported = state
+                channels = (event.name, f"{event.name}:{event.job_id}", ALL)
+                for channel, callback in self._listeners.take_many(channels):
+                    call_safely(callback, channel, event)
+        if event.id is not None and not event._more:
+            self.dispatched_id = event.id

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _tracing
+from ._attempt import Attempt
 from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._roles import Roles, Settings, TakeTokens
@@ -45,6 +46,7 @@ from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
 from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
+from .tasks import current_job
 
 if TYPE_CHECKING:
 
@@ -211,6 +213,8 @@ class Worker(ListenerMethods, ClosedOnExit):
         self._cond = threading.Condition()
         self._state = Lifecycle.NEW
         self._paused = False
+        # the attempts of handlers waiting in pause(): a pause waits for the others
+        self._pausing: tuple[Attempt, ...] = ()
         self._force = False  # set by close(force=True) or a second signal; read, never waited
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
@@ -370,25 +374,62 @@ class Worker(ListenerMethods, ClosedOnExit):
     # -- pausing ------------------------------------------------------------
 
     def pause(self, wait: bool = True, timeout: float | None = None) -> None:
-        """Stop taking jobs in this worker; emits ``paused``.
+        """Stop taking jobs in this worker; emits ``paused`` (once, on the
+        call that paused it).
 
         Args:
             wait: also wait for the jobs in flight to finish (as BullMQ's
                 ``pause()``); with False, return once no take is under way.
-            timeout: seconds to wait at most.
+                A call with ``wait`` on a worker paused already waits too.
+            timeout: seconds to wait at most; the worker is paused when it
+                returns, whether its jobs finished or not (``is_paused()``).
+
+        Called from a handler, it waits for the other jobs in flight, not
+        for the caller's own (which ends when its handler returns), nor for
+        those of other handlers waiting in ``pause()`` too. The wait ends
+        early if the worker is resumed or closed meanwhile.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            if self._paused:
-                return
+            first = not self._paused
             self._paused = True
             roles = self._roles
         if roles is not None:
-            roles.gate.set_paused(True)
+            if first:
+                roles.gate.set_paused(True)
             roles.gate.wait_idle(deadline)
             if wait:
-                roles.table.wait_empty(deadline)
-        self._listeners.emit("paused")  # on the caller's thread, before returning
+                self._wait_jobs_in_flight(roles, deadline)
+        if first:
+            self._listeners.emit("paused")  # on the caller's thread, before returning
+
+    def _wait_jobs_in_flight(self, roles: Roles, deadline: float | None) -> None:
+        """Wait until no job is in flight but those of handlers waiting in
+        ``pause()`` (a handler's own job cannot end while it waits)."""
+        own: tuple[Attempt, ...] = ()
+        job = current_job() if threading.current_thread() in roles.runner.threads else None
+        if job is not None:
+            own = tuple(a for a in roles.table.by_job(job.id) if a.job is job)
+        with self._cond:
+            self._pausing += own
+        table = roles.table
+
+        def done() -> bool:
+            if not self._paused or self._state is Lifecycle.CLOSED:
+                return True
+            waiting = sum(
+                1 for a in self._pausing if any(b is a for b in table.by_job(a.job_id))
+            )
+            return len(table) <= waiting
+
+        try:
+            table.wait_empty(deadline, give_up=done)
+        finally:
+            with self._cond:
+                left = list(self._pausing)
+                for attempt in own:
+                    left.remove(attempt)
+                self._pausing = tuple(left)
 
     def resume(self) -> None:
         """Take jobs again after ``pause()``. Emits ``resumed``."""

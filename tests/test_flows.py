@@ -162,6 +162,35 @@ def test_nested_trees_and_a_parent_delay_counted_from_its_last_child(
     assert root.processed_on - b.finished_on >= 0.29  # its delay began then
 
 
+def test_delayed_children_due_together_run_in_insertion_order(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    # issue 12 item 3 for flows: a tie in due time keeps the order of the
+    # tree, not the order of the ids as strings ("1", "10", "11", ..., "2")
+    count = 20
+    node = flow.add({
+        "name": "parent", "queue": "top",
+        "children": [
+            {"name": "c", "queue": "kids", "data": {"v": i}, "delay": 0.2} for i in range(count)
+        ],
+    })
+    kids = flow.queue("kids")
+    ids = [child.job.id for child in node.children]
+    assert [j.id for j in kids.get_jobs("delayed", asc=True)] == ids
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    def record(job: Job) -> Any:
+        with lock:
+            ran.append(job.data["v"])
+        return work(job)
+
+    workers.start("kids", processor=record)
+    workers.start("top")
+    assert node.job.wait_until_finished(timeout=WAIT) == sum(range(count))
+    assert ran == list(range(count))
+
+
 def test_depends_on_existing_jobs(redis_url: str, prefix: str, workers: Workers) -> None:
     with Queue("deps", connection=redis_url, prefix=prefix) as q, \
             Queue("other", connection=redis_url, prefix=prefix) as other:

@@ -269,20 +269,32 @@ def test_drained_is_not_written_while_the_last_jobs_are_active(
 ) -> None:
     release = threading.Event()
     running = Runs()
+    local_drained = threading.Event()
 
     def processor(job: Job) -> None:
         running.add(job.id)
         assert release.wait(WAIT)
 
-    with make_worker(queue.name, redis_url, processor, concurrency=4):
+    worker = make_worker(queue.name, redis_url, processor, concurrency=4)
+    worker.on("drained", local_drained.set)  # before start: its reader is ready then
+    with worker:
         jobs = queue.add_bulk([{"name": "n"} for _ in range(4)])
         running.wait(4)
         # every job taken, none finished: the work is not done
-        assert "drained" not in [name for name, _ in event_names(redis_client, queue.name)]
+        events = stream_events(redis_client, queue.name)
+        assert "drained" not in [name for name, _, _ in events]
+        # the worker's reader has passed every event written so far (the
+        # `active` of each job), and none was a drained for its listeners
+        reader = worker._events
+        assert reader is not None
+        last_id = redis_client.xrevrange(f"jobq:{{{queue.name}}}:events", count=1)[0][0]
+        until(lambda: reader.last_event_id == last_id.decode(), timeout=WAIT)
+        assert not local_drained.is_set()
         release.set()
         for job in jobs:
             job.wait_until_finished(timeout=WAIT)
         until(lambda: "drained" in [n for n, _ in event_names(redis_client, queue.name)])
+        assert local_drained.wait(WAIT)
 
 
 # -- 7. a paused queue promotes due delayed jobs on time --------------------------

@@ -32,6 +32,8 @@ from jobq import (
 )
 from jobq._shard_worker import CHAIN_LIMIT
 from jobq._shards import generated_id, shard_names, shard_of
+from tests.polling import until
+from tests.streams import stream_events
 
 WAIT = 10.0
 QUIET = 0.3
@@ -293,6 +295,78 @@ def test_events_and_waits_over_every_shard(sharded: ShardedQueue, redis_url: str
     assert [e.job_id for e in one] == ["order-9"]
     # a plain QueueEvents of the logical name is not how a sharded queue is read
     assert sharded.get_job("order-9").wait_until_finished(timeout=WAIT) == 99  # type: ignore[union-attr]
+
+
+def test_drained_is_heard_only_when_every_shard_is_drained(
+    sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # a shard with nothing waiting or active writes drained; the sharded
+    # queue's listeners (of its events, and a worker's own) hear it only
+    # when no shard has a job waiting or active
+    events = sharded.events
+    assert events.wait_until_ready(WAIT)
+    heard, local = threading.Event(), threading.Event()
+    events.on("drained", lambda event: heard.set())
+    (first, marker_id), (second,) = ids_on(0, 2, "a"), ids_on(1, 1, "b")
+    started = {first: threading.Event(), second: threading.Event()}
+    release = {first: threading.Event(), second: threading.Event()}
+
+    def handler(job: Job) -> str:
+        started[job.id].set()
+        assert release[job.id].wait(WAIT)
+        return job.id
+
+    worker = Worker(sharded.name, handler, connection=redis_url, concurrency=2)
+    worker.on("drained", local.set)  # before start: its reader is ready then
+    with worker:
+        one, two = sharded.add("x", job_id=first), sharded.add("x", job_id=second)
+        assert started[first].wait(WAIT) and started[second].wait(WAIT)
+        release[first].set()
+        assert one.wait_until_finished(events, timeout=WAIT) == first
+        shard0 = shard_names(sharded.name, SHARDS)[0]
+        assert "drained" in [name for name, _, _ in stream_events(redis_client, shard0)]
+        # both readers have passed shard 0's drained once they hear an event
+        # written on shard 0 after it (a shard's events come in order)
+        seen = [threading.Event(), threading.Event()]
+        reader = worker._events
+        assert reader is not None
+        for target, done in zip((events, reader), seen, strict=True):
+            target.on("delayed", lambda event, done=done: done.set())
+        sharded.add("x", job_id=marker_id, delay=60)  # delayed: not waiting, not counted
+        assert seen[0].wait(WAIT) and seen[1].wait(WAIT)
+        assert not heard.is_set(), "drained was heard while a job of shard 1 was active"
+        assert not local.is_set(), "the worker heard drained while its job of shard 1 ran"
+        release[second].set()
+        assert two.wait_until_finished(events, timeout=WAIT) == second
+        assert heard.wait(WAIT) and local.wait(WAIT)
+
+
+def test_shards_drained_together_are_heard_once(
+    sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    events = sharded.events
+    assert events.wait_until_ready(WAIT)
+    drained: list[Any] = []
+    events.on("drained", drained.append)
+    hold = threading.Event()
+    # listeners run on one thread: held here, it comes to both shards'
+    # drained only once both jobs are finished
+    events.once("completed", lambda event: hold.wait(WAIT))
+    (first,), (second,) = ids_on(0, 1, "a"), ids_on(1, 1, "b")
+    with Worker(sharded.name, lambda job: job.id, connection=redis_url, concurrency=2):
+        jobs = [sharded.add("x", job_id=first), sharded.add("x", job_id=second)]
+        assert [j.wait_until_finished(events, timeout=WAIT) for j in jobs] == [first, second]
+        for shard in (0, 1):  # each shard wrote drained last; the reader read it
+            name = shard_names(sharded.name, SHARDS)[shard]
+            assert stream_events(redis_client, name)[-1][0] == "drained"
+            last = redis_client.xrevrange(f"jobq:{{{name}}}:events", count=1)[0][0].decode()
+            part = events.readers[shard]._reader
+            until(lambda part=part, last=last: part.position() == last, timeout=WAIT)
+        dispatched = threading.Event()
+        events._dispatcher.call_soon(dispatched.set)  # after both drained
+        hold.set()
+        assert dispatched.wait(WAIT)
+    assert len(drained) == 1
 
 
 @pytest.mark.parametrize("mode", ["stream", "pubsub"])

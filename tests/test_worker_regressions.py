@@ -490,6 +490,116 @@ def test_pause_waits_for_the_jobs_in_flight(queue: Queue, redis_url: str) -> Non
         assert worker.is_paused()
 
 
+def test_pause_with_a_timeout_returns_while_a_job_is_still_active(
+    queue: Queue, redis_url: str
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        assert release.wait(WAIT)
+        return "done"
+
+    job = queue.add("x")
+    with make_worker(queue.name, redis_url, handler) as worker:
+        assert started.wait(WAIT)
+        pausing = threading.Thread(target=worker.pause, kwargs={"timeout": 0.3},
+                                   name="test-pause")
+        pausing.start()
+        pausing.join(WAIT)
+        assert not pausing.is_alive(), "pause(timeout=0.3) did not return"
+        # it returned while the handler was still held: the job is active
+        assert not release.is_set()
+        assert queue.get_job_state(job.id) == "active"
+        assert worker.is_paused()
+        release.set()
+        assert job.wait_until_finished(timeout=WAIT) == "done"
+
+
+def test_a_second_pause_with_wait_waits_for_the_jobs_in_flight(
+    queue: Queue, redis_url: str
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        assert release.wait(WAIT)
+        return "done"
+
+    job = queue.add("x")
+    worker = make_worker(queue.name, redis_url, handler)
+    rec = Recorder().attach(worker, "paused")
+    with worker:
+        assert started.wait(WAIT)
+        worker.pause(wait=False)
+        assert worker.is_paused() and queue.get_job_state(job.id) == "active"
+        pausing = threading.Thread(target=worker.pause, name="test-pause")
+        pausing.start()
+        pausing.join(0.3)
+        assert pausing.is_alive(), "a second pause() returned with a job in flight"
+        release.set()
+        pausing.join(WAIT)
+        assert not pausing.is_alive()
+        assert queue.get_job_state(job.id) == "completed"
+    assert len(rec.of("paused")) == 1  # emitted by the call that paused it
+
+
+def test_pause_from_a_handler_waits_for_the_other_jobs_only(
+    queue: Queue, redis_url: str
+) -> None:
+    # the handler's own job cannot end while it waits in pause(): waiting
+    # for it was a deadlock (until the timeout)
+    other_started, release_other = threading.Event(), threading.Event()
+    paused = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.name == "other":
+            other_started.set()
+            assert release_other.wait(WAIT)
+            return "other"
+        assert other_started.wait(WAIT)
+        worker.pause(timeout=2 * WAIT)  # bounded: the old deadlock ends
+        paused.set()
+        return "pauser"
+
+    other = queue.add("other")
+    worker = make_worker(queue.name, redis_url, handler, concurrency=2)
+    with worker:
+        assert other_started.wait(WAIT)
+        pauser = queue.add("pauser")
+        assert not paused.wait(0.3), "pause() returned while another job was in flight"
+        release_other.set()
+        assert paused.wait(WAIT), "pause() from a handler waited for its own job"
+        assert other.wait_until_finished(timeout=WAIT) == "other"
+        assert pauser.wait_until_finished(timeout=WAIT) == "pauser"
+        assert worker.is_paused()
+        later = queue.add("later")
+        assert queue.get_job_state(later.id) == "waiting"  # not taken: paused
+        worker.resume()
+        assert later.wait_until_finished(timeout=WAIT) == "pauser"
+
+
+def test_handlers_pausing_together_do_not_wait_for_each_other(
+    queue: Queue, redis_url: str
+) -> None:
+    both = threading.Barrier(2, timeout=WAIT)
+    returned: list[str] = []
+    lock = threading.Lock()
+
+    def handler(job: Job) -> str:
+        both.wait()  # both in flight before either pauses
+        worker.pause(timeout=2 * WAIT)  # bounded: waiting for each other would end
+        with lock:
+            returned.append(job.name)
+        return job.name
+
+    worker = make_worker(queue.name, redis_url, handler, concurrency=2)
+    with worker:
+        jobs = queue.add_bulk([{"name": "a"}, {"name": "b"}])
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == ["a", "b"]
+    assert sorted(returned) == ["a", "b"]
+
+
 def test_listeners_get_jobs_with_finished_on(queue: Queue, redis_url: str) -> None:
     def handler(job: Job) -> str:
         if job.name == "bad":

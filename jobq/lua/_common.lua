@@ -172,6 +172,29 @@ local function mark_due(run_at)
   if meta()[5] then redis.call('SPUBLISH', K_MARKER, '1') end
 end
 
+-- Put job `id` in the delayed set, due at `run_at` (ms), and wake blocked
+-- workers then. Delayed jobs due at the same moment keep the order they
+-- were added in: each is scored the next larger double after the scores
+-- already taken at that moment (a quarter of a microsecond apart at
+-- today's epoch times), by jobs of this call or of earlier ones, never tied
+-- with one, as the sorted set would order ties by id string ("1", "10",
+-- "2"). `_ties` keeps, per delayed set and due time, the next score to try
+-- in this call (in_queue keeps it across queues), so that a bulk add looks
+-- at each score once.
+local _ties = {}
+local function add_delayed(id, run_at)
+  local tie = K_DELAYED .. ' ' .. fmt(run_at)
+  local score = _ties[tie] or run_at
+  while redis.call('ZCOUNT', K_DELAYED, fmt(score), fmt(score)) > 0 do
+    local _, e = math.frexp(score)
+    score = score + math.ldexp(1, e - 53)
+  end
+  local _, e = math.frexp(score)
+  _ties[tie] = score + math.ldexp(1, e - 53)
+  redis.call('ZADD', K_DELAYED, fmt(score), id)
+  mark_due(score)
+end
+
 -- Make a job ready to run: prioritized jobs in the sorted set, others in the
 -- wait list (taken from its right end; `front` puts the job next in line).
 local function push_ready(id, priority, front)
@@ -347,17 +370,19 @@ local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
 
 -- Run fn(...) with the keys of the queue whose base is `target` (a parent's
 -- or a child's queue), then return to the caller's queue: its keys and its
--- per-call state (run tokens of deleted jobs, the ready mark, settings).
+-- per-call state (run tokens of deleted jobs, the ready mark, settings,
+-- the delayed scores given).
 -- On a cluster the queues of one flow share a slot (FlowProducer checks).
 local function in_queue(target, fn, ...)
   if target == base then return fn(...) end
-  local keys, runs, marked, settings, told = KEYS, _runs, _marked, _meta, _told
+  local keys, runs, marked, settings, told, ties = KEYS, _runs, _marked, _meta, _told, _ties
   KEYS = { target, target .. 'slot-guard' }
   _per_call()
+  _ties = ties  -- one for the whole call: it is keyed by each queue's delayed set
   local r = fn(...)
   KEYS = keys
   _per_call()
-  _runs, _marked, _meta, _told = runs, marked, settings, told
+  _runs, _marked, _meta, _told, _ties = runs, marked, settings, told, ties
   return r
 end
 
@@ -372,9 +397,8 @@ local function release_parent(pid, now)
   local delay = tonumber(f[2]) or 0
   if delay > 0 then
     local run_at = now + delay
-    redis.call('ZADD', K_DELAYED, fmt(run_at), pid)
+    add_delayed(pid, run_at)
     redis.call('HSET', jk, 'state', 'delayed', 'rdy', fmt(run_at))
-    mark_due(fmt(run_at))
     emit('delayed', pid, { 'delay', delay, 'run_at', run_at, 'prev', 'waiting-children' })
   else
     push_ready(pid, tonumber(f[3]) or 0, f[4] == '1')

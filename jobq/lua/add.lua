@@ -30,28 +30,13 @@
            job records its key (ddk; ddt when throttled): complete, fail,
            remove and cancel release it if it still names the job.
 
-  Delayed jobs of one call due at the same moment (a bulk add with one
-  delay) are promoted in the order given: each is scored the next larger
-  double after the previous one (a quarter of a microsecond apart today),
-  not tied, which the sorted set would break by id string ("1", "10", "2").
-  Jobs of different calls are due at different microseconds of TIME.
+  Delayed jobs due at the same moment (a bulk add with one delay, or jobs
+  of different calls whose delays end on the same microsecond of TIME) are
+  promoted in the order they were added: see add_delayed in _common.lua.
 ]]
 -- attempts and retention (ARGV a+7 .. a+11), stored only when not the default
 local SETTINGS = { 'atts', 'kc', 'ka', 'kfc', 'kfa' }
 local DEFAULTS = { '1', '-1', '0', '-1', '0' }
--- the last score given in this call to a due time: ties get the next double
-local last_score = {}
-local function delayed_score(run_at)
-  local score = last_score[run_at]
-  if score then
-    local _, e = math.frexp(score)
-    score = score + math.ldexp(1, e - 53)
-  else
-    score = run_at
-  end
-  last_score[run_at] = score
-  return score
-end
 local n = tonumber(ARGV[1])
 local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
@@ -90,8 +75,7 @@ local function dedup_hit(a, now)
     if ARGV[a + 6 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[a + 6 + i] }) end
   end
   redis.call('HSET', jk, unpack(fields))
-  redis.call('ZADD', K_DELAYED, run_at, owner)
-  mark_due(run_at)
+  add_delayed(owner, run_at)
   emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
   return owner, 3
 end
@@ -150,8 +134,7 @@ for j = 0, n - 1 do
     if ARGV[a + 16] ~= '' then append(fields, { 'tc', ARGV[a + 16] }) end
     redis.call('HSET', job_key(id), unpack(fields))
     if delay > 0 then
-      redis.call('ZADD', K_DELAYED, delayed_score(run_at), id)
-      mark_due(run_at)
+      add_delayed(id, run_at)
       emit('delayed', id, { 'delay', ARGV[a + 4], 'run_at', run_at })
     else
       push_ready(id, priority, lifo == '1')

@@ -103,8 +103,7 @@ local function write_node(node)
     redis.call('ZADD', base .. 'waiting-children', fmt(now), id)
     emit('waiting-children', id, {})
   elseif delay > 0 then
-    redis.call('ZADD', K_DELAYED, now + delay, id)
-    redis.call('ZADD', K_MARKER, 'LT', now + delay, '1')
+    add_delayed(id, now + delay)  -- ties keep the order of the nodes
     emit('delayed', id, { 'delay', delay, 'run_at', now + delay })
   else
     push_ready(id, priority, lifo == '1')
