@@ -34,17 +34,27 @@ def main() -> int:
         name = f"cancel-{os.getpid()}"
         with Queue(name, connection=url) as queue:
             later = queue.add("export", delay=60)
-            print("cancel a delayed job:", queue.cancel(later.id, reason="not needed"))
+            delayed_cancelled = queue.cancel(later.id, reason="not needed")
+            print("cancel a delayed job:", delayed_cancelled)
+            raised = False
             with Worker(name, export, connection=url):
                 job = queue.add("export", attempts=3)
-                running.wait(10)
+                if not running.wait(10):
+                    print("the job never started")
+                    return 1
                 job.cancel(reason="user pressed stop")
                 try:
                     job.wait_until_finished(timeout=10)
                 except JobCancelledError as exc:
+                    raised = True
                     print(f"waiter: {exc}")
-            print("state:", job.get_state(), "attempts made:", job.refresh().attempts_made)
-    return 0
+            state, attempts = job.get_state(), job.refresh().attempts_made
+            print("state:", state, "attempts made:", attempts)
+            later_state = later.get_state()
+    # both failed for good; the running one after its one attempt (no retry)
+    worked = (delayed_cancelled and later_state == "failed"
+              and raised and state == "failed" and attempts == 1)
+    return 0 if worked else 1
 
 
 if __name__ == "__main__":

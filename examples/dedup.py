@@ -26,6 +26,13 @@ def save(job: Job) -> object:
 
 def main() -> int:
     """Show both modes and return the exit code."""
+    autosaved: list[object] = []
+
+    def recording_save(job: Job) -> object:
+        if job.name == "autosave":
+            autosaved.append(job.data)
+        return save(job)
+
     with embedded_url() as url:
         name = f"dedup-{os.getpid()}"
         with Queue(name, connection=url) as queue:
@@ -34,14 +41,20 @@ def main() -> int:
             print(f"simple: both adds return job {first.id}: {again.id == first.id}")
 
             debounce = {"id": "autosave-7", "ttl": 30, "extend": True, "replace": True}
+            ids: set[str] = set()
             for text in ("H", "He", "Hel", "Hello"):
                 job = queue.add("autosave", {"text": text}, delay=0.3, dedup=debounce)
+                ids.add(job.id)
             print(f"debounce: job {job.id} will save {job.data['text']!r}")
-            with Worker(name, save, connection=url):
-                print("saved:", job.wait_until_finished(timeout=10))
+            with Worker(name, recording_save, connection=url):
+                result = job.wait_until_finished(timeout=10)
+                print("saved:", result)
                 first.wait_until_finished(timeout=10)
-            print("key released after completion:", queue.get_dedup_job_id("reindex-1") is None)
-    return 0
+            released = queue.get_dedup_job_id("reindex-1") is None
+            print("key released after completion:", released)
+    # one debounced job, run once, with the last data
+    debounced = len(ids) == 1 and autosaved == [{"text": "Hello"}] == [result]
+    return 0 if again.id == first.id and debounced and released else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,15 @@ croniter), each from the previous *scheduled* slot (or from the server's
 clock when none is pending), never from a host clock, and passed to the
 scripts: the slot after the pending one is stored with it, so the take of a
 tick can produce the next one in the same call.
+
+Why croniter: BullMQ's cron has seconds as the *first* of 6 fields, which
+croniter reads with ``second_at_beginning=True`` (croniter 2.0.6 and later;
+its default puts them last), on ``zoneinfo`` datetimes. cronsim's seconds
+field has moved between releases: the optional 6th field, *last*, in 0.1.x;
+none at all (5 fields only) from 1.0 to 2.6; the optional *first* field,
+as BullMQ, since 2.7 (Python >= 3.10). cronsim follows Debian cron across
+DST changes by itself; croniter does not, so :func:`next_cron_slot` adds
+Debian's rule (a fixed time repeated by the autumn change runs once).
 """
 
 from __future__ import annotations

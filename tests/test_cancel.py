@@ -5,6 +5,7 @@ a running job. Real server; bounded waits."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 import redis
 
 from jobq import Job, JobCancelledError, JobFailedError, JobqError, Queue
+from tests import worker_proc
+from tests.polling import until
 from tests.test_worker import (
     WAIT,
     Proc,
@@ -23,9 +26,23 @@ from tests.test_worker import (
     stream,
 )
 
+#: How soon a running job must learn of its cancel, seconds: far less than
+#: the first lock renewal (half of CANCEL_LOCK), so only the hint can do it.
+HINT_BOUND = 2.0
+#: A lock long enough that no renewal reads the cancel mark within HINT_BOUND.
+CANCEL_LOCK = worker_proc.CANCEL_LOCK_DURATION
+
 
 def _names(client: redis.Redis, queue_name: str, job_id: str) -> list[str]:
     return [e["name"] for e in stream(client, queue_name, job_id=job_id)]
+
+
+def _wait_cancel_subscription(client: redis.Redis, queue_name: str) -> None:
+    """Wait (bounded) until a worker listens on the queue's cancel channel:
+    from then on a hint is delivered, and no mark check at (re)subscription
+    can stand in for it."""
+    channel = f"jobq:{{{queue_name}}}:cancels"
+    until(lambda: client.pubsub_shardnumsub(channel)[0][1] >= 1, timeout=WAIT)
 
 
 @pytest.mark.parametrize("kind", ["waiting", "prioritized", "delayed"])
@@ -144,6 +161,54 @@ def test_cancel_mark_is_seen_at_lock_renewal_without_the_hint(
         with pytest.raises(JobCancelledError, match="marked only"):
             job.wait_until_finished(timeout=WAIT)
     assert seen == [True]
+
+
+def test_a_running_job_learns_of_its_cancel_from_the_hint_not_the_lock(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """With a 30 s lock no renewal reads the mark in time: ``job.cancelled``
+    is set within HINT_BOUND of the cancel only through the published hint."""
+    running, noticed = threading.Event(), threading.Event()
+
+    def processor(job: Job) -> None:
+        running.set()
+        if job.cancelled.wait(WAIT):
+            noticed.set()
+
+    job = queue.add("long", attempts=3)
+    with started(make_worker(queue.name, redis_url, processor, lock_duration=CANCEL_LOCK)):
+        _wait_cancel_subscription(redis_client, queue.name)
+        assert running.wait(WAIT)
+        sent = time.monotonic()
+        assert queue.cancel(job.id, reason="hint") is True
+        assert noticed.wait(HINT_BOUND), "job.cancelled not set: the hint was not acted on"
+        assert time.monotonic() - sent < HINT_BOUND
+        with pytest.raises(JobCancelledError, match="hint"):
+            job.wait_until_finished(timeout=WAIT)
+    assert job.refresh().attempts_made == 1
+
+
+def test_a_worker_in_another_process_learns_of_a_cancel_from_the_hint(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    job = queue.add("long", attempts=3)
+    proc = Proc(redis_url, queue.name, "cancel", tmp_path / "child.log")
+    try:
+        assert ledger_wait(redis_client, queue.name, "start|", proc).split("|")[1] == job.id
+        _wait_cancel_subscription(redis_client, queue.name)
+        sent = time.monotonic()
+        assert queue.cancel(job.id, reason="from afar") is True
+        item = redis_client.blpop([worker_proc.ledger_key(queue.name)], timeout=HINT_BOUND)
+        took = time.monotonic() - sent
+        assert item is not None, f"no cancel seen within {HINT_BOUND} s: {proc.output()}"
+        assert item[1] == f"cancelled|{job.id}".encode()
+        assert took < HINT_BOUND
+        with pytest.raises(JobCancelledError, match="from afar"):
+            job.wait_until_finished(timeout=WAIT)
+    finally:
+        proc.stop()
+    job.refresh()
+    assert (job.get_state(), job.attempts_made) == ("failed", 1)
 
 
 def test_cancel_mark_is_seen_at_take(

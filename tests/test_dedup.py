@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from jobq import Job, Queue
+from jobq import Job, JobFailedError, Queue
 from tests.polling import until
 from tests.test_worker import WAIT, make_worker, started, stream
 
@@ -138,14 +138,31 @@ def test_removing_an_old_job_keeps_a_newer_owners_key(queue: Queue) -> None:
 def test_throttle_holds_for_the_ttl_even_after_the_job_finished(
     queue: Queue, redis_url: str
 ) -> None:
-    job = queue.add("d", dedup={"id": "t", "ttl": 0.4})
+    """A throttle key outlives its job, completed or failed, for the whole
+    ttl (simple mode would release it at the end), then goes."""
+    ttl = 3.0
+
+    def processor(job: Job) -> str:
+        if job.name == "fail":
+            raise RuntimeError("no")
+        return "ok"
+
     added = time.monotonic()
-    with started(make_worker(queue.name, redis_url, lambda j: "ok")):
-        assert job.wait_until_finished(timeout=WAIT) == "ok"
-    if time.monotonic() - added < 0.3:  # the window is still open: still deduplicated
-        assert queue.add("d", dedup={"id": "t", "ttl": 0.4}).id == job.id
-    until(lambda: queue.get_dedup_job_id("t") is None, timeout=WAIT)
-    assert queue.add("d", dedup={"id": "t", "ttl": 0.4}).id != job.id
+    done = queue.add("ok", dedup={"id": "done", "ttl": ttl})
+    failed = queue.add("fail", dedup={"id": "failed", "ttl": ttl})
+    with started(make_worker(queue.name, redis_url, processor)):
+        assert done.wait_until_finished(timeout=WAIT) == "ok"
+        with pytest.raises(JobFailedError, match="no"):
+            failed.wait_until_finished(timeout=WAIT)
+    assert time.monotonic() - added < ttl, "too slow to check inside the ttl"
+    for key, job in (("done", done), ("failed", failed)):
+        assert queue.get_dedup_job_id(key) == job.id
+        assert queue.add(job.name, dedup={"id": key, "ttl": ttl}).id == job.id
+    until(lambda: queue.get_dedup_job_id("done") is None, timeout=WAIT)
+    until(lambda: queue.get_dedup_job_id("failed") is None, timeout=WAIT)
+    assert time.monotonic() - added >= ttl  # not before the ttl
+    assert queue.add("ok", dedup={"id": "done", "ttl": ttl}).id != done.id
+    assert queue.add("fail", dedup={"id": "failed", "ttl": ttl}).id != failed.id
 
 
 def test_throttle_extend_restarts_the_ttl(queue: Queue, redis_client: redis.Redis) -> None:

@@ -17,7 +17,7 @@ import redis
 from jobq import Job, JobqError, Queue, Scheduler
 from jobq._schedulers import next_cron_slot
 from tests.polling import until
-from tests.test_worker import WAIT, Proc, ledger_wait, make_worker, started
+from tests.test_worker import WAIT, Proc, ledger_wait, make_worker, started, stream
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -29,6 +29,57 @@ def _slot(job_id: str) -> int:
 def _server_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+#: Stream ids are whole milliseconds of the server's clock, which the take's
+#: script read as a fraction: allow for that rounding, no more.
+TAKE_MS = 2
+
+
+def _first_taken_ms(client: redis.Redis, queue_name: str) -> dict[str, int]:
+    """When each job was first taken (its first ``active`` event), server ms:
+    a tick recovered from a killed worker is taken again later, but the next
+    tick was produced at its first take."""
+    taken: dict[str, int] = {}
+    for event in stream(client, queue_name, "active"):
+        taken.setdefault(event["job_id"], round(event["ts"] * 1000))
+    return taken
+
+
+def _assert_every_tick_once(
+    queue: Queue, client: redis.Redis, sid: str, seen: list[str], every_ms: int
+) -> None:
+    """Check the ticks of an ``every`` scheduler whose workers are closed: no
+    tick ran twice and none was lost.
+
+    The rule (``every_after`` in lua/_common.lua): the take of a tick produces
+    the next one at the first point of the grid after the take, so a gap of
+    more than one interval is allowed only when the earlier tick was taken
+    late ("ticks missed while no worker ran make one job"). And the
+    scheduler counts every job it produced: those seen plus the pending one.
+    """
+    assert len(seen) == len(set(seen)), "a tick ran twice"
+    scheduler = queue.get_scheduler(sid)
+    assert scheduler is not None and scheduler.next_run is not None
+    pending = round(scheduler.next_run * 1000)
+    pending_job = queue.get_job(f"repeat:{sid}:{pending}")
+    assert pending_job is not None and pending_job.get_state() in ("waiting", "delayed")
+    slots = sorted(_slot(i) for i in seen)
+    assert slots and pending > slots[-1]
+    assert scheduler.count == len(seen) + 1, (scheduler.count, len(seen))
+    _assert_chain(sid, [*slots, pending], _first_taken_ms(client, queue.name), every_ms)
+
+
+def _assert_chain(sid: str, chain: list[int], taken: dict[str, int], every_ms: int) -> None:
+    """Each slot of ``chain`` is the first grid point after the take of the
+    one before it (``every_after``): exactly one interval on, unless that take
+    was late."""
+    for a, b in zip(chain, chain[1:], strict=False):
+        assert b > a and (b - a) % every_ms == 0, f"tick {b} is off the grid of {a}"
+        at = taken[f"repeat:{sid}:{a}"]
+        # b - every <= at < b
+        assert b - every_ms - TAKE_MS <= at, f"tick(s) lost: {a} taken at {at}, next {b}"
+        assert at < b + TAKE_MS, f"tick {a} taken at {at} produced {b}, which was past"
 
 
 class Ledger:
@@ -105,7 +156,7 @@ def test_six_field_cron_has_seconds_first() -> None:
 
 
 def test_every_makes_one_job_per_tick_with_many_producers_and_workers(
-    queue: Queue, redis_url: str
+    queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
     ledger = Ledger()
     workers = [make_worker(queue.name, redis_url, ledger) for _ in range(20)]
@@ -128,23 +179,18 @@ def test_every_makes_one_job_per_tick_with_many_producers_and_workers(
     try:
         for p in producers:
             p.start()
-        ids = ledger.wait(12, timeout=WAIT)
+        ledger.wait(12, timeout=WAIT)
     finally:
         stop.set()
         for p in producers:
             p.join(WAIT)
-        queue.remove_scheduler("tick")
         for w in workers:
             w.close()
     assert errors == []
-    ids = list(ledger.ids)
-    assert len(ids) == len(set(ids)), "a tick ran twice"
-    slots = sorted(_slot(i) for i in ids)
-    gaps = {b - a for a, b in zip(slots, slots[1:], strict=False)}
-    assert all(gap % 100 == 0 and gap > 0 for gap in gaps), gaps
-    scheduler_jobs = [j for j in queue.get_jobs(["completed", "waiting", "active"])
-                      if j.id.startswith("repeat:tick:")]
-    assert len(scheduler_jobs) == len({j.id for j in scheduler_jobs})
+    try:
+        _assert_every_tick_once(queue, redis_client, "tick", list(ledger.ids), 100)
+    finally:
+        queue.remove_scheduler("tick")
 
 
 def test_upsert_same_schedule_keeps_the_pending_tick_and_changed_one_replaces_it(
@@ -234,6 +280,121 @@ def test_missed_ticks_after_downtime_make_one_job(
     assert (_slot(ids[2]) - slot) % 50 == 0
 
 
+def test_cron_ticks_missed_while_no_worker_ran_make_one_job(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A 6-field cron (seconds first) every second: ~3 s with no worker miss
+    two or more ticks; a worker then runs one job for the missed period (the
+    pending tick), and the schedule goes on from the next second."""
+    s = queue.upsert_scheduler("c", cron="* * * * * *")
+    assert s.next_run is not None
+    first = round(s.next_run * 1000)
+    assert first % 1000 == 0
+    threading.Event().wait(3.0)  # no worker runs: time passes, on purpose
+    assert _server_ms(redis_client) > first + 2000  # ticks first+1000 and +2000 missed
+    ledger = Ledger()
+    with started(make_worker(queue.name, redis_url, ledger)):
+        ledger.wait(3)
+    try:
+        ids = list(ledger.ids)
+        slots = [_slot(i) for i in ids]
+        assert ids[0] == f"repeat:c:{first}"  # the missed period: its one job
+        taken = _first_taken_ms(redis_client, queue.name)[ids[0]]
+        assert slots[1] > taken - TAKE_MS, "a tick missed while down was produced"
+        assert (slots[1] - first) % 1000 == 0
+        assert [b - a for a, b in zip(slots[1:], slots[2:], strict=False)] == [1000] * (
+            len(slots) - 2)
+        scheduler = queue.get_scheduler("c")
+        assert scheduler is not None and scheduler.next_run is not None
+        assert round(scheduler.next_run * 1000) - slots[-1] == 1000
+        assert scheduler.count == len(ids) + 1  # nothing else was produced
+    finally:
+        queue.remove_scheduler("c")
+
+
+def test_cron_immediately_makes_the_first_tick_now(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    cron = "0 0 1 1 *"  # yearly: without immediately, the first tick is next 1 January
+    before = _server_ms(redis_client)
+    s = queue.upsert_scheduler("now", cron=cron, immediately=True)
+    after = _server_ms(redis_client)
+    assert s.next_run is not None
+    first = round(s.next_run * 1000)
+    assert before <= first <= after
+    tick = queue.get_job(f"repeat:now:{first}")
+    assert tick is not None and tick.get_state() == "waiting"
+    later = queue.upsert_scheduler("later", cron=cron)
+    assert later.next_run is not None
+    assert round(later.next_run * 1000) == next_cron_slot(cron, None, after)
+    ledger = Ledger()
+    with started(make_worker(queue.name, redis_url, ledger)):
+        assert ledger.wait(1) == [tick.id]
+        # then the cron times: its take produced the next one
+        until(lambda: queue.get_scheduler("now").next_run != s.next_run,  # type: ignore[union-attr]
+              timeout=WAIT)
+    following = queue.get_scheduler("now")
+    assert following is not None and following.next_run is not None
+    assert round(following.next_run * 1000) == next_cron_slot(cron, None, first)
+    assert following.count == 2
+    assert ledger.ids == [tick.id]
+
+
+def test_end_stops_the_schedule(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    ledger = Ledger()
+    with started(make_worker(queue.name, redis_url, ledger)):
+        start = _server_ms(redis_client)
+        end = start + 350
+        s = queue.upsert_scheduler("e", every=0.1, end=end / 1000)
+        assert s.end is not None and round(s.end * 1000) == end
+        until(lambda: queue.get_scheduler("e").next_run is None, timeout=WAIT)  # type: ignore[union-attr]
+        # the worker goes on for three more intervals past the end: nothing comes
+        until(lambda: _server_ms(redis_client) > end + 300, timeout=WAIT)
+    over = queue.get_scheduler("e")
+    assert over is not None and over.next_run is None
+    slots = sorted(_slot(i) for i in ledger.ids)
+    assert slots and start <= slots[0] and slots[-1] <= end
+    assert over.count == len(slots)  # every job it made ran; none pending
+    # no tick lost before the end: the chain holds, and the tick the last
+    # take would have made (the first grid point after it) is past the end
+    taken = _first_taken_ms(redis_client, queue.name)
+    _assert_chain("e", slots, taken, 100)
+    last = slots[-1]
+    after_last = last + 100 * max(1, (taken[f"repeat:e:{last}"] + TAKE_MS - last) // 100 + 1)
+    assert after_last > end, (slots, end)
+    assert queue.get_jobs(["waiting", "delayed", "active"]) == []
+    assert redis_client.zscore(f"jobq:{{{queue.name}}}:schedulers", "e") == float("inf")
+    queue.remove_scheduler("e")
+
+
+def test_changing_every_reschedules_the_pending_tick_one_new_interval_from_now(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    ledger = Ledger()
+    with started(make_worker(queue.name, redis_url, ledger)):
+        queue.upsert_scheduler("r", every=0.1)
+        ledger.wait(2)
+        before = _server_ms(redis_client)
+        s = queue.upsert_scheduler("r", every=5)
+        after = _server_ms(redis_client)
+        assert s.every == 5 and s.next_run is not None
+        new = round(s.next_run * 1000)
+        assert before + 5000 <= new <= after + 5000  # not now: one new interval on
+        ran = len(ledger.ids)
+        threading.Event().wait(0.5)  # five old intervals pass, on purpose
+    try:
+        # at most the old tick already waiting or active at the upsert ran
+        assert len(ledger.ids) <= ran + 1
+        assert all(_slot(i) <= after for i in ledger.ids)
+        left = {j.id for j in queue.get_jobs(["waiting", "delayed", "active"])}
+        assert left == {f"repeat:r:{new}"}  # the old pending tick was replaced
+        assert queue.get_jobs("delayed")[0].id == f"repeat:r:{new}"
+    finally:
+        queue.remove_scheduler("r")
+
+
 def test_a_removed_pending_tick_is_recreated_by_the_workers_check(
     queue: Queue, redis_url: str
 ) -> None:
@@ -279,15 +440,13 @@ def test_a_killed_worker_loses_and_doubles_no_tick(
         proc.popen.wait(WAIT)
         with started(make_worker(queue.name, redis_url, ledger)):
             until(lambda: held in ledger.ids and len(ledger.ids) >= 5, timeout=WAIT)
+        # the tick the killed worker held was recovered and ran; the schedule
+        # went on, no tick lost or doubled (the held one's first take counts)
+        _assert_every_tick_once(queue, redis_client, "k", list(ledger.ids), 200)
     finally:
         proc.stop()
         queue.remove_scheduler("k")
-    ids = ledger.ids
-    assert len(ids) == len(set(ids))
-    # the tick the killed worker held was recovered and ran; the schedule went on
-    assert held in ids
-    slots = sorted(_slot(i) for i in ids)
-    assert all((b - a) % 200 == 0 and b > a for a, b in zip(slots, slots[1:], strict=False))
+    assert held in ledger.ids
 
 
 def test_cli_schedulers(queue: Queue, redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,10 @@ know the job is in flight. Modes:
   SIGTERM close it gracefully). Its ``closing`` listener pushes ``closing`` to
   the ledger; the handler waits (up to 10 s) for an item on
   ``ledger:<QUEUE>:go`` and returns ``"done"``. ``closed`` pushes ``closed``.
+- ``cancel``: the worker has a 30 s lock (so no lock renewal reads a cancel
+  mark within the test) and runs via ``start()``; the handler waits (up to
+  10 s) for ``job.cancelled``, pushes ``cancelled|<job id>`` (or
+  ``not cancelled|<job id>``) and returns. The test SIGKILLs the process.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from jobq import Job, Worker
 
 LOCK_DURATION = 1.0
 STALLED_INTERVAL = 0.5
+#: The ``cancel`` mode's lock: renewed only after 15 s, far past the test's bound.
+CANCEL_LOCK_DURATION = 30.0
 
 
 def ledger_key(queue: str) -> str:
@@ -66,6 +72,26 @@ def main(argv: list[str]) -> int:
             connection=url,
             name=f"proc-{pid}",
             lock_duration=LOCK_DURATION,
+            stalled_interval=STALLED_INTERVAL,
+        )
+        worker.start()
+        forever.wait(60)
+        return 1
+    if mode == "cancel":
+        forever = threading.Event()
+
+        def cancellable(job: Job) -> str:
+            started(job)
+            seen = "cancelled" if job.cancelled.wait(10) else "not cancelled"
+            ledger.rpush(ledger_key(queue), f"{seen}|{job.id}")
+            return seen
+
+        worker = Worker(
+            queue,
+            cancellable,
+            connection=url,
+            name=f"proc-{pid}",
+            lock_duration=CANCEL_LOCK_DURATION,
             stalled_interval=STALLED_INTERVAL,
         )
         worker.start()
