@@ -35,18 +35,19 @@ test: $(VENV)/.installed
 	JOBQ_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CLUSTER_RUN) $(PYTEST_ARGS)
 	JOBQ_TEST_RESP3=1 $(BIN)/python -m pytest $(RESP3_RUN) $(PYTEST_ARGS)
 
-# The default selection with the oldest redis-py that setup.cfg allows: the
-# scripts' fast path and the worker's own connections use redis-py internals.
-OLDEST_REDIS ?= redis==5.0.0
+# The default selection with the oldest redis-py and croniter that setup.cfg
+# allows: the scripts' fast path and the worker's own connections use redis-py
+# internals; croniter before 6.1 gets daylight-saving changes wrong.
+OLDEST_DEPS ?= redis==5.0.0 croniter==6.1.0
 OLDEST_VENV ?= .venv-oldest
 $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install --upgrade pip
-	$(OLDEST_VENV)/bin/python -m pip install -e '.[test]' '$(OLDEST_REDIS)'
+	$(OLDEST_VENV)/bin/python -m pip install -e '.[test]' $(OLDEST_DEPS)
 	touch $@
 
 test-oldest: $(OLDEST_VENV)/.installed
-	$(OLDEST_VENV)/bin/python -c 'import redis; print("redis-py", redis.__version__)'
+	$(OLDEST_VENV)/bin/python -c 'from importlib.metadata import version as v; print("redis-py", v("redis"), "croniter", v("croniter"))'
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Every tier, slow, load and fault included.

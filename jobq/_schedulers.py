@@ -14,8 +14,9 @@ scripts: the slot after the pending one is stored with it, so the take of a
 tick can produce the next one in the same call.
 
 Why croniter: BullMQ's cron has seconds as the *first* of 6 fields, which
-croniter reads with ``second_at_beginning=True`` (croniter 2.0.6 and later;
-its default puts them last), on ``zoneinfo`` datetimes. cronsim's seconds
+croniter reads with ``second_at_beginning=True`` (its default puts them
+last), on ``zoneinfo`` datetimes; jobq needs croniter 6.1 or later, whose
+times across daylight-saving changes the tests pin. cronsim's seconds
 field has moved between releases: the optional 6th field, *last*, in 0.1.x;
 none at all (5 fields only) from 1.0 to 2.6; the optional *first* field,
 as BullMQ, since 2.7 (Python >= 3.10). cronsim follows Debian cron across
