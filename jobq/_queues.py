@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, cast
 
+from . import _fork
 from . import connection as _connection
 from .errors import JobqError
 
@@ -29,6 +30,12 @@ class QueueSet:
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
         self.closed = False
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held
+        it); the queues reset themselves."""
+        self._lock = threading.Lock()
 
     def get(self, name: str) -> Queue:
         """The Queue of that name (made on first use, on the shared client)."""

@@ -124,16 +124,25 @@ def text(value: bytes | None) -> str | None:
 class Waiter:
     """One caller (or future) waiting for one run of one job."""
 
-    __slots__ = ("job_id", "run", "event", "outcome", "callback", "checkpoint", "gate", "_lock")
+    __slots__ = (
+        "job_id", "run", "event", "outcome", "callback", "checkpoint", "gate", "stale", "_lock"
+    )
 
     def __init__(
         self,
         job_id: str,
         run: str | None = None,
         callback: Callable[[Waiter, Outcome], None] | None = None,
+        stale: bool = False,
     ) -> None:
         self.job_id = job_id
         self.run = run  # None: whatever run the record holds (a Job built by hand)
+        # The token may be stale (the Job was waited on before: the job may
+        # have been retried since). The reader's outcomes answer the waiter
+        # only once a check of the record has brought the token up to date,
+        # else the reader, behind, could answer it with the run before the
+        # retry between its registration and its check.
+        self.stale = stale
         self.event = threading.Event()
         self.outcome: Outcome | None = None
         self.callback = callback
@@ -401,7 +410,8 @@ class WaiterTable:
             if len(self._recent) > RECENT_OUTCOMES:
                 _, evicted = self._recent.popitem(last=False)
                 self.evicted_upto = max(self.evicted_upto, evicted.at)
-            return [w for w in self._by_job.get(job_id, ()) if w.matches(run)]
+            return [w for w in self._by_job.get(job_id, ())
+                    if not w.stale and w.matches(run)]
 
     def remembered(self, waiter: Waiter) -> Outcome | None:
         """The remembered outcome of the waiter's run, if any."""
@@ -510,13 +520,18 @@ class WaiterTable:
     ) -> None:
         """Resolve the waiter from getOutcome's complete reply, if it decides
         (or add it to ``answered``, for the caller to resolve)."""
-        if reply.run is not None and reply.state not in ("completed", "failed", "cancelled"):
-            # the record is of a later generation (the job was retried since
-            # this waiter's Job was made): wait for that one, not an earlier
-            # outcome the reader has yet to read
-            with self._lock:
+        with self._lock:
+            if reply.run is not None and reply.state not in ("completed", "failed", "cancelled"):
+                # the record is of a later generation (the job was retried
+                # since this waiter's Job was made): wait for that one, not
+                # an earlier outcome the reader has yet to read
                 if waiter.run is not None and later(reply.run, waiter.run):
                     waiter.run = reply.run
+            # the token is up to date: the reader answers the waiter from now
+            # on, and an outcome of its run read while it was stale (skipped
+            # by ``record``) is remembered
+            stale, waiter.stale = waiter.stale, False
+            known = self.remembered(waiter) if stale else None
         outcome: Outcome | None = None
         if reply.state == "completed":
             outcome = Completed(serializer.decode(reply.value, "return value"))
@@ -527,6 +542,8 @@ class WaiterTable:
             outcome = Failed(reply.reason, traces, cancelled=reply.state == "cancelled")
         elif reply.state is None and reply.final:
             outcome = MISSING
+        elif known is not None:
+            outcome = known
         elif reply.state is None:
             self._await_checkpoint(waiter, reply.checkpoint or "")
         if outcome is not None and answered is not None:
@@ -555,8 +572,9 @@ class WaiterTable:
             waiter.resolve(outcome)
         elif isinstance(waiter.checkpoint, str):
             # in pub/sub mode the checkpoint is a marker we publish ourselves
+            # on the bounded client: a caller's timeout holds under an outage
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
-            self._context.client.spublish(self._context.keys.events, message)
+            self._context.bounded.spublish(self._context.keys.events, message)
 
     def try_check(self, waiter: Waiter) -> bool:
         """``check``, a transient error logged; False when it failed."""
@@ -577,9 +595,10 @@ class WaiterTable:
         return result_of(waiter.job_id, outcome, where)
 
     def stacktrace(self, waiter: Waiter) -> list[str]:
-        """The stack traces of the waiter's failed run, from its record."""
+        """The stack traces of the waiter's failed run, from its record (on
+        the bounded client: a wait's timeout holds under an outage)."""
         try:
-            raw, run = self._context.client.hmget(
+            raw, run = self._context.bounded.hmget(
                 self._context.keys.job(waiter.job_id), ["st", "run"]
             )
             if not waiter.matches(text(run)):

@@ -307,10 +307,20 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
 
 def bounded_client(client: Client) -> Client:
     """A client for jobq's own short calls that must keep to a caller's
-    timeout (a wait's record checks, unblocking a reader): the same server
-    and settings as ``client`` but no retries, whose backoff (redis-py's
-    default: 10 attempts) would outlast those timeouts. A cluster client, or
-    one bound to a single connection, is returned as it is."""
+    timeout (a wait's record checks, the stack traces of a failed run, the
+    pub/sub checkpoint, waking and unblocking a reader): the same server and
+    settings as ``client`` but no retries, whose backoff (redis-py's
+    default: 10 attempts) would outlast those timeouts.
+
+    Returned as it is (excluded, their calls keep the caller's retry
+    policy): a client bound to a single connection, and a ``RedisCluster``.
+    redis-py gives a cluster's node connections no retries of their own;
+    the cluster client's ``retry`` (3 retries by default) re-reads the
+    topology between attempts, without backoff (0.25 s pauses on
+    CLUSTERDOWN), so a call on a cluster may outlast a caller's timeout by
+    those attempts, each bounded by the client's socket timeouts. A second
+    cluster client without retries is not built: it would connect to the
+    cluster when made, and hold connections to every node."""
     if not isinstance(client, redis.Redis) or client.connection is not None:
         return client
     kwargs = dict(client.connection_pool.connection_kwargs)

@@ -38,7 +38,7 @@ __all__ = ["Queue"]
 EVENT_MODES = ("stream", "pubsub")
 DEFAULT_MAX_EVENTS = 10_000
 #: Seconds a result that may outlive its job's record stays readable (a
-#: result over 16 KiB of a job with a retention rule; in pub/sub mode, any
+#: result over 1 KiB of a job with a retention rule; in pub/sub mode, any
 #: result of a job removed on completion): see complete.lua.
 DEFAULT_RESULT_TTL = 60.0
 #: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
@@ -86,7 +86,7 @@ class Queue(
             accepts (default 1 MiB); None for no limit but the server's.
         result_ttl: seconds a result kept apart from its job's record stays
             readable by late waiters (stored with the queue when given, like
-            ``max_events``; 60 when none is stored): a result over 16 KiB of
+            ``max_events``; 60 when none is stored): a result over 1 KiB of
             a job with a retention rule, and in pub/sub mode any result of a
             job removed on completion.
     """

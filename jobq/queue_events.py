@@ -279,7 +279,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
-        waiter = Waiter(job_id, run)
+        waiter = Waiter(job_id, run, stale=not fresh)
         unseen = self._table.register(waiter, fresh and self._reader.follows(run))
         try:
             # a run the reader has not yet seen end needs no look at its
@@ -304,11 +304,14 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             self._table.unregister(waiter)
             waiter.resumed()  # the reader wakes more threads once this one is done
 
-    def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
+    def future_for(self, job_id: str, run: str | None = None, fresh: bool = True) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
 
         Its done-callbacks run on the dispatcher thread (or on the calling
         thread when the job has finished already), never on the reader.
+        ``run`` and ``fresh`` as for ``wait_for``: a token that may be stale
+        is brought up to date by a check of the record before the reader's
+        outcomes may answer.
         """
         future: Future[Any] = Future()
         if self._stop.is_set():
@@ -330,7 +333,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             else:
                 settle()
 
-        waiter = Waiter(job_id, run, resolved)
+        waiter = Waiter(job_id, run, resolved, stale=not fresh)
         future.set_running_or_notify_cancel()
         self._table.register(waiter)
         self.wait_until_ready(0)  # starts the reader; it checks waiters once ready

@@ -27,6 +27,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from . import _fork
 from ._coalesce import Coalescer
 from .connection import Client, take_connection
 
@@ -166,6 +167,12 @@ class Scripts:
         _library()  # a broken script fails here, not on first use
         self._client = client
         self._coalescer: Coalescer | None = None
+        self._coalescer_lock = threading.Lock()
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held it
+        while making the coalescer; the coalescer resets itself)."""
         self._coalescer_lock = threading.Lock()
 
     def _coalesced(self, pool: Any) -> Coalescer:

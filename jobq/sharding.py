@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from . import _tracing
+from . import _fork, _tracing
 from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
 from ._sharded_ops import ShardedAdmin, ShardedReading
@@ -127,6 +127,15 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         self._pool_lock = threading.Lock()
         self._events: ShardedQueueEvents | None = None
         self._context.on_first_use(self._first_use)
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the executor's threads are the parent's (a
+        task submitted to it would never run), and its lock may have been
+        held by one of them. Forget both; the next ``add_bulk`` makes a new
+        pool. The shards, their contexts and the events reset themselves."""
+        self._pool_lock = threading.Lock()
+        self._pool = None
 
     def _first_use(self) -> None:
         client = self._context.client

@@ -35,7 +35,7 @@ from tests.conftest import echo
 from tests.polling import until
 
 WAIT = 10.0  # the bound of every wait that should succeed quickly
-BIG = 16 * 1024 + 100  # a result encoding to more than 16 KiB
+BIG = 16 * 1024 + 100  # a result encoding to more than the 1 KiB an event carries
 
 
 # -- helpers ---------------------------------------------------------------

@@ -174,20 +174,113 @@ def test_child_of_a_preloaded_sharded_queue_waits_and_listens(
         assert queue.add("x", "after").wait_until_finished(timeout=WAIT) == "after"
 
 
+def test_child_of_a_sharded_queue_that_added_in_bulk_adds_in_bulk(
+    queue_name: str, redis_url: str
+) -> None:
+    """The parent's add_bulk leaves a thread pool (one thread per shard
+    written); in the child its threads are gone, and a bulk add submitted
+    to it would hang for ever: the child makes a pool of its own."""
+    with ShardedQueue(queue_name, shards=4, connection=redis_url) as queue:
+        parent = queue.add_bulk([{"name": "x", "data": i} for i in range(8)])
+        assert len({queue.shard_for(job.id).name for job in parent}) > 1  # the pool ran
+        assert queue._pool is not None
+
+        def child() -> Any:
+            jobs = queue.add_bulk([{"name": "x", "data": 100 + i} for i in range(8)])
+            return [queue.get_job(job.id).data for job in jobs]  # type: ignore[union-attr]
+
+        assert in_child(child, timeout=WAIT) == [100 + i for i in range(8)]
+        assert queue.get_job_counts("waiting")["waiting"] == 16
+        # the parent's pool is undisturbed
+        assert len(queue.add_bulk([{"name": "x", "data": i} for i in range(8)])) == 8
+
+
+def _held_lock_cases(queue_name: str, redis_url: str) -> dict[str, tuple[Any, Any, Any]]:
+    """Objects whose lock a parent's thread may hold at the fork: (the
+    object, its lock, a use of it that takes the lock)."""
+    from flask import Flask
+
+    import jobq.contrib.django as django_app
+    from jobq._queues import QueueSet
+    from jobq.contrib.django.apps import JobqConfig
+    from jobq.contrib.flask import JobQ
+    from jobq.dashboard._data import SharedCache
+
+    queue = Queue(queue_name, connection=redis_url)  # no call yet: no coalescer
+    scripts = queue._context.scripts
+    cache = SharedCache(60.0)
+    queues = QueueSet(redis_url, "jobq", "a test")
+    app = Flask(__name__)
+    app.config["JOBQ_URL"] = redis_url
+    JobQ(app)
+    flask_state = app.extensions["jobq"]
+    django_config = JobqConfig("jobq.contrib.django", django_app)
+    return {
+        "scripts": (queue, scripts._coalescer_lock, lambda: queue.add("x").id),
+        "dashboard cache": (cache, cache._read_lock, lambda: cache.get("k", lambda: 1)),
+        "queue set": (queues, queues._lock, lambda: queues.get(queue_name).name),
+        "flask": (flask_state, flask_state.lock, lambda: flask_state.get(queue_name).name),
+        "django": (django_config, django_config._lock, lambda: len(django_config.queues())),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["scripts", "dashboard cache", "queue set", "flask", "django"]
+)
+def test_a_lock_held_by_a_parent_thread_at_the_fork_is_new_in_the_child(
+    queue_name: str, redis_url: str, case: str
+) -> None:
+    """gunicorn --preload forks whatever a thread of the master holds: a
+    lock taken at that instant would stay taken for ever in the child."""
+    cases = _held_lock_cases(queue_name, redis_url)
+    owner, lock, use = cases[case]
+    try:
+        with lock:  # as a parent's thread would, at the fork
+            answer = in_child(lambda: use() is not None, timeout=5.0)
+        assert answer is True
+    finally:
+        for obj, _, _ in cases.values():
+            close = getattr(obj, "close", None) or getattr(obj, "close_queues", None)
+            if close is not None:
+                close()
+
+
 # -- multiprocessing with the fork start method ---------------------------------
 
 _SHARED: dict[str, Queue] = {}
+#: Tasks of the pool, and threads adding and waiting in each task.
+MP_TASKS = 40
+MP_THREADS = 8
 
 
-def _mp_task(n: int) -> tuple[int, Any]:
+def _mp_task(task: int) -> list[tuple[int, Any]]:
+    """In a pool's child: MP_THREADS threads each add a job and wait for it
+    at once, on the queue (and its running reader) inherited at the fork."""
     queue = _SHARED["queue"]
-    return n, queue.add("x", n, remove_on_complete=n % 2 == 0).wait_until_finished(timeout=5)
+    answers: list[tuple[int, Any]] = []
+
+    def one(n: int) -> None:
+        try:
+            job = queue.add("x", n, remove_on_complete=n % 2 == 0)
+            answers.append((n, job.wait_until_finished(timeout=WAIT)))
+        except Exception as exc:
+            answers.append((n, f"{type(exc).__name__}: {exc}"))
+
+    threads = [threading.Thread(target=one, args=(task * MP_THREADS + i,))
+               for i in range(MP_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT * 2)
+    return sorted(answers)
 
 
 def test_multiprocessing_fork_pool_waits(queue_name: str, redis_url: str) -> None:
+    """A few hundred waits, in four forked processes at once, several
+    threads each: every wait gets its own job's result."""
     with (
         Queue(queue_name, connection=redis_url) as queue,
-        Worker(queue_name, echo, connection=redis_url, concurrency=8),
+        Worker(queue_name, echo, connection=redis_url, concurrency=16),
     ):
         assert queue.events.wait_until_ready(WAIT)
         _SHARED["queue"] = queue
@@ -195,13 +288,14 @@ def test_multiprocessing_fork_pool_waits(queue_name: str, redis_url: str) -> Non
             context = multiprocessing.get_context("fork")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                pool = context.Pool(2)
+                pool = context.Pool(4)
             try:
-                result = pool.map_async(_mp_task, range(60))
+                result = pool.map_async(_mp_task, range(MP_TASKS))
                 answers = result.get(timeout=30)
             finally:
                 pool.terminate()
                 pool.join()
         finally:
             _SHARED.clear()
-    assert answers == [(n, n) for n in range(60)]
+    total = MP_TASKS * MP_THREADS
+    assert [a for task in answers for a in task] == [(n, n) for n in range(total)]

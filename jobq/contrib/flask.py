@@ -24,7 +24,7 @@ import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
-from jobq import Queue
+from jobq import Queue, _fork
 
 __all__ = ["JobQ"]
 
@@ -37,6 +37,12 @@ class _AppQueues:
     def __init__(self, app: Flask) -> None:
         self.app = app
         self.queues: dict[str, Queue] = {}
+        self.lock = threading.Lock()
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (gunicorn --preload): a new lock, in case a
+        parent's thread held it at the fork; the queues reset themselves."""
         self.lock = threading.Lock()
 
     def get(self, name: str) -> Queue:

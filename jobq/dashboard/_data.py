@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import _fork
 from ..events import Event, from_stream
 from ..job import STATES, Dependencies, Job
 from ..registry import WorkerInfo
@@ -55,6 +56,13 @@ class SharedCache:
         self._read_lock = threading.Lock()
         #: how many reads went to Redis (for tests and the curious)
         self.reads = 0
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: new locks (a parent's request may have held
+        one at the fork, e.g. during a read)."""
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
 
     def _fresh(self, key: Hashable) -> tuple[bool, Any]:
         with self._lock:

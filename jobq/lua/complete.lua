@@ -17,12 +17,13 @@
            is the job the first call took with the same take token, if
            still locked by it); -1 job missing; -2 lock not held
   Events   completed, with the run's token and the result when it is at
-           most 16 KiB (else a `big` marker: the result is in the record);
+           most INLINE_RESULT bytes (1 KiB; else a `big` marker: the result
+           is in the record), so that a retained event stays small;
            then those of the take when asked; then drained when no job is
            left waiting or active
   Results  a result that may outlive its record is also written to
            result:<run> for the queue's result TTL (meta rttl, ms): one over
-           16 KiB of a job with any retention rule, and in pub/sub mode (no
+           1 KiB of a job with any retention rule, and in pub/sub mode (no
            replay) any result of a job removed on completion
   Metrics  counts the job in metrics:completed (see record_metric)
   Dedup    releases the job's simple-mode dedup key (see release_dedup)
@@ -30,6 +31,9 @@
            and a parent whose last child this was moves on in this call
            (waiting or delayed, prev waiting-children, in its own queue)
 ]]
+-- Longest result (bytes, encoded) carried in the `completed` event itself:
+-- at the default max_events a stream of bigger ones would hold tens of MB.
+local INLINE_RESULT = 1024
 local id, token, result = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
 local refused = not_owner(id, token)
@@ -62,7 +66,7 @@ else
     'ftok', token)
   retain(K_COMPLETED, id, now, keep, tonumber(f[6]) or 0)
 end
-local big = string.len(result) > 16384
+local big = string.len(result) > INLINE_RESULT
 if run and ((big and removable) or (keep == 0 and meta()[1] == 'pubsub')) then
   -- the record may be gone before a waiter looks: keep the result a while
   redis.call('SET', base .. 'result:' .. run, result, 'PX', meta()[4])

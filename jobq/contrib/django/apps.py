@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from django.apps import AppConfig
 from django.core import checks
 
-from jobq import Queue
+from jobq import Queue, _fork
 
 from .conf import jobq_settings, queue_options
 
@@ -28,6 +28,12 @@ class JobqConfig(AppConfig):
         super().__init__(app_name, app_module)
         self._queues: dict[str, Queue] = {}
         self._dashboard: Dashboard | None = None
+        self._lock = threading.Lock()
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (gunicorn --preload): a new lock, in case a
+        parent's thread held it at the fork; the queues reset themselves."""
         self._lock = threading.Lock()
 
     def ready(self) -> None:
