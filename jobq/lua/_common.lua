@@ -185,7 +185,8 @@ local _ties = {}
 local function add_delayed(id, run_at)
   local tie = K_DELAYED .. ' ' .. fmt(run_at)
   local score = _ties[tie] or run_at
-  while redis.call('ZCOUNT', K_DELAYED, fmt(score), fmt(score)) > 0 do
+  -- ZRANGEBYSCORE, not ZCOUNT: the documented ACL lines allow it already
+  while #redis.call('ZRANGEBYSCORE', K_DELAYED, fmt(score), fmt(score), 'LIMIT', 0, 1) > 0 do
     local _, e = math.frexp(score)
     score = score + math.ldexp(1, e - 53)
   end
