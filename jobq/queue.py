@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
@@ -25,7 +25,7 @@ from .errors import (
     SerializationError,
 )
 from .job import Job
-from .keys import queues_key
+from .keys import queues_key, validate_job_id
 from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_form
 from .tasks import QueueTasks, Task
 
@@ -53,14 +53,62 @@ def _job_name(name: object) -> str:
     return name
 
 
+class _Parsed(NamedTuple):
+    """A job's options as ``Queue._prepare`` uses them."""
+
+    #: the plain form (``Job.opts``)
+    plain: dict[str, Any]
+    #: add.lua's first argument of the job: its id, '' to generate one
+    job_id: str
+    #: add.lua's arguments of the job after its name and data (``NewJob``'s
+    #: fields from ``opts`` to ``dedup``), the same for every job with these options
+    rest: tuple[Any, ...]
+
+
+class _Batch:
+    """What the jobs of one ``add_bulk`` call share: one msgpack Packer, and
+    the options parsed so far."""
+
+    __slots__ = ("encode", "parsed")
+
+    def __init__(self) -> None:
+        self.encode = serializer.encoder()
+        self.parsed: dict[tuple[Any, ...], _Parsed] = {}
+
+
+def _memo_key(options: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What options parse alike by, but their ``job_id``; None when a value
+    is not a plain scalar (a dict, a subclass of int). Types are part of it,
+    since ``1 == 1.0 == True`` and only the first is a valid ``attempts``;
+    floats are taken by their exact bits (``-0.0``)."""
+    key: list[Any] = []
+    for name, value in options.items():
+        kind = type(value)
+        if name == "job_id":
+            key.append(name)  # given (checked apart on each job) or not
+        elif kind is float:
+            key.append((name, kind, value.hex()))
+        elif kind in _MEMO_TYPES:
+            key.append((name, kind, value))
+        else:
+            return None
+    return tuple(key)
+
+
+_MEMO_TYPES = frozenset({int, bool, str, type(None)})
+
+
 def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
     """The jobs of an ``add_bulk``: (name, data, options) of each, checked."""
     for spec in jobs:
-        if not isinstance(spec, Mapping):
+        if type(spec) is not dict and not isinstance(spec, Mapping):  # the ABC check is slow
             raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
         if "name" not in spec:
             raise ValueError("each job needs a 'name'")
-        options = {k: v for k, v in spec.items() if k not in ("name", "data")}
+        if len(spec) == 1 or (len(spec) == 2 and "data" in spec):
+            options: dict[str, Any] = {}  # the common case, without a pass over the spec
+        else:
+            options = {k: v for k, v in spec.items() if k not in ("name", "data")}
         yield spec["name"], spec.get("data"), options
 
 
@@ -122,7 +170,7 @@ class Queue(
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
         self._tasks: dict[str, Task[Any]] = {}
-        self._default_options: tuple[JobOptions, dict[str, Any], bytes] | None = None
+        self._default_options: _Parsed | None = None
         self._context = QueueContext(name, connection, prefix)
         self._settings = (event_mode, max_events, result_ttl)
         self._recorded = False
@@ -196,46 +244,58 @@ class Queue(
 
     # -- adding -----------------------------------------------------------
 
-    def _options(self, options: Mapping[str, Any]) -> tuple[JobOptions, dict[str, Any], bytes]:
-        """Parsed options, their plain form and its encoding; the queue's
-        defaults alone (the common case) are parsed once."""
+    def _options(self, options: Mapping[str, Any], batch: _Batch | None = None) -> _Parsed:
+        """Parsed options and what every job with them shares; the queue's
+        defaults alone (the common case) are parsed once, and so are the
+        options of a ``batch``'s jobs that differ only in ``job_id``."""
         if not options and self._default_options is not None:
             return self._default_options
+        memo = batch.parsed if batch is not None and options else None
+        key = _memo_key(options) if memo is not None else None
+        known = memo.get(key) if memo is not None and key is not None else None
+        if known is not None:
+            if "job_id" not in options:
+                return known
+            # the rest parsed already: only the id can be refused, as a parse would
+            job_id = options["job_id"]
+            return _Parsed(known.plain, "" if job_id is None else validate_job_id(job_id),
+                           known.rest)
         opts = JobOptions.parse({**self._defaults, **options})
         plain = opts.to_plain()
-        parsed = (opts, plain, serializer.encode(stored_form(plain), "job options"))
+        complete_count, complete_age = opts.remove_on_complete.to_script()
+        fail_count, fail_age = opts.remove_on_fail.to_script()
+        parsed = _Parsed(plain, opts.job_id or "", (
+            serializer.encode(stored_form(plain), "job options"),
+            round(opts.delay * 1000),
+            opts.priority,
+            opts.lifo,
+            opts.attempts,
+            complete_count,
+            complete_age,
+            fail_count,
+            fail_age,
+            NO_DEDUP if opts.dedup is None else opts.dedup.to_script(),
+        ))
         if not options:
             self._default_options = parsed
+        elif memo is not None and key is not None:
+            memo[key] = parsed
         return parsed
 
     def _prepare(
-        self, name: Any, data: Any, options: Mapping[str, Any]
+        self, name: Any, data: Any, options: Mapping[str, Any], batch: _Batch | None = None
     ) -> tuple[NewJob, dict[str, Any]]:
-        opts, plain, packed_opts = self._options(options)
-        packed = serializer.encode(data, "job data")
+        """A job's arguments of add.lua and its options' plain form, every
+        value checked; ``batch``: what the jobs of one ``add_bulk`` share."""
+        parsed = self._options(options, batch)
+        packed = (serializer.encode if batch is None else batch.encode)(data, "job data")
         if self.max_payload_bytes is not None and len(packed) > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"job data encodes to {len(packed)} bytes, over the queue's "
                 f"max_payload_bytes={self.max_payload_bytes}; store large data elsewhere "
                 "and pass a reference, or raise max_payload_bytes"
             )
-        complete_count, complete_age = opts.remove_on_complete.to_script()
-        fail_count, fail_age = opts.remove_on_fail.to_script()
-        return NewJob(
-            job_id=opts.job_id or "",
-            name=_job_name(name),
-            data=packed,
-            opts=packed_opts,
-            delay_ms=round(opts.delay * 1000),
-            priority=opts.priority,
-            lifo=opts.lifo,
-            attempts=opts.attempts,
-            keep_completed_count=complete_count,
-            keep_completed_age_ms=complete_age,
-            keep_failed_count=fail_count,
-            keep_failed_age_ms=fail_age,
-            dedup=NO_DEDUP if opts.dedup is None else opts.dedup.to_script(),
-        ), plain
+        return NewJob(parsed.job_id, _job_name(name), packed, *parsed.rest), parsed.plain
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
         """Add one job; return it.
@@ -278,9 +338,10 @@ class Queue(
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
+        batch = _Batch()
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
         for name, data, options in job_specs(jobs):
-            args, opts = self._prepare(name, data, options)
+            args, opts = self._prepare(name, data, options, batch)
             prepared.append((args, opts, data))
         hook = _tracing.hook
         if hook is None:

@@ -124,14 +124,40 @@ def encode(value: Any, what: str = "value") -> bytes:
         packed: bytes = msgpack.packb(value, **_packer_kwargs)
     except (TypeError, ValueError, OverflowError) as exc:
         raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
-    # Round-trip once so that data which packs but could never be read back
-    # (non-string map keys, which strict_map_key refuses) is refused up front.
-    # Extension types are left packed here: no application decoder runs.
+    _check(packed, what)
+    return packed
+
+
+def encoder() -> Callable[[Any, str], bytes]:
+    """``encode`` for many values in a row on one thread (a bulk add's
+    jobs), with one msgpack Packer for all of them: making a Packer, as
+    ``packb`` does on every call, costs several times the packing of a
+    small value (1.1 us against 0.16 us for an int, measured here).
+
+    The function is the caller's alone: a Packer is not thread-safe. After
+    an error it starts afresh, so a refused value leaves nothing behind.
+    """
+    pack = msgpack.Packer(**_packer_kwargs).pack
+
+    def encode_one(value: Any, what: str = "value") -> bytes:
+        try:
+            packed: bytes = pack(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
+        _check(packed, what)
+        return packed
+
+    return encode_one
+
+
+def _check(packed: bytes, what: str) -> None:
+    """Refuse data which packs but could never be read back (non-string map
+    keys, which strict_map_key refuses) by decoding it once. Extension types
+    are left packed here: no application decoder runs."""
     try:
         msgpack.unpackb(packed, raw=False, strict_map_key=True)
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
-    return packed
 
 
 def decode(data: bytes | None, what: str = "value") -> Any:
