@@ -553,6 +553,31 @@ def test_add_bulk_mixed_options(queue: Queue, redis_url: str) -> None:
     assert run_order(queue.name, redis_url, 4) == ["plain", "custom", "nodata", "urgent"]
 
 
+def test_add_bulk_options_shared_by_jobs_stay_each_jobs_own(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A bulk add parses options alike once: ids, values of other types
+    that compare equal (1, 1.0, True) and every check stay per job."""
+    jobs = queue.add_bulk(
+        [{"name": "a", "data": i, "job_id": f"own-{i}", "attempts": 3, "delay": 0.5}
+         for i in range(3)]
+        + [{"name": "b", "attempts": 2}, {"name": "c", "delay": 1.0}, {"name": "d", "delay": 1}]
+    )
+    assert [j.id for j in jobs[:3]] == ["own-0", "own-1", "own-2"]
+    for i, job in enumerate(jobs[:3]):
+        stored = queue.get_job(f"own-{i}")
+        assert stored is not None and stored.data == i and stored.opts["attempts"] == 3
+        assert job.opts["delay"] == 0.5
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 1, "delayed": 5}
+    with pytest.raises(ValueError, match="all-digit"):  # the id of a job alike is checked too
+        queue.add_bulk([{"name": "a", "job_id": "fine-1", "attempts": 3},
+                        {"name": "a", "job_id": "123", "attempts": 3}])
+    with pytest.raises((TypeError, ValueError)):  # True == 1, but is no attempts count
+        queue.add_bulk([{"name": "a", "attempts": 1}, {"name": "a", "attempts": True}])
+    assert queue.get_job("fine-1") is None
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 1, "delayed": 5}
+
+
 def test_add_bulk_empty(queue: Queue, redis_client: redis.Redis) -> None:
     assert queue.add_bulk([]) == []
     assert queue_keys(redis_client, queue.name) == []
