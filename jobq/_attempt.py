@@ -4,7 +4,8 @@ The fetcher and the runners add attempts to the ``AttemptTable`` the moment a
 take returns; the lock renewer renews what it holds, the timeout watch fails
 what overran, and ``close()`` / ``pause()`` wait for it to empty. The
 ``TakeGate`` says whether the worker may take a job now, and counts the takes
-under way so that a pause or a close can wait for them.
+under way so that a pause or a close can wait for them. ``Pausing`` is a
+worker's pause, over both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._roles import Roles
     from ._tracing import AttemptSpan
     from .job import Job
 
@@ -189,3 +191,69 @@ class TakeGate:
                     return False
                 self._cond.wait(left)
             return True
+
+
+class Pausing:
+    """A worker's pause: the flag (under the worker's ``cond``, which
+    ``start()`` reads it under too), the gate's pause, and the wait of
+    ``pause()`` for the jobs in flight: all of them but those whose handlers
+    wait in ``pause()`` too (a handler's own job cannot end while it waits).
+    """
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.cond = cond  # the worker's (made anew in a forked child)
+        self.paused = False
+        self._parked: list[Attempt] = []  # attempts of handlers waiting in pause()
+
+    def pause(
+        self, roles_of: Callable[[], Roles | None], wait: bool, timeout: float | None,
+        closed: Callable[[], bool],
+    ) -> bool:
+        """Pause; wait as ``Worker.pause`` says. True if this call paused."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            first = not self.paused
+            self.paused = True
+            roles = roles_of()
+        if roles is not None:
+            if first:
+                roles.gate.set_paused(True)
+            roles.gate.wait_idle(deadline)
+            if wait:
+                self._wait_jobs(roles, deadline, closed)
+        return first
+
+    def resume(self, roles_of: Callable[[], Roles | None]) -> bool:
+        """Take jobs again; True if the worker was paused."""
+        with self.cond:
+            if not self.paused:
+                return False
+            self.paused = False
+            roles = roles_of()
+        if roles is not None:
+            roles.gate.set_paused(False)
+        return True
+
+    def _wait_jobs(self, roles: Roles, deadline: float | None, closed: Callable[[], bool]) -> None:
+        from .tasks import current_job  # the job of the calling handler, if any
+
+        table = roles.table
+        job = current_job() if threading.current_thread() in roles.runner.threads else None
+        own = [a for a in table.by_job(job.id) if a.job is job] if job is not None else []
+        with self.cond:
+            self._parked += own
+
+        def done() -> bool:  # resumed, closed, or only parked handlers' jobs left
+            if not self.paused or closed():
+                return True
+            with self.cond:
+                parked = list(self._parked)
+            waiting = sum(1 for a in parked if any(b is a for b in table.by_job(a.job_id)))
+            return len(table) <= waiting
+
+        try:
+            table.wait_empty(deadline, give_up=done)
+        finally:
+            with self.cond:
+                for attempt in own:
+                    self._parked.remove(attempt)

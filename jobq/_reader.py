@@ -298,22 +298,7 @@ class EventReader:
     def _detect_gap(self, client: Client, since: StreamId | None = None) -> None:
         """Warn and re-check every waiter when events after ``since`` (by
         default the last id read) were trimmed before they were read."""
-        try:
-            info = client.xinfo_stream(self._context.keys.events)
-        except Exception:  # no stream yet: nothing was lost
-            return
-        since = since or self.read_id
-        if since is None:
-            return
-        # XTRIM / MAXLEN do not move max-deleted-entry-id (only XDEL does): a
-        # stream whose first entry is past the last id read lost that entry,
-        # and maybe more after it. Re-checking waiters is harmless if not.
-        first = info.get("first-entry")
-        # (0, 0) is "before everything" (a "$" resolved on an empty stream, or
-        # "0"), not an entry read: only an XDEL past it shows a loss then
-        marks = [info.get("max-deleted-entry-id"), first[0] if first and since != (0, 0) else None]
-        texts = [_text(m) for m in marks if m]
-        if any(sid(t) > since for t in texts if valid_id(t)):
+        if trimmed(client, self._context.keys.events, since or self.read_id):
             logger.warning(
                 "events of %r were trimmed before they were read; re-checking waiters",
                 self.name,
@@ -406,7 +391,7 @@ class EventReader:
         if event.name in RUN_ENDS and job_id is not None:
             run = event.fields.get("run")
             run = run if isinstance(run, str) else None
-            outcome, event = self._outcome(event, run)
+            outcome, event = outcome_of(self._context, event, run)
             at = sid(event.id) if event.id else (0, 0)
             waiters = self.table.record(job_id, run, outcome, at)
             answered += ((waiter, outcome) for waiter in waiters)
@@ -418,39 +403,58 @@ class EventReader:
         elif event.id is not None and not event._more and self._dispatcher.idle():
             self._dispatcher.dispatched_id = event.id
 
-    def _outcome(self, event: Event, run: str | None) -> tuple[Outcome, Event]:
-        """How the run ended, and the event as listeners should see it (with
-        a result too big for the stream read back in)."""
-        if event.name == "failed":
-            fields = event.fields
-            cancelled = fields.get("cancelled") == "1"
-            failed = Failed(fields.get("failed_reason"), None, fields.get("exc_type"), cancelled)
-            return failed, event
-        if event.name != "completed":
-            return MISSING, event
-        if "result" in event.fields:
-            return Completed(event.fields["result"]), event
-        # a big result: in the record if it is of this run, else kept a while
-        # under its run's key (see complete.lua)
-        assert event.job_id is not None
-        client = self._context.client
-        state, value, record_run = client.hmget(
-            self._context.keys.job(event.job_id), ["state", "rv", "run"]
-        )
-        raw = None
-        same_run = run is None or record_run is None or _text(record_run) == run
-        if state == b"completed" and same_run:
-            raw = value
-        elif run is not None:
-            raw = client.get(f"{self._context.keys.base}result:{run}")
-        if raw is None:
-            return MISSING, event
-        result = serializer.decode(raw, "return value")
-        fields = {**event.fields, "result": result}
-        return Completed(result), dataclasses.replace(event, fields=fields)
-
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def outcome_of(context: QueueContext, event: Event, run: str | None) -> tuple[Outcome, Event]:
+    """How the run ended, and the event as listeners should see it (with
+    a result too big for the stream read back in)."""
+    if event.name == "failed":
+        fields = event.fields
+        cancelled = fields.get("cancelled") == "1"
+        failed = Failed(fields.get("failed_reason"), None, fields.get("exc_type"), cancelled)
+        return failed, event
+    if event.name != "completed":
+        return MISSING, event
+    if "result" in event.fields:
+        return Completed(event.fields["result"]), event
+    # a big result: in the record if it is of this run, else kept a while
+    # under its run's key (see complete.lua)
+    assert event.job_id is not None
+    client = context.client
+    state, value, record_run = client.hmget(
+        context.keys.job(event.job_id), ["state", "rv", "run"]
+    )
+    raw = None
+    same_run = run is None or record_run is None or _text(record_run) == run
+    if state == b"completed" and same_run:
+        raw = value
+    elif run is not None:
+        raw = client.get(f"{context.keys.base}result:{run}")
+    if raw is None:
+        return MISSING, event
+    result = serializer.decode(raw, "return value")
+    fields = {**event.fields, "result": result}
+    return Completed(result), dataclasses.replace(event, fields=fields)
+
+
+def trimmed(client: Client, key: str, since: StreamId | None) -> bool:
+    """Whether events of stream ``key`` after ``since`` may have been
+    trimmed before they were read."""
+    try:
+        info = client.xinfo_stream(key)
+    except Exception:  # no stream yet: nothing was lost
+        return False
+    if since is None:
+        return False
+    # XTRIM / MAXLEN do not move max-deleted-entry-id (only XDEL does): a
+    # stream whose first entry is past the last id read lost that entry,
+    # and maybe more after it. Re-checking waiters is harmless if not.
+    first = info.get("first-entry")
+    # (0, 0) is "before everything" (a "$" resolved on an empty stream, or
+    # "0"), not an entry read: only an XDEL past it shows a loss then
+    marks = [info.get("max-deleted-entry-id"), first[0] if first and since != (0, 0) else None]
+    texts = [_text(m) for m in marks if m]
+    return any(sid(t) > since for t in texts if valid_id(t))

@@ -313,38 +313,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         is brought up to date by a check of the record before the reader's
         outcomes may answer.
         """
-        future: Future[Any] = Future()
-        if self._stop.is_set():
-            future.set_exception(ClosedError(f"QueueEvents {self.name!r} is closed"))
-            return future
-
-        def settle() -> None:
-            if future.done():
-                return
-            try:
-                future.set_result(self._result(waiter))
-            except BaseException as exc:  # the job's failure becomes the future's
-                future.set_exception(exc)
-
-        def resolved(waiter: Waiter, outcome: Outcome) -> None:
-            self._table.unregister(waiter)
-            if threading.current_thread() in self._threads:
-                self._dispatcher.call_soon(settle)
-            else:
-                settle()
-
-        waiter = Waiter(job_id, run, resolved, stale=not fresh)
-        future.set_running_or_notify_cancel()
-        self._table.register(waiter)
-        self.wait_until_ready(0)  # starts the reader; it checks waiters once ready
-        if self._reader.ready.is_set():
-            try:
-                self._table.check(waiter)
-            except Exception as exc:
-                self._table.unregister(waiter)
-                if not future.done():
-                    future.set_exception(exc)
-        return future
+        return _future(self, job_id, run, fresh)
 
     def _result(self, waiter: Waiter) -> Any:
         return self._table.result(waiter, f"QueueEvents {self.name!r}")
@@ -360,7 +329,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             waiter.poke()
         futures = [w for w in waiters if w.callback is not None]
         if futures:
-            self._dispatcher.call_soon(lambda: self._check_futures(futures))
+            self._dispatcher.call_soon(lambda: _check_futures(self, futures))
 
     def _wake_loop(self) -> None:
         """The waker thread: wakes the threads whose waits the reader
@@ -375,24 +344,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             call_safely(callback, "error", exc)
 
     def _recheck_futures(self) -> None:
-        self._check_futures([w for w in self._table.snapshot() if w.callback is not None])
-
-    def _check_futures(self, waiters: list[Waiter]) -> None:
-        """Check futures' jobs (no thread waits on them), on the dispatcher,
-        in pipelined batches, then one by one those the batches left; a
-        transient error ends the round: the next reconnect or re-check
-        tries again."""
-        for waiter in self._table.check_many([w for w in waiters if w.outcome is None]):
-            if self._stop.is_set():
-                return
-            try:
-                self._table.check(waiter)
-            except _TRANSIENT as exc:
-                # one line per round, not one per waiter: the server is away
-                logger.warning("re-checking waited-on jobs of %r failed: %s", self.name, exc)
-                return
-            except Exception:
-                logger.exception("re-checking job %r failed", waiter.job_id)
+        _check_futures(self, [w for w in self._table.snapshot() if w.callback is not None])
 
 
 def _try_check(events: QueueEvents, waiter: Waiter) -> bool:
@@ -405,3 +357,57 @@ def _try_check(events: QueueEvents, waiter: Waiter) -> bool:
         if events.closed:
             raise ClosedError(f"QueueEvents {events.name!r} closed during the wait") from None
         raise
+
+
+def _future(events: QueueEvents, job_id: str, run: str | None, fresh: bool) -> Future[Any]:
+    """``QueueEvents.future_for``'s future."""
+    future: Future[Any] = Future()
+    if events._stop.is_set():
+        future.set_exception(ClosedError(f"QueueEvents {events.name!r} is closed"))
+        return future
+
+    def settle() -> None:
+        if future.done():
+            return
+        try:
+            future.set_result(events._result(waiter))
+        except BaseException as exc:  # the job's failure becomes the future's
+            future.set_exception(exc)
+
+    def resolved(waiter: Waiter, outcome: Outcome) -> None:
+        events._table.unregister(waiter)
+        if threading.current_thread() in events._threads:
+            events._dispatcher.call_soon(settle)
+        else:
+            settle()
+
+    waiter = Waiter(job_id, run, resolved, stale=not fresh)
+    future.set_running_or_notify_cancel()
+    events._table.register(waiter)
+    events.wait_until_ready(0)  # starts the reader; it checks waiters once ready
+    if events._reader.ready.is_set():
+        try:
+            events._table.check(waiter)
+        except Exception as exc:
+            events._table.unregister(waiter)
+            if not future.done():
+                future.set_exception(exc)
+    return future
+
+
+def _check_futures(events: QueueEvents, waiters: list[Waiter]) -> None:
+    """Check futures' jobs (no thread waits on them), on the dispatcher,
+    in pipelined batches, then one by one those the batches left; a
+    transient error ends the round: the next reconnect or re-check
+    tries again."""
+    for waiter in events._table.check_many([w for w in waiters if w.outcome is None]):
+        if events._stop.is_set():
+            return
+        try:
+            events._table.check(waiter)
+        except _TRANSIENT as exc:
+            # one line per round, not one per waiter: the server is away
+            logger.warning("re-checking waited-on jobs of %r failed: %s", events.name, exc)
+            return
+        except Exception:
+            logger.exception("re-checking job %r failed", waiter.job_id)

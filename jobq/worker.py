@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _tracing
-from ._attempt import Attempt
+from ._attempt import Pausing
 from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._roles import Roles, Settings, TakeTokens
@@ -46,7 +46,6 @@ from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
 from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
-from .tasks import current_job
 
 if TYPE_CHECKING:
 
@@ -212,9 +211,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         self._listeners = ListenerRegistry()
         self._cond = threading.Condition()
         self._state = Lifecycle.NEW
-        self._paused = False
-        # the attempts of handlers waiting in pause(): a pause waits for the others
-        self._pausing: tuple[Attempt, ...] = ()
+        self._pause = Pausing(self._cond)
         self._force = False  # set by close(force=True) or a second signal; read, never waited
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
@@ -261,7 +258,7 @@ class Worker(ListenerMethods, ClosedOnExit):
                 self._ensure_events(wait=True)
             route = functools.partial(_handler_for, self._routes, self._processor, self.name)
             roles = self._roles = Roles.build(
-                self._run_context, self._settings, self._listeners, paused=self._paused,
+                self._run_context, self._settings, self._listeners, paused=self._pause.paused,
                 handler_for=route, take_args=self._take_args, status=self._status,
             )
             self._state = Lifecycle.RUNNING
@@ -363,7 +360,7 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     def _after_fork(self) -> None:
         """In a forked child: nothing of the parent's run exists here."""
-        self._cond = threading.Condition()
+        self._cond = self._pause.cond = threading.Condition()
         self._listeners.after_fork()
         self._events = None
         self._signals = None
@@ -389,62 +386,18 @@ class Worker(ListenerMethods, ClosedOnExit):
         those of other handlers waiting in ``pause()`` too. The wait ends
         early if the worker is resumed or closed meanwhile.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            first = not self._paused
-            self._paused = True
-            roles = self._roles
-        if roles is not None:
-            if first:
-                roles.gate.set_paused(True)
-            roles.gate.wait_idle(deadline)
-            if wait:
-                self._wait_jobs_in_flight(roles, deadline)
-        if first:
+        if self._pause.pause(lambda: self._roles, wait, timeout,
+                             lambda: self._state is Lifecycle.CLOSED):
             self._listeners.emit("paused")  # on the caller's thread, before returning
-
-    def _wait_jobs_in_flight(self, roles: Roles, deadline: float | None) -> None:
-        """Wait until no job is in flight but those of handlers waiting in
-        ``pause()`` (a handler's own job cannot end while it waits)."""
-        own: tuple[Attempt, ...] = ()
-        job = current_job() if threading.current_thread() in roles.runner.threads else None
-        if job is not None:
-            own = tuple(a for a in roles.table.by_job(job.id) if a.job is job)
-        with self._cond:
-            self._pausing += own
-        table = roles.table
-
-        def done() -> bool:
-            if not self._paused or self._state is Lifecycle.CLOSED:
-                return True
-            waiting = sum(
-                1 for a in self._pausing if any(b is a for b in table.by_job(a.job_id))
-            )
-            return len(table) <= waiting
-
-        try:
-            table.wait_empty(deadline, give_up=done)
-        finally:
-            with self._cond:
-                left = list(self._pausing)
-                for attempt in own:
-                    left.remove(attempt)
-                self._pausing = tuple(left)
 
     def resume(self) -> None:
         """Take jobs again after ``pause()``. Emits ``resumed``."""
-        with self._cond:
-            if not self._paused:
-                return
-            self._paused = False
-            roles = self._roles
-        if roles is not None:
-            roles.gate.set_paused(False)
-        self._listeners.emit("resumed")
+        if self._pause.resume(lambda: self._roles):
+            self._listeners.emit("resumed")
 
     def is_paused(self) -> bool:
         """Whether this worker is paused (see ``pause``)."""
-        return self._paused
+        return self._pause.paused
 
     # -- listeners (on / once / off / listener_count: ListenerMethods) -----------
 
@@ -477,7 +430,7 @@ class Worker(ListenerMethods, ClosedOnExit):
             "queues": self._announced_queues, "concurrency": self.concurrency,
             "done": roles.finisher.done if roles else 0,
             "failed": roles.finisher.failed if roles else 0,
-            "active": len(roles.table) if roles else 0, "paused": self._paused,
+            "active": len(roles.table) if roles else 0, "paused": self._pause.paused,
         }
 
 
