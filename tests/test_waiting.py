@@ -635,9 +635,15 @@ def test_wait_and_close_keep_their_own_time_with_a_retrying_client(
     may be stale) and ``close()`` (in pub/sub mode it publishes a wake-up
     to its reader) keep to their time under an outage, although the
     caller's client retries 10 times with backoff."""
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
     host, port = "127.0.0.1", own_server.port
-    client = redis.Redis(host, port)  # redis-py's default: 10 retries with backoff
-    assert client.get_retry().get_retries() > 0
+    # retries as redis-py 6+ makes them by default (redis-py 5 made none)
+    client = redis.Redis(
+        host, port, retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), 10),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    )
     try:
         queue = Queue(queue_name, connection=client, event_mode=mode)
         try:
