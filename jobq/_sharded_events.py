@@ -242,9 +242,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         """Wait for a job through its shard's part (see QueueEvents)."""
         return self.reader_for(job_id).wait_for(job_id, timeout, run, **kwargs)
 
-    def future_for(self, job_id: str, run: str | None = None, fresh: bool = True) -> Future[Any]:
+    def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future of a job's outcome, through its shard's part (see QueueEvents)."""
-        return self.reader_for(job_id).future_for(job_id, run, fresh)
+        return self.reader_for(job_id).future_for(job_id, run)
 
     def _recheck_futures(self) -> None:
         for part in self._readers:

@@ -348,6 +348,6 @@ class Job(JobFlow):
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""
         events = self._events(queue_events)
-        fresh, self._fresh = self._fresh, False
-        return events.future_for(self.id, self._run, fresh)
+        self._fresh = False
+        return events.future_for(self.id, self._run)
 

@@ -304,16 +304,17 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             self._table.unregister(waiter)
             waiter.resumed()  # the reader wakes more threads once this one is done
 
-    def future_for(self, job_id: str, run: str | None = None, fresh: bool = True) -> Future[Any]:
+    def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
 
         Its done-callbacks run on the dispatcher thread (or on the calling
         thread when the job has finished already), never on the reader.
-        ``run`` and ``fresh`` as for ``wait_for``: a token that may be stale
-        is brought up to date by a check of the record before the reader's
-        outcomes may answer.
+        ``run`` as for ``wait_for``; the token may be stale whatever the Job
+        (a retry elsewhere since), so the reader's outcomes answer the
+        future only once a check of the record, made at once (or when the
+        reader is first ready), has brought it up to date.
         """
-        return _future(self, job_id, run, fresh)
+        return _future(self, job_id, run)
 
     def _result(self, waiter: Waiter) -> Any:
         return self._table.result(waiter, f"QueueEvents {self.name!r}")
@@ -359,7 +360,7 @@ def _try_check(events: QueueEvents, waiter: Waiter) -> bool:
         raise
 
 
-def _future(events: QueueEvents, job_id: str, run: str | None, fresh: bool) -> Future[Any]:
+def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
     """``QueueEvents.future_for``'s future."""
     future: Future[Any] = Future()
     if events._stop.is_set():
@@ -381,7 +382,7 @@ def _future(events: QueueEvents, job_id: str, run: str | None, fresh: bool) -> F
         else:
             settle()
 
-    waiter = Waiter(job_id, run, resolved, stale=not fresh)
+    waiter = Waiter(job_id, run, resolved, stale=True)
     future.set_running_or_notify_cancel()
     events._table.register(waiter)
     events.wait_until_ready(0)  # starts the reader; it checks waiters once ready
