@@ -125,12 +125,13 @@ def test_job_lifecycle_events_in_order_with_typed_fields(
         job.update_progress({"pct": 50})
         return {"sum": job.data["a"] + job.data["b"]}
 
-    before = time.time()
+    before, start = time.time(), time.monotonic()
     with Worker(queue.name, work, connection=redis_url, name="w-life") as worker:
         job = queue.add("adder", {"a": 1, "b": 2})
         assert job.wait_until_finished(qe, timeout=WAIT) == {"sum": 3}
         assert rec.wait_name("completed", job.id)
         assert rec.wait_name("drained")
+    took = time.monotonic() - start  # every duration the server measured lies within it
     assert rec.names(job.id) == ["added", "waiting", "active", "progress", "completed"]
 
     added = rec.first("added", job.id)
@@ -158,7 +159,7 @@ def test_job_lifecycle_events_in_order_with_typed_fields(
     assert isinstance(metrics, JobMetrics)
     assert metrics.attempt == 1
     for value in (metrics.waited_for, metrics.ran_for, metrics.expected_delay):
-        assert isinstance(value, float) and 0.0 <= value < 5.0
+        assert isinstance(value, float) and 0.0 <= value <= took
     assert metrics.expected_delay == 0.0
     assert completed.fields["metrics"] is metrics
 
@@ -489,7 +490,8 @@ def test_slow_listener_does_not_delay_waiter(queue: Queue, qe: QueueEvents,
             second = queue.add("x", 2)
             start = time.monotonic()
             assert second.wait_until_finished(qe, timeout=WAIT) == 2
-            assert time.monotonic() - start < 2.0
+            # far less than the 10 s the dispatcher stays held in `slow`
+            assert time.monotonic() - start < 5.0
             assert not release.is_set() and seen == [first.id]
     finally:
         release.set()
@@ -694,7 +696,7 @@ def test_close_is_prompt_and_idempotent(queue: Queue, redis_url: str) -> None:
     assert qe.wait_until_ready(WAIT)
     start = time.monotonic()
     qe.close()
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 5.0  # not the end of the 10 s block
     assert qe.closed
     qe.close()  # idempotent
     assert not [t for t in threading.enumerate() if t.name.endswith(queue.name)
@@ -722,9 +724,9 @@ def test_close_releases_blocked_waiter_with_closed_error(queue: Queue, redis_url
         assert until(lambda: qe._table.waiting_on(job.id))  # it is blocked in the wait
         start = time.monotonic()
         qe.close()
-        thread.join(5)
+        thread.join(WAIT)
         assert not thread.is_alive()
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 5.0  # not the end of the 10 s block, nor the 30 s wait
     finally:
         qe.close()
         thread.join(5)
@@ -889,7 +891,7 @@ def test_job_finished_before_the_wait_returns_at_once(queue: Queue, qe: QueueEve
         assert done.wait(WAIT)
     start = time.monotonic()
     assert job.wait_until_finished(qe, timeout=WAIT) == "early"
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # the periodic re-check comes after 10 s
     # also through a brand-new reader that never saw the event
     with QueueEvents(queue.name, connection=redis_url) as fresh:
         assert job.wait_until_finished(fresh, timeout=WAIT) == "early"
@@ -1002,7 +1004,7 @@ def test_never_existing_and_already_removed_job_raise_not_found(
     assert queue.remove(job.id)
     with pytest.raises(JobNotFoundError):
         job.wait_until_finished(qe, timeout=WAIT)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 5.0  # the periodic re-check comes after 10 s
 
 
 def test_not_found_on_an_empty_stream(queue: Queue, redis_url: str) -> None:
@@ -1019,7 +1021,7 @@ def test_timeout_raises_wait_until_finished_timeout_error(queue: Queue,
     with pytest.raises(WaitUntilFinishedTimeoutError) as info:
         job.wait_until_finished(qe, timeout=0.3)
     elapsed = time.monotonic() - start
-    assert 0.25 <= elapsed < 2.0
+    assert 0.25 <= elapsed < 5.0  # the periodic re-check comes after 10 s
     assert isinstance(info.value, TimeoutError)
     assert isinstance(info.value, JobqError)
     assert job.id in str(info.value) and "0.3" in str(info.value)
@@ -1242,6 +1244,9 @@ def test_reader_recovers_after_server_restart(own_server: RedisServer, queue_nam
     ):
         qe.on_all_events(rec)
         assert qe.wait_until_ready(WAIT)
+        # no periodic re-check (every 10 s, at any moment of the restart):
+        # only the reader's re-check after its reconnect can end the wait
+        qe._dispatcher.interval = 3600.0
         assert queue.add("x", "before").wait_until_finished(qe, timeout=WAIT) == "before"
         doomed = queue.add("x", "doomed", delay=60)
         outcome: list[BaseException] = []
@@ -1260,10 +1265,10 @@ def test_reader_recovers_after_server_restart(own_server: RedisServer, queue_nam
             assert registered.wait(WAIT)
             assert until(lambda: qe._table.waiting_on(doomed.id))
             own_server.restart()
-            start = time.monotonic()
-            thread.join(8)
+            # the reconnect comes within its backoff (capped at 5 s), well
+            # before the wait's own 30 s timeout
+            thread.join(20)
             assert not thread.is_alive(), "waiter on a vanished job hangs after a restart"
-            assert time.monotonic() - start < 8
         finally:
             thread.join(30)
         assert len(outcome) == 1 and isinstance(outcome[0], JobNotFoundError), outcome

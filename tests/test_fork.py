@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from jobq import Event, Job, Queue, ShardedQueue, Worker
+from tests.polling import until
 
 WAIT = 10.0
 
@@ -118,6 +119,8 @@ def test_child_of_a_preloaded_queue_waits_and_listens(
                        for i in range(5)]
             gone = queue.add("x", "gone", remove_on_complete=True)
             results.append(gone.wait_until_finished(timeout=5))
+            # the listener runs on the dispatcher, which may trail the waits
+            until(lambda: any(e.result == "child-0" for e in completed), timeout=5)
             threads = [t.name for t in threading.enumerate() if t.name.startswith("jobq-")]
             return {"results": results, "threads": threads,
                     "heard": sorted({e.result for e in completed if e.result != "parent"})}
@@ -163,6 +166,8 @@ def test_child_of_a_preloaded_sharded_queue_waits_and_listens(
             # each wait is shorter than the re-check: the reader answers it
             results = [queue.add("x", f"child-{i}").wait_until_finished(timeout=5)
                        for i in range(8)]
+            # the listener runs on the dispatcher, which may trail the waits
+            until(lambda: any(e.result == "child-0" for e in completed), timeout=5)
             threads = [t.name for t in threading.enumerate() if t.name.startswith("jobq-")]
             return {"results": results, "threads": threads,
                     "heard": sorted({e.result for e in completed if e.result != "parent"})}

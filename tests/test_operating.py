@@ -94,8 +94,11 @@ def test_registry_lists_live_workers_and_forgets_closed_ones(
         assert release.wait(WAIT)
         return "ok"
 
+    # a beat every second: one late by up to two seconds keeps the entry (a
+    # lapsed one would come back with a new `started`); a change of counts
+    # is announced within a second whatever the ttl
     worker = Worker(queue.name, handler, connection=redis_url, concurrency=3, name="reg-w",
-                    heartbeat_ttl=0.6)
+                    heartbeat_ttl=3.0)
     with worker:
         (info,) = until(queue.get_workers)
         assert (info.name, info.concurrency, info.queues) == ("reg-w", 3, (queue.name,))

@@ -477,9 +477,10 @@ def test_delayed_job_runs_after_undelayed_ones(queue: Queue, redis_url: str) -> 
 
 
 def test_delayed_jobs_run_in_due_order(queue: Queue, redis_url: str) -> None:
-    queue.add("third", delay=0.3)
-    queue.add("first", delay=0.1)
-    queue.add("second", delay=0.2)
+    # one add: one server timestamp, so the due order is the delays' order
+    # however slowly the adds would have followed each other
+    queue.add_bulk([{"name": "third", "delay": 0.3}, {"name": "first", "delay": 0.1},
+                    {"name": "second", "delay": 0.2}])
     assert run_order(queue.name, redis_url, 3) == ["first", "second", "third"]
 
 
@@ -789,12 +790,21 @@ def test_clean_completed_respects_grace(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
     old = queue.add("old")
-    new = queue.add("new", delay=0.6)
     with worker(queue.name, redis_url, lambda j: j.name):
         assert old.wait_until_finished(timeout=WAIT) == "old"
+        # Added after "old" finished and due a second later: the two
+        # finish times are at least a second apart however slow the run.
+        new = queue.add("new", delay=1.0)
         assert new.wait_until_finished(timeout=WAIT) == "new"
     assert queue.clean(60) == []
-    assert queue.clean(0.3) == [old.id]
+    old_done, new_done = (old.refresh().finished_on, new.refresh().finished_on)
+    assert old_done is not None and new_done is not None
+    assert new_done - old_done >= 1.0
+    # A grace that puts the cutoff half-way between the two finish times
+    # (the server's clock decides; the call follows within half a second).
+    secs, micros = redis_client.time()
+    grace = secs + micros / 1e6 - (old_done + new_done) / 2
+    assert queue.clean(grace) == [old.id]
     assert queue.get_job(old.id) is None
     assert queue.get_job_state(new.id) == "completed"
     assert queue.get_job_counts("completed") == {"completed": 1}
@@ -1034,12 +1044,13 @@ def test_remove_on_complete_count_dict(queue: Queue, redis_url: str) -> None:
 
 def test_remove_on_complete_age(queue: Queue, redis_url: str) -> None:
     old = queue.add("old", remove_on_complete={"age": 0.1})
-    new = queue.add("new", delay=0.6, remove_on_complete={"age": 0.1})
     with worker(queue.name, redis_url, lambda j: j.name):
         assert old.wait_until_finished(timeout=WAIT) == "old"
         assert queue.get_job_state(old.id) == "completed"
+        # added after `old` finished and due 0.6 s later, however slow the run
+        new = queue.add("new", delay=0.6, remove_on_complete={"age": 0.1})
         assert new.wait_until_finished(timeout=WAIT) == "new"
-    # finishing `new` (0.6 s later) removed `old`, finished more than 0.1 s before
+    # finishing `new` removed `old`, finished at least 0.6 s before
     assert queue.get_job(old.id) is None
     assert queue.get_job_state(new.id) == "completed"
 

@@ -151,12 +151,12 @@ def test_a_lost_reply_of_a_finish_that_took_the_next_job_loses_no_job(
         second = queue.add("second", job_id="second-job")
         dropped = proxy.drop_reply(_calls(_fcall("complete", private_server), "first-job"))
         worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
-                        lock_duration=5, stalled_interval=INTERVAL)
+                        lock_duration=30, stalled_interval=INTERVAL)
         with worker:
             assert first.wait_until_finished(timeout=WAIT) == "first"
             # without the fix the second job sits locked by nobody until its
-            # lock expires, and runs as stalled
-            assert second.wait_until_finished(timeout=3) == "second"
+            # lock expires (30 s, long after this wait), and runs as stalled
+            assert second.wait_until_finished(timeout=WAIT) == "second"
         assert dropped.is_set()
         assert second.refresh().stalled_counter == 0
         assert second.attempts_made == 1
@@ -190,7 +190,9 @@ def test_a_completion_refused_with_busy_is_retried_not_dropped(
         admin.config_set("busy-reply-threshold", 100)
         try:
             job = q.add("x")
-            with make_worker(q.name, private_server.url, handler, lock_duration=2):
+            # a lock that outlives the 1.5 s busy script whenever it was last
+            # renewed: the completion meets BUSY, never a stall check's recovery
+            with make_worker(q.name, private_server.url, handler, lock_duration=10):
                 assert started.wait(WAIT)
                 busy = threading.Thread(
                     target=lambda: private_server.client().eval(_BUSY_SCRIPT, 0, 1_500_000),
@@ -263,8 +265,10 @@ def test_an_add_whose_reply_times_out_is_not_sent_twice(
     host, port = "127.0.0.1", private_server.client().connection_pool.connection_kwargs["port"]
     # redis-py's own defaults: a retry policy that resends on a timeout
     client = redis.Redis(host=host, port=port, socket_timeout=0.3)
+    # the server sleeps long enough that the add times out even when it is
+    # sent well over a second after the probe saw the sleep begin
     sleeper = threading.Thread(
-        target=lambda: private_server.client().execute_command("DEBUG", "SLEEP", "1"),
+        target=lambda: private_server.client().execute_command("DEBUG", "SLEEP", "2"),
         name="test-sleep",
     )
     try:
@@ -327,14 +331,16 @@ def test_close_with_a_timeout_keeps_to_it_while_the_server_is_paused(
         worker.start()
         assert started.wait(WAIT)
         with private_server.client() as admin:
-            admin.execute_command("CLIENT", "PAUSE", 8000, "ALL")
+            # (the pause lasts its whole time: UNPAUSE waits behind it too)
+            admin.execute_command("CLIENT", "PAUSE", 15_000, "ALL")
             began = time.monotonic()
             worker.close(timeout=1)
             took = time.monotonic() - began
             admin.execute_command("CLIENT", "UNPAUSE")
     # 1 s for the job, then the join grace for threads told to stop, then
-    # the same again for threads whose connections it had to cut
-    assert took < 5.0, f"close(timeout=1) took {took:.1f} s"
+    # the same again for threads whose connections it had to cut: 4.5 s,
+    # far from the 15 s of a close that waited for the server
+    assert took < 9.0, f"close(timeout=1) took {took:.1f} s"
     assert not worker.is_running()
 
 
@@ -672,11 +678,12 @@ def test_an_unexpected_reply_to_a_finishing_call_is_retried_not_left_to_stall(
         replaced = proxy.replace_reply(_calls(_fcall("complete", private_server), "odd-job"),
                                        b"+OK\r\n")
         worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
-                        lock_duration=5, stalled_interval=INTERVAL)
+                        lock_duration=30, stalled_interval=INTERVAL)
         done = Recorder().attach(worker, "completed")
         with worker:
             assert job.wait_until_finished(timeout=WAIT) == "x"
-            assert after.wait_until_finished(timeout=3) == "y"
+            # left to stall, it would run only once its 30 s lock expired
+            assert after.wait_until_finished(timeout=WAIT) == "y"
             assert done.wait("completed", 2)  # the worker knows it finished both
         assert replaced.is_set()
         assert after.refresh().stalled_counter == 0 and after.attempts_made == 1
