@@ -232,15 +232,30 @@ class WakeGate:
         return not self._queued
 
     def add(self, answered: list[tuple[Waiter, Outcome]]) -> None:
-        """Queue waiters with their outcomes, for the waker thread; a
-        future's (no thread waits on it) is resolved at once."""
+        """Wake the answered waiters' threads while fewer than WAKE_BATCH
+        woken have yet to run and none is queued (the common case: a few at
+        a time, woken here with no hop through the waker thread); queue the
+        rest for the waker thread. A future's (no thread waits on it) is
+        resolved at once."""
         queued = False
         for waiter, outcome in answered:
-            if waiter.callback is None:
+            if waiter.callback is not None:
+                waiter.resolve(outcome)
+                continue
+            with self._cond:  # counted first: the thread may run at once
+                direct = not self._queued and self._outstanding < WAKE_BATCH
+                if direct:
+                    self._outstanding += 1
+                    self._progress = time.monotonic()
+            if not direct:
                 self._queued.append((waiter, outcome))
                 queued = True
-            else:
-                waiter.resolve(outcome)
+                continue
+            waiter.gate = self
+            if not waiter.resolve(outcome):
+                waiter.gate = None
+                with self._cond:
+                    self._outstanding -= 1
         if queued:
             with self._cond:
                 self._cond.notify_all()
