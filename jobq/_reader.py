@@ -1,6 +1,6 @@
 """The threads of a QueueEvents: the reader of the queue's event channel,
-which answers waiters (the waker thread, WakeGate, wakes their threads a
-batch at a time), and the dispatcher, which runs everything a user wrote
+which answers waiters (it wakes their threads, a batch at a time; the waker
+thread, WakeGate, wakes those beyond a batch), and the dispatcher, which runs everything a user wrote
 (listeners, futures' done-callbacks) so that none runs on the reader."""
 
 from __future__ import annotations
@@ -324,8 +324,8 @@ class EventReader:
         assert self.read_id is not None and self.table is not None
         since = self.read_id
         listened = self._listeners.has_any()
-        # the waiters answered by this read are queued on the gate, for the
-        # waker thread to wake a batch at a time (see WakeGate)
+        # the waiters answered by this read go to the gate, which wakes a
+        # batch at a time (see WakeGate)
         answered: list[tuple[Waiter, Outcome]] = []
         for entry_id, raw in entries:
             entry = _text(entry_id)

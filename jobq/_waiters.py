@@ -207,10 +207,12 @@ class WakeGate:
     3.1-5.1 s one after another, and 0.8 s in batches of 64, each woken
     once the previous batch had run (bench/load/README.md, L1).
 
-    The reader queues the waiters its reads answer (``add``); a thread of
-    its own (``work``) wakes them, keeping at most WAKE_BATCH woken threads
-    that have yet to run. The reader never waits for them, so it does not
-    fall behind the stream while they run.
+    The reader hands over the waiters its reads answer (``add``): it wakes
+    them itself while fewer than WAKE_BATCH woken threads have yet to run
+    (the usual case, a few at a time: no hop through another thread), and
+    queues the rest; a thread of its own (``work``) wakes those, keeping at
+    most WAKE_BATCH woken threads that have yet to run. The reader never
+    waits for them, so it does not fall behind the stream while they run.
     """
 
     def __init__(self) -> None:

@@ -334,7 +334,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def _wake_loop(self) -> None:
         """The waker thread: wakes the threads whose waits the reader
-        answered, a batch at a time (WakeGate)."""
+        answered beyond the batch it woke itself (WakeGate)."""
         gate = self._table.gate
         BackgroundLoop(
             f"waker of {self.name!r}", lambda: gate.work(self._stop), stop=self._stop, log=logger
