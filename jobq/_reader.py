@@ -1,7 +1,8 @@
 """The threads of a QueueEvents: the reader of the queue's event channel,
 which answers waiters (it wakes their threads, a batch at a time; the waker
-thread, WakeGate, wakes those beyond a batch), and the dispatcher, which runs everything a user wrote
-(listeners, futures' done-callbacks) so that none runs on the reader."""
+thread, WakeGate, wakes those beyond a batch), and the dispatcher, which
+runs everything a user wrote (listeners, futures' done-callbacks) so that
+none runs on the reader."""
 
 from __future__ import annotations
 

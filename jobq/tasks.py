@@ -72,6 +72,15 @@ def _module_name(func: Callable[..., Any]) -> str:
     return os.path.splitext(os.path.basename(path))[0] if path else module
 
 
+def task_name_of(func: Callable[..., Any], name: str | None) -> str:
+    """A task's job name: ``name``, else ``"<module>.<qualname>"``; checked."""
+    from .queue import _job_name
+
+    task_name = name or f"{_module_name(func)}.{func.__qualname__}"
+    _job_name(task_name)
+    return task_name
+
+
 class Task(Generic[R]):
     """A function registered on a queue under a job name.
 
@@ -80,14 +89,20 @@ class Task(Generic[R]):
     """
 
     def __init__(
-        self, queue: Queue, func: Callable[..., R], name: str, options: Mapping[str, Any]
+        self, queue: Queue | None, func: Callable[..., R], name: str, options: Mapping[str, Any]
     ) -> None:
-        self.queue = queue
+        self._queue = queue
         self.func = func
         self.name = name
         self.options = dict(options)
         self._signature = inspect.signature(func)
         functools.update_wrapper(self, func)
+
+    @property
+    def queue(self) -> Queue:
+        """The queue that ``delay`` and ``enqueue`` add to."""
+        assert self._queue is not None
+        return self._queue
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r} on queue {self.queue.name!r}>"
@@ -161,10 +176,7 @@ class QueueTasks:
         JobOptions.parse(default_options)  # fail at import time, not at delay()
 
         def decorate(func: Callable[..., R]) -> Task[R]:
-            task_name = name or f"{_module_name(func)}.{func.__qualname__}"
-            from .queue import _job_name
-
-            _job_name(task_name)
+            task_name = task_name_of(func, name)
             existing = self._tasks.get(task_name)
             if existing is not None and existing.func is not func:
                 raise ValueError(

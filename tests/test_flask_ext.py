@@ -5,6 +5,7 @@ gunicorn with a ``flask jobq worker`` process."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.test_forking_servers import _get, gunicorn_with_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+WAIT = 60.0  # seconds a subprocess (an interpreter starting, a burst worker) may take
 
 
 @pytest.fixture
@@ -87,3 +89,111 @@ def test_the_example_under_gunicorn_with_a_flask_jobq_worker(redis_url: str) -> 
     with Queue("flask-add", connection=redis_url, prefix=prefix) as queue:
         assert queue.get_job_counts("completed") == {"completed": 40}
         queue.obliterate(force=True)
+
+
+# -- an application factory: tasks declared on the extension, before any app --
+
+_FACTORY_FILES = {
+    "fapp/__init__.py": "",
+    "fapp/extensions.py": "from jobq.contrib.flask import JobQ\n\njobq_ext = JobQ()\n",
+    "fapp/tasks.py": (
+        "from .extensions import jobq_ext\n\n\n"
+        "@jobq_ext.task(queue='mail', attempts=2)\n"
+        "def shout(text):\n    return text.upper()\n\n\n"
+        "@jobq_ext.task()\n"
+        "def add(a, b):\n    return a + b\n"
+    ),
+    "fapp/app.py": (
+        "import os\n\nfrom flask import Flask\n\nfrom .extensions import jobq_ext\n\n\n"
+        "def create_app():\n"
+        "    app = Flask(__name__)\n"
+        "    app.config.update(JOBQ_URL=os.environ['JOBQ_REDIS_URL'],\n"
+        "                      JOBQ_PREFIX=os.environ['JOBQ_PREFIX'])\n"
+        "    jobq_ext.init_app(app)\n"
+        "    from . import tasks  # noqa: F401\n"
+        "    return app\n"
+    ),
+}
+
+
+def test_tasks_declared_before_the_app_run_in_a_factory_apps_worker(
+    tmp_path: Path, redis_url: str, queue_name: str,
+) -> None:
+    for name, text in _FACTORY_FILES.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    prefix = f"ff-{queue_name[-8:]}"
+    env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    # the app adds through the factory's app, as a view would
+    adder = (
+        "from fapp.app import create_app\nfrom fapp.tasks import add, shout\n"
+        "app = create_app()\n"
+        "with app.app_context():\n"
+        "    print(shout.delay('hi').id, add.delay(2, 3).id, shout.queue.prefix)\n"
+        "try:\n    add.delay(1, 1)\nexcept RuntimeError as exc:\n    print('outside:', exc)\n"
+    )
+    added = subprocess.run([sys.executable, "-c", adder], env=env, capture_output=True,
+                           text=True, timeout=WAIT, check=True).stdout.split("\n")
+    mail_id, default_id, used_prefix = added[0].split()
+    assert used_prefix == prefix
+    assert added[1].startswith("outside:")  # no app context, no app given: an error
+    worker = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "fapp.app:create_app", "jobq", "worker",
+         "--burst", "-c", "2"],
+        env=env, capture_output=True, text=True, timeout=WAIT)
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert "jobq worker ready on default, mail" in worker.stdout
+    with Queue("mail", connection=redis_url, prefix=prefix) as mail, \
+            Queue("default", connection=redis_url, prefix=prefix) as default:
+        assert mail.get_job_result(mail_id) == "HI"
+        assert mail.get_job(mail_id).opts["attempts"] == 2  # type: ignore[union-attr]
+        assert default.get_job_result(default_id) == 5
+        mail.obliterate(force=True)
+        default.obliterate(force=True)
+
+
+def test_extension_tasks_follow_the_current_app(redis_url: str, queue_name: str) -> None:
+    ext = JobQ()
+
+    @ext.task(queue="mail")
+    def shout(text: str) -> str:
+        return text.upper()
+
+    assert shout("here") == "HERE"  # a plain call runs here
+    with pytest.raises(RuntimeError):
+        shout.delay("x")  # no app yet
+    apps = []
+    for n in range(2):
+        app = flask.Flask(f"app{n}")
+        app.config.update(JOBQ_URL=redis_url, JOBQ_PREFIX=f"fx{n}-{queue_name[-8:]}")
+        ext.init_app(app)
+        apps.append(app)
+    try:
+        for app in apps:
+            with app.app_context():
+                job = shout.delay("x")
+                assert shout.queue is ext.queue("mail")
+                assert shout.queue.prefix == app.config["JOBQ_PREFIX"]
+                assert shout.queue.get_job(job.id) is not None
+                with pytest.raises(TypeError):
+                    shout.delay("x", "too many")  # checked against the signature
+        with apps[0].app_context():
+            # declared after the app's queue was built: the worker finds it too
+            @ext.task(queue="mail")
+            def late() -> str:
+                return "late"
+
+            result = apps[0].test_cli_runner().invoke(args=["jobq", "worker", "--burst"])
+            assert result.exit_code == 0, result.output
+            assert set(ext.queue("mail").tasks) == {shout.name, late.name}
+            assert ext.queue("mail").get_job_counts("completed") == {"completed": 1}
+        with pytest.raises(ValueError, match="already"):
+            ext.task(queue="mail", name=shout.name)(lambda: None)
+        with pytest.raises(ValueError):
+            ext.task(priority=-1)
+    finally:
+        for app in apps:
+            with app.app_context():
+                ext.queue("mail").obliterate(force=True)
+                ext.close()

@@ -12,12 +12,28 @@ queues (``--import MODULE`` imports modules that define more)::
 
     @jobq_ext.queue().task()
     def send_mail(to): ...
+
+With an application factory, declare tasks on the extension, before any app
+exists: ``@jobq_ext.task(queue="mail")``. Such a task adds to the queue of
+the current app (or of the app given to ``JobQ(app)``), and every app that
+``init_app`` set up runs it in ``flask jobq worker``::
+
+    jobq_ext = JobQ()                      # extensions.py
+
+    @jobq_ext.task()                       # tasks.py
+    def send_mail(to): ...
+
+    def create_app():                      # app.py
+        app = Flask(__name__)
+        jobq_ext.init_app(app)
+        return app
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -25,8 +41,10 @@ from flask import Flask, current_app
 from flask.cli import with_appcontext
 
 from jobq import Queue, _fork
+from jobq.options import JobOptions
+from jobq.tasks import R, Task, task_name_of
 
-__all__ = ["JobQ"]
+__all__ = ["JobQ", "AppTask"]
 
 _EXTENSION = "jobq"
 
@@ -34,8 +52,9 @@ _EXTENSION = "jobq"
 class _AppQueues:
     """The shared queues of one app in this process."""
 
-    def __init__(self, app: Flask) -> None:
+    def __init__(self, app: Flask, declared: list[AppTask[Any]]) -> None:
         self.app = app
+        self.declared = declared  # the extension's tasks (JobQ.task), shared
         self.queues: dict[str, Queue] = {}
         self.lock = threading.Lock()
         _fork.track(self)
@@ -54,7 +73,22 @@ class _AppQueues:
                 queue = Queue(name, connection=config["JOBQ_URL"],
                               prefix=config["JOBQ_PREFIX"], **options)
                 self.queues[name] = queue
+                self._register(queue)
             return queue
+
+    def _register(self, queue: Queue) -> None:
+        """Give ``queue`` the extension's tasks declared for its name."""
+        for task in list(self.declared):
+            if task.queue_name == queue.name:
+                queue.task(task.name, **task.options)(task.func)
+
+    def with_tasks(self) -> dict[str, Queue]:
+        """The app's queues that have tasks, those of the extension's
+        declared tasks included (built now if need be)."""
+        for name in {task.queue_name for task in self.declared}:
+            self._register(self.get(name))  # declared after the queue was built
+        with self.lock:
+            return {n: q for n, q in self.queues.items() if q.tasks}
 
     def close(self) -> None:
         with self.lock:
@@ -68,6 +102,7 @@ class JobQ:
 
     def __init__(self, app: Flask | None = None) -> None:
         self.app = app
+        self._declared: list[AppTask[Any]] = []
         if app is not None:
             self.init_app(app)
 
@@ -76,7 +111,7 @@ class JobQ:
         app.config.setdefault("JOBQ_URL", None)
         app.config.setdefault("JOBQ_PREFIX", "jobq")
         app.config.setdefault("JOBQ_QUEUES", {})
-        app.extensions[_EXTENSION] = _AppQueues(app)
+        app.extensions[_EXTENSION] = _AppQueues(app, self._declared)
         app.cli.add_command(jobq_cli)
 
     def _state(self) -> _AppQueues:
@@ -92,9 +127,63 @@ class JobQ:
         to ``JobQ(app)``."""
         return self._state().get(name)
 
+    def task(
+        self, name: str | None = None, *, queue: str = "default", **default_options: Any
+    ) -> Callable[[Callable[..., R]], AppTask[R]]:
+        """Decorate a function as a task of the app's queue ``queue``, with no
+        app needed yet (an application factory calls ``init_app`` later).
+
+        As ``Queue.task`` (``name``, job options), but the task adds to the
+        queue of the current app, or of the app given to ``JobQ(app)``;
+        ``flask jobq worker`` runs it for every app set up by ``init_app``.
+
+        Raises:
+            ValueError: the name is taken on that queue by another
+                function, or a bad option.
+        """
+        JobOptions.parse(default_options)  # fail at import time, not at delay()
+
+        def decorate(func: Callable[..., R]) -> AppTask[R]:
+            task_name = task_name_of(func, name)
+            for task in self._declared:
+                if task.queue_name == queue and task.name == task_name and task.func is not func:
+                    raise ValueError(f"queue {queue!r} has a task named {task_name!r} already")
+            declared = AppTask(self, queue, func, task_name, default_options)
+            self._declared.append(declared)
+            return declared
+
+        return decorate
+
     def close(self) -> None:
         """Close and forget the app's shared queues (tests, shutdown)."""
         self._state().close()
+
+
+class AppTask(Task[R]):
+    """A task declared on the extension (``JobQ.task``): its queue is the
+    current app's queue of that name, looked up at each ``delay``."""
+
+    def __init__(
+        self, ext: JobQ, queue_name: str, func: Callable[..., R], name: str,
+        options: Mapping[str, Any],
+    ) -> None:
+        super().__init__(None, func, name, options)
+        self.queue_name = queue_name
+        self._ext = ext
+
+    @property
+    def queue(self) -> Queue:
+        """The current app's queue of this task (outside an app context, the
+        app given to ``JobQ(app)``).
+
+        Raises:
+            RuntimeError: no app (outside an app context of a factory's app),
+                or ``init_app`` was not called on it.
+        """
+        return self._ext.queue(self.queue_name)
+
+    def __repr__(self) -> str:
+        return f"<AppTask {self.name!r} on the app's queue {self.queue_name!r}>"
 
 
 @click.group("jobq", help="jobq workers for this app.")
@@ -122,11 +211,11 @@ def worker_command(
         importlib.import_module(module)
     app: Any = current_app
     state: _AppQueues = app.extensions[_EXTENSION]
-    with state.lock:
-        with_tasks = {n: q for n, q in state.queues.items() if q.tasks}
+    with_tasks = state.with_tasks()
     names = list(queues) or sorted(with_tasks)
     if not names:
-        raise click.UsageError("no tasks found: decorate functions with jobq_ext.queue().task()")
+        raise click.UsageError(
+            "no tasks found: decorate functions with jobq_ext.task() or jobq_ext.queue().task()")
     missing = [n for n in names if n not in with_tasks]
     if missing:
         raise click.UsageError(f"no tasks for queue(s) {', '.join(missing)}")
