@@ -89,6 +89,11 @@ def _default(value: Any) -> Any:
                 found = entry
                 break
     if found is None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise TypeError(
+                f"an integer of {value.bit_length()} bits is out of msgpack's range "
+                "(-2**63 to 2**64-1): send it as a str"
+            )
         raise TypeError(
             f"can not serialize {type(value).__name__!r} object (register it with "
             "jobq.serializer.register)"

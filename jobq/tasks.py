@@ -39,12 +39,44 @@ def current_job() -> Job | None:
 
 
 def run_as_current(job: Job, handler: Callable[[Job], Any]) -> Any:
-    """Call ``handler(job)`` with ``current_job()`` returning ``job``."""
+    """Call ``handler(job)`` with ``current_job()`` returning ``job``.
+
+    Raises:
+        TypeError: the handler returned an awaitable (an ``async def``
+            handler that ``refuse_async`` could not see, such as an object
+            with an async ``__call__``): nothing would ever await it.
+    """
     token = _current.set(job)
     try:
-        return handler(job)
+        result = handler(job)
     finally:
         _current.reset(token)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # a coroutine never started: no "never awaited" warning
+        raise TypeError(
+            f"the handler of job {job.id!r} returned {type(result).__name__!r}, an awaitable: "
+            f"{ASYNC_HINT}"
+        )
+    return result
+
+
+#: What to do instead of an async handler.
+ASYNC_HINT = (
+    "jobq runs plain functions on worker threads, and never awaits; "
+    "wrap the coroutine in a plain function: def handler(job): return asyncio.run(work(job))"
+)
+
+
+def refuse_async(func: Callable[..., Any], what: str) -> None:
+    """Raise TypeError when ``func`` is an ``async def`` function (or an
+    object whose ``__call__`` is one): a worker would get a coroutine back."""
+    call = getattr(func, "__call__", None)  # noqa: B004 (an object's async __call__)
+    if (inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
+            or (not inspect.isroutine(func) and inspect.iscoroutinefunction(call))):
+        name = getattr(func, "__qualname__", None) or type(func).__qualname__
+        raise TypeError(f"{what} is an async function ({name}): {ASYNC_HINT}")
 
 
 def _on_commit(action: Callable[[], Any], using: str | None) -> None:
@@ -176,6 +208,7 @@ class QueueTasks:
         JobOptions.parse(default_options)  # fail at import time, not at delay()
 
         def decorate(func: Callable[..., R]) -> Task[R]:
+            refuse_async(func, "task")
             task_name = task_name_of(func, name)
             existing = self._tasks.get(task_name)
             if existing is not None and existing.func is not func:

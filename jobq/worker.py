@@ -46,6 +46,7 @@ from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
 from .options import byte_limit
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
+from .tasks import refuse_async
 
 if TYPE_CHECKING:
 
@@ -97,8 +98,11 @@ def _routes(
         bad = [k for k, v in processor.items() if not isinstance(k, str) or not callable(v)]
         if bad or not processor:
             raise TypeError("processor dict must map job names to callables")
+        for name, route in processor.items():
+            refuse_async(route, f"the processor for job name {name!r}")
         return dict(processor), None
     if callable(processor):
+        refuse_async(processor, "processor")
         return None, processor
     raise TypeError("processor must be a callable or a dict of callables")
 
@@ -146,7 +150,9 @@ class Worker(ListenerMethods, ClosedOnExit):
     Args:
         queue_name: the queue to take jobs from.
         processor: ``processor(job) -> result``, or a dict routing job names
-            to such callables.
+            to such callables: plain functions, run on the pool's threads
+            (an ``async def`` one is refused with TypeError; wrap it in a
+            function that calls ``asyncio.run``).
         connection: as for Queue. The worker makes its calls through a pool
             of its own (same server and settings), so it never takes a
             connection the application's client counts on.

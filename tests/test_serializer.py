@@ -99,3 +99,11 @@ def test_register_checks_its_arguments(decimals: None) -> None:
 
 def test_tuples_come_back_as_lists() -> None:
     assert serializer.decode(serializer.encode({"t": (1, (2, "x"))})) == {"t": [1, [2, "x"]]}
+
+
+def test_an_integer_out_of_range_says_so(queue: Queue) -> None:
+    for value in (2**64, -(2**63) - 1, 10**5000):
+        with pytest.raises(SerializationError, match=r"bits is out of msgpack's range"):
+            queue.add("big", value)
+    assert serializer.decode(serializer.encode(2**64 - 1, "data"), "data") == 2**64 - 1
+    assert serializer.decode(serializer.encode(-(2**63), "data"), "data") == -(2**63)

@@ -153,3 +153,29 @@ def test_a_script_names_its_tasks_as_a_worker_importing_it_does(tmp_path: Any) -
                               text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "nightly.build", argv
+
+
+def test_async_handlers_are_refused_up_front_and_an_awaitable_result_fails_the_job(
+    queue: Queue,
+) -> None:
+    async def work(job: Job) -> int:
+        return 1
+
+    class AsyncCall:
+        async def __call__(self, job: Job) -> int:
+            return 1
+
+    for processor in (work, {"a": work}, AsyncCall(), {"b": AsyncCall()}):
+        with pytest.raises(TypeError, match="async function.*asyncio.run"):
+            Worker(queue.name, processor, connection=queue.client)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="async function"):
+        queue.task()(work)
+    assert queue.tasks == {}
+
+    # an awaitable made by a plain function: the job fails, saying why
+    job = queue.add("x")
+    with Worker(queue.name, lambda job: work(job), connection=queue.client,
+                prefix=queue.prefix):
+        with pytest.raises(jobq.JobFailedError, match="returned 'coroutine', an awaitable"):
+            job.wait_until_finished(timeout=WAIT)
+    assert job.refresh().exc_type == "TypeError"

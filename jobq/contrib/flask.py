@@ -42,7 +42,7 @@ from flask.cli import with_appcontext
 
 from jobq import Queue, _fork
 from jobq.options import JobOptions
-from jobq.tasks import R, Task, task_name_of
+from jobq.tasks import R, Task, refuse_async, task_name_of
 
 __all__ = ["JobQ", "AppTask"]
 
@@ -144,6 +144,7 @@ class JobQ:
         JobOptions.parse(default_options)  # fail at import time, not at delay()
 
         def decorate(func: Callable[..., R]) -> AppTask[R]:
+            refuse_async(func, "task")
             task_name = task_name_of(func, name)
             for task in self._declared:
                 if task.queue_name == queue and task.name == task_name and task.func is not func:
