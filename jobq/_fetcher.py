@@ -163,6 +163,10 @@ class Fetcher:
             # take again at once only when more jobs wait; else block on the
             # marker, which a job made ready since wakes at once
             self._need_fetch = reply.more
+            if not reply.more:
+                # about to block on the marker: let the pool thread handed
+                # the job run now, not after this thread's way to its read
+                time.sleep(0)
             return 0.0
         if reply.limited_ms:
             return min(reply.limited_ms / 1000.0, BLOCK_CAP)
