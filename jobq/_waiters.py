@@ -49,6 +49,10 @@ CHECK_BATCH = 500
 #: those have run, or when none has run for WAKE_STALE seconds. See WakeGate.
 WAKE_BATCH = 64
 WAKE_STALE = 0.25
+#: Most waiters one read answers that the reader wakes itself; more (a
+#: burst, e.g. thousands of threads waiting) go through the waker thread,
+#: so that the reader reads on while they are woken.
+DIRECT_WAKES = 16
 
 StreamId = tuple[int, int]
 
@@ -207,12 +211,12 @@ class WakeGate:
     3.1-5.1 s one after another, and 0.8 s in batches of 64, each woken
     once the previous batch had run (bench/load/README.md, L1).
 
-    The reader hands over the waiters its reads answer (``add``): it wakes
-    them itself while fewer than WAKE_BATCH woken threads have yet to run
-    (the usual case, a few at a time: no hop through another thread), and
-    queues the rest; a thread of its own (``work``) wakes those, keeping at
-    most WAKE_BATCH woken threads that have yet to run. The reader never
-    waits for them, so it does not fall behind the stream while they run.
+    The reader hands over the waiters its reads answer (``add``): a few
+    (the usual case) it wakes itself, with no hop through another thread;
+    a burst it queues, and a thread of its own (``work``) wakes them,
+    keeping at most WAKE_BATCH woken threads that have yet to run. The
+    reader never waits for them, so it does not fall behind the stream
+    while they run.
     """
 
     def __init__(self) -> None:
@@ -234,18 +238,19 @@ class WakeGate:
         return not self._queued
 
     def add(self, answered: list[tuple[Waiter, Outcome]]) -> None:
-        """Wake the answered waiters' threads while fewer than WAKE_BATCH
-        woken have yet to run and none is queued (the common case: a few at
-        a time, woken here with no hop through the waker thread); queue the
-        rest for the waker thread. A future's (no thread waits on it) is
-        resolved at once."""
+        """Wake the answered waiters' threads here, with no hop through the
+        waker thread, when they are few (at most DIRECT_WAKES: the common
+        case), none is queued and fewer than WAKE_BATCH woken have yet to
+        run; else queue them for the waker thread. A future's (no thread
+        waits on it) is resolved at once."""
         queued = False
+        few = len(answered) <= DIRECT_WAKES
         for waiter, outcome in answered:
             if waiter.callback is not None:
                 waiter.resolve(outcome)
                 continue
             with self._cond:  # counted first: the thread may run at once
-                direct = not self._queued and self._outstanding < WAKE_BATCH
+                direct = few and not self._queued and self._outstanding < WAKE_BATCH
                 if direct:
                     self._outstanding += 1
                     self._progress = time.monotonic()

@@ -764,19 +764,25 @@ def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
     # only the woken threads' progress lets the gate wake more
     monkeypatch.setattr(_waiters, "WAKE_STALE", WAIT)
     gate = WakeGate()
+    # a few answered by one read: the reader wakes them itself
+    few = [Waiter(f"few-{i}") for i in range(_waiters.DIRECT_WAKES)]
+    gate.add([(w, Completed(i)) for i, w in enumerate(few)])
+    assert all(w.event.is_set() for w in few) and gate.idle()
+    for waiter in few:
+        waiter.resumed()  # what each woken thread does when done
+    # a burst: queued for the waker thread, which wakes a batch at a time
     waiters = [Waiter(f"job-{i}") for i in range(_waiters.WAKE_BATCH + 1)]
     future = Waiter("a-future", callback=lambda waiter, outcome: None)
     gate.add([(w, Completed(i)) for i, w in enumerate(waiters)] + [(future, Completed("f"))])
     assert future.outcome == Completed("f")  # no thread waits on a future: at once
-    # a batch is woken at once, by the reader; the rest wait for the waker
-    assert all(w.event.is_set() for w in waiters[:-1])
-    assert waiters[-1].outcome is None and not gate.idle()
+    assert all(w.outcome is None for w in waiters)  # threads: woken between reads
     pumping = threading.Thread(target=gate.pump, args=(WAIT,))
     pumping.start()
     try:
-        # the waker wakes the next once half of that batch has run
+        until(lambda: all(w.event.is_set() for w in waiters[:-1]), WAIT)  # the first batch
+        # the next once half of that batch has run
         for waiter in waiters[: _waiters.WAKE_BATCH // 2 - 1]:
-            waiter.resumed()  # what each woken thread does when done
+            waiter.resumed()
         assert waiters[-1].outcome is None
         waiters[_waiters.WAKE_BATCH // 2 - 1].resumed()
         until(lambda: waiters[-1].event.is_set(), WAIT)
