@@ -246,6 +246,25 @@ def test_partial_answers_only_the_live_part(client: Any, queue: Queue) -> None:
     assert "<html" not in body and 'data-count="waiting">1</span>' in body
 
 
+def test_an_open_job_page_whose_job_went_says_so_instead_of_failing(
+    client: Any, queue: Queue,
+) -> None:
+    job = queue.add("a")
+    live = {"X-Jobq-Partial": "1"}
+    assert job.id in text(client.get(f"/job?q={queue.name}&id={job.id}", headers=live))
+    assert queue.remove(job.id)
+    # the page's poll: its live part now tells, with a link to the queue
+    response = client.get(f"/job?q={queue.name}&id={job.id}", headers=live)
+    body = text(response)
+    assert response.status_code == 200 and "<html" not in body
+    assert f"Job {job.id} is no longer in queue" in body
+    assert f'href="/queue?q={queue.name}"' in body
+    # a page opened afresh is still a 404
+    assert client.get(f"/job?q={queue.name}&id={job.id}").status_code == 404
+    missing = client.get(f"/job?q={queue.name}&id={XSS}", headers=live)
+    assert missing.status_code == 200 and XSS not in text(missing)
+
+
 def test_messages_in_the_query_are_shown_as_text(client: Any, queue: Queue) -> None:
     queue.add("a")
     body = text(client.get(f"/queue?q={queue.name}&msg={XSS}"))

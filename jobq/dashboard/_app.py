@@ -242,18 +242,20 @@ class Dashboard:
         if method not in ("GET", "HEAD"):
             raise _HTTPError(405, "only GET here (actions are POSTs to /action)")
         query = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
-        page = self._page(ctx, path, query, _back(path, environ.get("QUERY_STRING", "")))
+        partial = environ.get("HTTP_X_JOBQ_PARTIAL") == "1"
+        page = self._page(ctx, path, query, _back(path, environ.get("QUERY_STRING", "")),
+                          partial)
         if page is None:
             raise _HTTPError(404, f"no page {path!r}")
         if isinstance(page, _Response):
             return page
-        if environ.get("HTTP_X_JOBQ_PARTIAL") == "1":
+        if partial:
             return _Response(200, page.live)
         return _Response(200, layout(ctx, page.title, page.crumbs, page.head, page.live,
                                      page.tail, query.get("msg")))
 
-    def _page(self, ctx: Ctx, path: str, query: dict[str, str], back: str
-              ) -> _pages.Page | _Response | None:
+    def _page(self, ctx: Ctx, path: str, query: dict[str, str], back: str,
+              partial: bool = False) -> _pages.Page | _Response | None:
         if path == "/":
             return _pages.overview(self, ctx)
         if path not in ("/queue", "/jobs", "/job", "/raw", "/workers", "/schedulers"):
@@ -277,6 +279,13 @@ class Dashboard:
             detail = self.cache.get(("job", queue.name, job_id),
                                     lambda: _data.job_detail(queue, job_id) if job_id else None)
             if detail is None:
+                if partial and path == "/job":
+                    # the open page's job went (removed, cleaned, trimmed):
+                    # its live part says so, rather than the poll failing
+                    link = ctx.url("/queue", q=queue.name)
+                    return _Response(200, f'<p class="gone">Job {e(job_id)} is no longer in '
+                                          f'queue <a href="{e(link)}">{e(queue.name)}</a>: '
+                                          'removed, cleaned or dropped by its retention.</p>')
                 raise _HTTPError(404, f"no job {job_id!r} in queue {queue.name!r}")
             if path == "/raw":
                 return _raw(detail, query.get("part", "data"))
