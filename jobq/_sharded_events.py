@@ -82,7 +82,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._dispatcher = _ShardedDispatcher(
-            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL,
+            self._listeners, self._stop, self._recheck_waiters, RECHECK_INTERVAL,
             self._all_drained,
         )
         shared = Shared(self._listeners, self._stop, self._dispatcher, [], self.run, self.close)
@@ -246,9 +246,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         """A Future of a job's outcome, through its shard's part (see QueueEvents)."""
         return self.reader_for(job_id).future_for(job_id, run)
 
-    def _recheck_futures(self) -> None:
+    def _recheck_waiters(self) -> None:
         for part in self._readers:
-            part._recheck_futures()
+            part._recheck_waiters()
 
     def _all_drained(self) -> tuple[object, ...] | None:
         """None if a shard has a job waiting or active now; else what marks

@@ -31,6 +31,7 @@ from ._context import QueueContext
 from .calls import OutcomeReply, QueueScripts, outcome_args, outcome_reply
 from .connection import TRANSIENT_ERRORS
 from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
+from .scripts import function_missing, load_library
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
 
@@ -484,12 +485,16 @@ class WaiterTable:
                 cursor, anchored = reply.cursor, reply.anchored
         self._apply(waiter, reply)
 
-    def check_many(self, waiters: list[Waiter]) -> list[Waiter]:
+    def check_many(self, waiters: list[Waiter], unreached: bool = True) -> list[Waiter]:
         """``check`` many waiters at once: CHECK_BATCH of them per pipelined
         round trip, one pooled connection in all; the threads of those
         answered are queued on the gate, for the reader to wake. Return the waiters this could not
         decide (a transient error, an error reply such as MOVED, a run whose
-        events need a longer scan): each must be checked on its own.
+        events need a longer scan): each must be checked on its own. With
+        ``unreached`` False, those a transient error left unchecked are not
+        returned (the periodic look leaves them to its next round, or to the
+        reader's re-check once it reconnects, rather than have every thread
+        try its own against a server that is away).
 
         Ten thousand waiters re-checked after a gap in the events cost
         twenty round trips here, against ten thousand (each woken thread
@@ -503,14 +508,24 @@ class WaiterTable:
             return list(waiters)
         left: list[Waiter] = []
         answered: list[tuple[Waiter, Outcome]] = []
-        for start in range(0, len(waiters), CHECK_BATCH):
+        retried = False
+        start = 0
+        while start < len(waiters):
             chunk = [w for w in waiters[start:start + CHECK_BATCH] if w.outcome is None]
             try:
                 left += self._check_batch(chunk, client, answered)
             except TRANSIENT_ERRORS as exc:
                 logger.debug("checking %d jobs at once failed: %s", len(chunk), exc)
-                left += [w for w in waiters[start:] if w.outcome is None]
+                if not retried:
+                    # once, on a new connection: a server that restarted
+                    # leaves the pool's connections dead, and the reader's
+                    # re-check after its reconnect is the first to find out
+                    retried = True
+                    continue
+                if unreached:
+                    left += [w for w in waiters[start:] if w.outcome is None]
                 break
+            start += CHECK_BATCH
         self.gate.add(answered)  # the reader wakes them, a batch at a time
         return left
 
@@ -519,11 +534,17 @@ class WaiterTable:
     ) -> list[Waiter]:
         """One pipelined round trip of ``check_many``; the waiters left."""
         keys, scripts = self._context.keys, self._context.scripts
-        with client.pipeline(transaction=False) as pipe:
-            for waiter in chunk:
-                args = outcome_args(waiter.job_id, waiter.run or "", "", False)
-                scripts.run("getOutcome", keys.base, *args, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
+        for attempt in range(2):
+            with client.pipeline(transaction=False) as pipe:
+                for waiter in chunk:
+                    args = outcome_args(waiter.job_id, waiter.run or "", "", False)
+                    scripts.run("getOutcome", keys.base, *args, client=pipe)
+                replies = pipe.execute(raise_on_error=False)
+            if attempt or not any(map(function_missing, replies)):
+                break
+            # a restarted or new server: load the library, then ask again
+            # (else every thread of the batch would load it and check alone)
+            load_library(client)
         left = []
         for waiter, raw in zip(chunk, replies, strict=True):
             reply = None if isinstance(raw, Exception) else outcome_reply(raw)

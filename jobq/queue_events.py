@@ -33,9 +33,13 @@ __all__ = ["QueueEvents"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between re-checks of a waited-on job's record, so that a lost
-#: event can never leave a waiter hanging.
+#: Seconds between looks at the records of every waited-on job (threads and
+#: futures alike, in pipelined batches on the dispatcher), so that an event
+#: lost without the reader knowing (a record deleted by hand, FLUSHDB, an
+#: eviction) can never leave a waiter hanging.
 RECHECK_INTERVAL = 10.0
+#: Longest single sleep of a waiting thread with no deadline (it only loops).
+WAIT_SLICE = 60.0
 #: Errors of a re-check that the reader's reconnect-and-poke recovers from.
 _TRANSIENT = _connection.TRANSIENT_ERRORS
 #: Seconds before a check that failed on a transient error is tried again.
@@ -95,7 +99,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         context = QueueContext(queue_name, connection, prefix, "QueueEvents")
         listeners = ListenerRegistry()
         stop = threading.Event()
-        dispatcher = Dispatcher(listeners, stop, self._recheck_futures, RECHECK_INTERVAL)
+        dispatcher = Dispatcher(listeners, stop, self._recheck_waiters, RECHECK_INTERVAL)
         self._setup(context, last_event_id, blocking_timeout,
                     Shared(listeners, stop, dispatcher, [], None, None))
         # start on first use: autorun, or forked while running. No I/O here,
@@ -289,13 +293,20 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 left = remaining()
                 if left is not None and left <= 0:
                     raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
-                # a check that failed (server away, slot migrating) is retried soon
-                wait = self._dispatcher.interval if checked else RETRY_CHECK
+                # Woken when answered, or poked to check the record (after a
+                # reconnect, or when a batched look could not decide); a
+                # check that failed (server away, slot migrating) is retried
+                # soon. The periodic look at the record is the dispatcher's,
+                # batched: ten thousand threads each waking to check their
+                # own kept the process busy with wake-ups (bench/load, L1).
+                wait = WAIT_SLICE if checked else RETRY_CHECK
                 if left is not None:
                     wait = min(left, wait)
-                if waiter.event.wait(wait) and waiter.outcome is not None:
+                if not waiter.event.wait(wait):
+                    if checked:
+                        continue
+                elif waiter.outcome is not None:
                     break
-                # poked after a reconnect, or a re-check is due
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
                     checked = _try_check(self, waiter)
@@ -320,17 +331,23 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         return self._table.result(waiter, f"QueueEvents {self.name!r}")
 
     def _poke_all(self) -> None:
-        """Re-check every waiter's job record (after a possible loss of
-        events): the waiting threads' in pipelined batches here, on the
-        reader; each waiter these could not decide is woken to check its
-        own. Futures are checked on the dispatcher."""
+        """Re-check every waiter's job record after a possible loss of
+        events (on the reader): the waiting threads' here, the futures' on
+        the dispatcher."""
         waiters = self._table.snapshot()
-        threads = [w for w in waiters if w.callback is None and w.outcome is None]
-        for waiter in self._table.check_many(threads):
-            waiter.poke()
+        self._check_threads(waiters)
         futures = [w for w in waiters if w.callback is not None]
         if futures:
             self._dispatcher.call_soon(lambda: _check_futures(self, futures))
+
+    def _check_threads(self, waiters: list[Waiter], unreached: bool = True) -> None:
+        """Check the records of the undecided waiting threads among
+        ``waiters`` in pipelined batches; the threads answered are woken a
+        batch at a time (WakeGate), each one these could not decide is
+        woken to check its own (see ``WaiterTable.check_many``)."""
+        threads = [w for w in waiters if w.callback is None and w.outcome is None]
+        for waiter in self._table.check_many(threads, unreached):
+            waiter.poke()
 
     def _wake_loop(self) -> None:
         """The waker thread: wakes the threads whose waits the reader
@@ -344,8 +361,12 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         for callback in self._listeners.take("error"):
             call_safely(callback, "error", exc)
 
-    def _recheck_futures(self) -> None:
-        _check_futures(self, [w for w in self._table.snapshot() if w.callback is not None])
+    def _recheck_waiters(self) -> None:
+        """The dispatcher's periodic look at every waited-on job's record:
+        threads and futures in pipelined batches (see RECHECK_INTERVAL)."""
+        waiters = self._table.snapshot()
+        self._check_threads(waiters, unreached=False)
+        _check_futures(self, [w for w in waiters if w.callback is not None])
 
 
 def _try_check(events: QueueEvents, waiter: Waiter) -> bool:

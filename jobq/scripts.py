@@ -243,7 +243,7 @@ class Scripts:
                 except ResponseError as exc:
                     if _MISSING not in str(exc):
                         raise
-                    _load(target)  # a restarted or new server; then as below
+                    load_library(target)  # a restarted or new server; then as below
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     if name not in RESENDABLE:
                         raise
@@ -265,7 +265,7 @@ class Scripts:
         except ResponseError as exc:
             if _MISSING not in str(exc):
                 raise
-        _load(target)  # a restarted or new server: load the library once
+        load_library(target)  # a restarted or new server: load the library once
         return target.execute_command(*command)
 
     def run_on(self, connection: Any, name: str, base: str, *args: Any) -> Any:
@@ -330,11 +330,16 @@ def _on_cluster(
         except ResponseError as exc:
             if _MISSING not in str(exc) or attempt == _CLUSTER_TRIES - 1:
                 raise
-            _load(node.redis_connection)  # a new or restarted node
+            load_library(node.redis_connection)  # a new or restarted node
     raise AssertionError("unreachable")
 
 
-def _load(client: Any) -> None:
+def function_missing(reply: object) -> bool:
+    """Whether a call's reply (or error) says the server lacks the library."""
+    return isinstance(reply, ResponseError) and _MISSING in str(reply)
+
+
+def load_library(client: Any) -> None:
     """Load the library on ``client``'s server (another client may have)."""
     try:
         client.function_load(_library()[0])

@@ -24,6 +24,7 @@ from jobq import (
     QueueEvents,
     WaitUntilFinishedTimeoutError,
     Worker,
+    queue_events,
 )
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
@@ -753,6 +754,111 @@ def test_after_a_gap_waiting_threads_are_rechecked_in_batches_not_each_on_its_ow
             thread.join(WAIT * 3)
         assert results == {job.id: job.data for job in jobs}
         assert own_checks == []
+
+
+class CountedChecks:
+    """Counts a QueueEvents' record checks: each thread's own (``own``) and
+    the batched looks (``looks``, the number of waiters of each)."""
+
+    def __init__(self, qe: QueueEvents) -> None:
+        self.own: list[str] = []
+        self.looks: list[int] = []
+        check, check_many = qe._table.check, qe._table.check_many
+
+        def counted(waiter: Any) -> None:
+            self.own.append(waiter.job_id)
+            check(waiter)
+
+        def counted_many(waiters: list[Any], unreached: bool = True) -> list[Any]:
+            self.looks.append(len(waiters))
+            return check_many(waiters, unreached)
+
+        qe._table.check = counted  # type: ignore[method-assign]
+        qe._table.check_many = counted_many  # type: ignore[method-assign]
+
+
+def start_waits(qe: QueueEvents, jobs: list[Job]) -> tuple[list[threading.Thread],
+                                                           dict[str, BaseException]]:
+    """A thread waiting on each job; what each wait raised, by job id."""
+    failures: dict[str, BaseException] = {}
+
+    def wait(job: Job) -> None:
+        try:
+            job.wait_until_finished(qe, timeout=WAIT * 3)
+        except BaseException as exc:
+            failures[job.id] = exc
+
+    threads = [threading.Thread(target=wait, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    return threads, failures
+
+
+def test_the_periodic_look_at_waited_records_is_batched_not_one_wake_up_per_thread(
+    queue_name: str, redis_url: str, redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record gone without an event (deleted by hand, FLUSHDB, evicted)
+    ends the waits on it at the next periodic look at the records, made for
+    every waiting thread in pipelined batches: no thread wakes to check its
+    own (10,000 threads each waking every 10 s to check kept a process
+    busy with wake-ups: bench/load/README.md, L1)."""
+    monkeypatch.setattr(queue_events, "RECHECK_INTERVAL", 0.5)
+    with Queue(queue_name, connection=redis_url) as q, QueueEvents(
+        queue_name, connection=redis_url, blocking_timeout=0.1
+    ) as qe:
+        assert qe.wait_until_ready(WAIT)
+        checks = CountedChecks(qe)
+        jobs = q.add_bulk({"name": "x", "data": i, "delay": 600_000} for i in range(20))
+        threads, failures = start_waits(qe, jobs)
+        try:
+            assert until(lambda: qe._table.jobs() == len(jobs), WAIT)
+            # two looks with every thread waiting: nothing to decide yet
+            seen = len(checks.looks)
+            assert until(lambda: checks.looks[seen + 1:] and checks.looks[-1] == len(jobs), WAIT)
+            assert all(t.is_alive() for t in threads)
+            # behind jobq's back: no event tells the reader
+            redis_client.delete(*(f"jobq:{{{queue_name}}}:job:{job.id}" for job in jobs))
+        finally:
+            for thread in threads:
+                thread.join(WAIT * 3)
+        assert sorted(failures) == sorted(job.id for job in jobs)
+        assert all(isinstance(exc, JobNotFoundError) for exc in failures.values()), failures
+        assert checks.own == []
+
+
+def test_the_periodic_look_leaves_threads_alone_while_the_server_is_away(
+    own_server: RedisServer, queue_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A periodic look that cannot reach the server does not send every
+    waiting thread to try its own check (ten thousand threads retrying every
+    0.25 s through an outage); the reader's re-check once it reconnects
+    answers them, in batches, though the restarted server lacks the
+    scripts."""
+    monkeypatch.setattr(queue_events, "RECHECK_INTERVAL", 0.3)
+    url = own_server.url
+    with Queue(queue_name, connection=url) as q, QueueEvents(
+        queue_name, connection=url, blocking_timeout=0.1
+    ) as qe:
+        assert qe.wait_until_ready(WAIT)
+        checks = CountedChecks(qe)
+        jobs = q.add_bulk({"name": "x", "data": i, "delay": 600_000} for i in range(10))
+        threads, failures = start_waits(qe, jobs)
+        try:
+            assert until(lambda: qe._table.jobs() == len(jobs), WAIT)
+            own_server.shutdown(nosave=True)  # the records go with it
+            seen = len(checks.looks)
+            assert until(lambda: len(checks.looks) >= seen + 3, WAIT)  # looks that failed
+            assert checks.own == []
+            assert all(t.is_alive() for t in threads)
+        finally:
+            if not own_server.is_running():
+                own_server.restart()
+            for thread in threads:
+                thread.join(WAIT * 3)
+        assert sorted(failures) == sorted(job.id for job in jobs)
+        assert all(isinstance(exc, JobNotFoundError) for exc in failures.values()), failures
+        assert checks.own == []
 
 
 def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(

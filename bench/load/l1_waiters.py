@@ -6,9 +6,17 @@ Adds ``--jobs`` jobs (no worker yet), starts one waiting thread per job
 connections of the queue (by CLIENT LIST name: passing is exactly 1), then
 starts worker processes (``jobq worker builtins:id``) and measures, per
 waiter, the wake latency (woken - the job's finished_on, both epoch
-seconds on this host) and the memory per waiting thread (RSS growth / waiters).
+seconds on this host) and the memory per waiting thread (RSS growth / waiters),
+and the waiting process's CPU time while the jobs run.
+
+``--floor`` measures what any library with one thread per waiter pays on
+this machine, with no server, worker or jobq: ``--jobs`` threads blocked on
+plain ``threading.Event``s are woken 64 at a time, each batch once the one
+before has run (the pacing jobq's waker uses), and the time until the last
+ran and the process's CPU time are printed.
 
     .venv/bin/python bench/load/l1_waiters.py             # 10,000 waiters
+    .venv/bin/python bench/load/l1_waiters.py --floor     # the floor, no jobq
 """
 
 from __future__ import annotations
@@ -39,9 +47,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--stack-kib", type=int, default=256,
                         help="thread stack size (threading.stack_size); 0 keeps the default")
+    parser.add_argument("--floor", action="store_true",
+                        help="wake plain Events instead (no server, no jobq)")
     args = parser.parse_args()
     if args.stack_kib:
         threading.stack_size(args.stack_kib * 1024)
+    if args.floor:
+        return floor(args.jobs)
     me = psutil.Process()
     with RedisServer() as server, server.client() as admin:
         queue = Queue(QUEUE, connection=server.url)
@@ -79,6 +91,7 @@ def main() -> int:
         readers = [c for c in admin.client_list() if c["name"] == f"jobq-events-{QUEUE}"]
         env = dict(os.environ, JOBQ_REDIS_URL=server.url)
         work_started = time.monotonic()
+        cpu_before = me.cpu_times()
         procs = [
             subprocess.Popen([sys.executable, "-m", "jobq", "worker", "builtins:id", "--queue",
                               QUEUE, "--concurrency", str(args.concurrency), "--log-level",
@@ -89,6 +102,7 @@ def main() -> int:
             for thread in threads:
                 thread.join(max(0.0, 600 - (time.monotonic() - work_started)))
             all_woken = time.monotonic() - work_started
+            cpu = me.cpu_times()
         finally:
             for proc in procs:
                 proc.terminate()
@@ -100,6 +114,8 @@ def main() -> int:
         fons = pipe.execute()
         finished = {j.id: float(f) / 1000 for j, f in zip(jobs, fons, strict=True) if f}
         latencies = sorted(woken[i] - finished[i] for i in woken if i in finished)
+        span = (max(finished.values()) - min(finished.values())) if finished else 0.0
+        after_last = (max(woken.values()) - max(finished.values())) if finished and woken else 0.0
         events.close()
         queue.close()
     per_waiter = (rss_waiting - rss_before) / max(1, args.jobs)
@@ -108,6 +124,9 @@ def main() -> int:
     print(f"event-reader connections of the queue: {len(readers)}")
     print(f"woken {len(woken)}, errors {len(errors)} {errors[:3]}; all woken "
           f"{all_woken:.1f} s after the workers started")
+    print(f"jobs finished over {span:.2f} s; the last waiter woke {after_last:.2f} s after "
+          f"the last job finished; the waiting process's CPU meanwhile: user "
+          f"{cpu.user - cpu_before.user:.2f} s, system {cpu.system - cpu_before.system:.2f} s")
     if latencies:
         print(f"wake latency (woken - finished_on): p50 {statistics.median(latencies) * 1000:.1f} "
               f"ms, p99 {latencies[int(len(latencies) * 0.99) - 1] * 1000:.1f} ms, "
@@ -115,6 +134,41 @@ def main() -> int:
     print(f"RSS: before {rss_before / 2**20:.1f} MiB, with waiters "
           f"{rss_waiting / 2**20:.1f} MiB: {per_waiter / 1024:.1f} KiB per waiter")
     return 0 if len(woken) == args.jobs and len(readers) == 1 and not errors else 1
+
+
+def floor(count: int, batch: int = 64) -> int:
+    """Wake ``count`` threads blocked on plain Events, ``batch`` at a time."""
+    events = [threading.Event() for _ in range(count)]
+    ran = threading.Semaphore(0)
+    release = threading.Event()
+    last = [0.0]
+
+    def wait(event: threading.Event) -> None:
+        if event.wait(600):
+            last[0] = time.monotonic()
+            ran.release()
+            release.wait(600)  # stays alive, as a pool's thread would
+
+    threads = [threading.Thread(target=wait, args=(e,), daemon=True) for e in events]
+    for thread in threads:
+        thread.start()
+    me = psutil.Process()
+    cpu_before, started = me.cpu_times(), time.monotonic()
+    for first in range(0, count, batch):
+        for event in events[first:first + batch]:
+            event.set()
+        for _ in range(len(events[first:first + batch])):
+            if not ran.acquire(timeout=60):
+                print("a woken thread did not run within 60 s")
+                return 1
+    cpu = me.cpu_times()
+    release.set()
+    for thread in threads:
+        thread.join(60)
+    print(f"floor: {count} threads blocked on Events woken {batch} at a time: the last ran "
+          f"{last[0] - started:.2f} s after the first was woken; CPU user "
+          f"{cpu.user - cpu_before.user:.2f} s, system {cpu.system - cpu_before.system:.2f} s")
+    return 0
 
 
 if __name__ == "__main__":
