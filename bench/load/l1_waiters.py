@@ -10,10 +10,12 @@ seconds on this host) and the memory per waiting thread (RSS growth / waiters),
 and the waiting process's CPU time while the jobs run.
 
 ``--floor`` measures what any library with one thread per waiter pays on
-this machine, with no server, worker or jobq: ``--jobs`` threads blocked on
-plain ``threading.Event``s are woken 64 at a time, each batch once the one
-before has run (the pacing jobq's waker uses), and the time until the last
-ran and the process's CPU time are printed.
+this machine, with no server or worker: ``--jobs`` threads blocked on plain
+``threading.Event``s are woken 64 at a time, each batch once the one before
+has run (the pacing jobq's waker uses); then the same through jobq's own
+wake path (its ``WakeGate`` and waker thread, handed every waiter at once
+as a reader would). It prints the time until the last ran and the
+process's CPU time for each.
 
     .venv/bin/python bench/load/l1_waiters.py             # 10,000 waiters
     .venv/bin/python bench/load/l1_waiters.py --floor     # the floor, no jobq
@@ -35,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from jobq import Queue, QueueEvents  # noqa: E402
+from jobq._waiters import Completed, Waiter, WakeGate  # noqa: E402
 from jobq.testing import RedisServer  # noqa: E402
 
 QUEUE = "l1"
@@ -53,7 +56,7 @@ def main() -> int:
     if args.stack_kib:
         threading.stack_size(args.stack_kib * 1024)
     if args.floor:
-        return floor(args.jobs)
+        return floor(args.jobs) or gate_path(args.jobs)
     me = psutil.Process()
     with RedisServer() as server, server.client() as admin:
         queue = Queue(QUEUE, connection=server.url)
@@ -167,6 +170,48 @@ def floor(count: int, batch: int = 64) -> int:
         thread.join(60)
     print(f"floor: {count} threads blocked on Events woken {batch} at a time: the last ran "
           f"{last[0] - started:.2f} s after the first was woken; CPU user "
+          f"{cpu.user - cpu_before.user:.2f} s, system {cpu.system - cpu_before.system:.2f} s")
+    return 0
+
+
+def gate_path(count: int) -> int:
+    """Wake ``count`` threads blocked on jobq's Waiters through its WakeGate."""
+    gate, stop, release = WakeGate(), threading.Event(), threading.Event()
+    waiters = [Waiter(str(i)) for i in range(count)]
+    ran = threading.Semaphore(0)
+    last = [0.0]
+
+    def wait(waiter: Waiter) -> None:
+        if waiter.event.wait(600):
+            waiter.resumed()  # as QueueEvents.wait_for does once woken
+            last[0] = time.monotonic()
+            ran.release()
+            release.wait(600)
+
+    def waker() -> None:
+        while not stop.is_set():
+            gate.work(stop)
+
+    threads = [threading.Thread(target=wait, args=(w,), daemon=True) for w in waiters]
+    for thread in threads:
+        thread.start()
+    waker_thread = threading.Thread(target=waker, daemon=True)
+    waker_thread.start()
+    me = psutil.Process()
+    cpu_before, started = me.cpu_times(), time.monotonic()
+    gate.add([(waiter, Completed(None)) for waiter in waiters])
+    for _ in range(count):
+        if not ran.acquire(timeout=60):
+            print("a woken thread did not run within 60 s")
+            return 1
+    cpu = me.cpu_times()
+    stop.set()
+    gate.stop()
+    release.set()
+    for thread in (*threads, waker_thread):
+        thread.join(60)
+    print(f"jobq's wake path: {count} threads blocked on Waiters woken through a WakeGate: the "
+          f"last ran {last[0] - started:.2f} s after they were handed over; CPU user "
           f"{cpu.user - cpu_before.user:.2f} s, system {cpu.system - cpu_before.system:.2f} s")
     return 0
 
