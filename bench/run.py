@@ -151,8 +151,38 @@ def python_for(peer: str) -> str:
     return str(install.venv_python(venv))
 
 
+def cpu_times() -> list[int] | None:
+    """This machine's CPU time counters (the first line of /proc/stat)."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_pct(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share (%) of this machine's CPU time its hypervisor gave to other
+    machines between two readings of ``cpu_times`` (the `steal` column)."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    spent = [b - a for a, b in zip(before[:8], after[:8], strict=True)]
+    total = sum(spent)
+    return round(100 * spent[7] / total, 1) if total > 0 else None
+
+
 def run_adapter(peer: str, url: str, workload: str, params: dict[str, Any],
                 timeout: float) -> dict[str, Any]:
+    """One adapter run; its result carries the CPU steal meanwhile (steal_pct)."""
+    before = cpu_times()
+    result = _run_adapter(peer, url, workload, params, timeout)
+    steal = steal_pct(before, cpu_times())
+    if steal is not None and "error" not in result:
+        result["steal_pct"] = steal
+    return result
+
+
+def _run_adapter(peer: str, url: str, workload: str, params: dict[str, Any],
+                 timeout: float) -> dict[str, Any]:
     spec = PEERS[peer]
     argv = [python_for(peer), str(ADAPTERS / spec["adapter"]), "--url", url,
             "--workload", workload]
@@ -311,6 +341,32 @@ def _wl(key: str) -> str:
     return "idle"
 
 
+def spreads(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Each figure of the table whose repeats spread more than 25% of their
+    median, with the CPU steal measured during that workload's runs: the
+    hypervisor giving this machine's CPU to others slows every process of
+    a run at once."""
+    out = []
+    for peer, per in results.items():
+        for label, key, _, _ in ROWS:
+            agg = per.get(_wl(key), {})
+            v = agg.get(key)
+            if not isinstance(v, dict) or v["n"] < 2 or not v["median"]:
+                continue
+            spread = (v["max"] - v["min"]) / abs(v["median"])
+            if spread <= 0.25:
+                continue
+            steal = agg.get("steal_pct")
+            said = ""
+            if isinstance(steal, dict) and steal["min"] == steal["max"]:
+                said = f"; CPU steal in that workload's run {fmt(steal['min'])}%"
+            elif isinstance(steal, dict):
+                said = f"; CPU steal in those runs {fmt(steal['min'])}–{fmt(steal['max'])}%"
+            out.append(f"{peer} {label.rstrip(' ↑↓')}: {fmt(v['min'])}–{fmt(v['max'])} "
+                       f"(spread {spread:.0%} of the median){said}")
+    return out
+
+
 def errors_of(results: dict[str, dict[str, Any]]) -> list[str]:
     out = []
     for peer, per in results.items():
@@ -347,7 +403,7 @@ def main() -> int:
     w5 = {"w5_backlog": 100_000 if quick else 1_000_000, "w5_single": 1000 if quick else 10_000,
           "w5_bulk": 2000 if quick else 20_000, "w5_drain": 2000 if quick else 10_000,
           "w5_mem_n": 20_000 if quick else 100_000, "w5_repeats": repeats}
-    started = time.monotonic()
+    started, stat_started = time.monotonic(), cpu_times()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
     log("installing peers (idempotent)")
@@ -423,13 +479,14 @@ def main() -> int:
                 "mode": "quick" if quick else "full", "repeats": repeats, "n": n,
                 "w2_n": w2_n, **{f"rr_{k}": v for k, v in common.items()}, "w5": w5,
                 "machine": machine(), "versions": versions(peers, server, kind),
-                "elapsed_s": round(time.monotonic() - started)}
+                "elapsed_s": round(time.monotonic() - started),
+                "steal_pct": steal_pct(stat_started, cpu_times())}
     finally:
         admin.close()
         server.stop() if hasattr(server, "stop") else server.shutdown()
 
     table = build_table(results, peers, floor)
-    problems = errors_of(results)
+    problems = errors_of(results) + spreads(results)
     if "error" in floor:
         problems.append(f"floor: {floor['error']}")
     md = render_md(info, table, problems)
@@ -454,7 +511,10 @@ def render_md(info: dict[str, Any], table: str, problems: list[str]) -> str:
         f"Run of {info['date']}, mode **{info['mode']}**, {info['repeats']} repeat(s) per "
         f"figure (median, with min–max when more than one); {info['elapsed_s']} s in all.",
         f"Machine: {m['cores']} cores, {m['cpu']}, {m['memory']} RAM, {m['os']}. "
-        "A shared machine: other work ran beside the benchmark, so figures are noisy.",
+        "A shared machine: other work ran beside the benchmark, so figures are noisy"
+        + (f"; the hypervisor gave {fmt(info['steal_pct'])}% of this machine's CPU time to "
+           "other machines during the run (steal, /proc/stat)."
+           if info.get("steal_pct") is not None else "."),
         f"Server: {v['server']}. W1/W2 use {info['n']:,} jobs "
         f"(RQ's W2: {', '.join(f'{k} {x:,}' for k, x in info['w2_n'].items())}); "
         f"W3 {info['rr_w3_n']:,} trips (capped at {info['rr_w3_max_seconds']} s); "
@@ -471,7 +531,9 @@ def render_md(info: dict[str, Any], table: str, problems: list[str]) -> str:
         "Versions: " + "; ".join(f"{k}: {x}" for k, x in v.items()) + ".",
     ]
     if problems:
-        lines += ["", "Notes and failures:", *[f"- {p}" for p in problems]]
+        lines += ["", "Notes, failures, and figures whose repeats spread over 25% of their "
+                  "median (with the CPU steal during their runs):",
+                  *[f"- {p}" for p in problems]]
     return "\n".join(lines) + "\n"
 
 
