@@ -32,14 +32,14 @@ from ._context import QueueContext
 from ._reader import ALL, Dispatcher
 from ._shard_reader import ShardReader
 from ._shards import shard_names, shard_of, validate_count
-from ._threads import BackgroundLoop, join_all, start_thread
+from ._threads import join_all, start_thread
 from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
 from .events import Event
 from .keys import validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
-from .queue_events import RECHECK_INTERVAL, QueueEvents, Shared, logger
+from .queue_events import RECHECK_INTERVAL, QueueEvents, Shared, logger, wake_loop
 
 __all__ = ["ShardedQueueEvents"]
 
@@ -82,7 +82,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._dispatcher = _ShardedDispatcher(
-            self._listeners, self._stop, self._recheck_waiters, RECHECK_INTERVAL,
+            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL,
             self._all_drained,
         )
         shared = Shared(self._listeners, self._stop, self._dispatcher, [], self.run, self.close)
@@ -246,9 +246,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         """A Future of a job's outcome, through its shard's part (see QueueEvents)."""
         return self.reader_for(job_id).future_for(job_id, run)
 
-    def _recheck_waiters(self) -> None:
+    def _recheck_futures(self) -> None:
         for part in self._readers:
-            part._recheck_waiters()
+            part._recheck_futures()
 
     def _all_drained(self) -> tuple[object, ...] | None:
         """None if a shard has a job waiting or active now; else what marks
@@ -274,10 +274,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         return tuple(marks)
 
     def _wake_loop(self) -> None:
-        BackgroundLoop(
-            f"waker of {self._name!r}", lambda: self._gate.work(self._stop), stop=self._stop,
-            log=logger,
-        ).run()
+        wake_loop(self._name, self._gate, list(self._readers), self._stop)
 
 
 class _ShardedDispatcher(Dispatcher):

@@ -21,7 +21,7 @@ from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
 from ._threads import BackgroundLoop, join_all, start_thread
-from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, valid_id
+from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
@@ -33,10 +33,10 @@ __all__ = ["QueueEvents"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between looks at the records of every waited-on job (threads and
-#: futures alike, in pipelined batches on the dispatcher), so that an event
-#: lost without the reader knowing (a record deleted by hand, FLUSHDB, an
-#: eviction) can never leave a waiter hanging.
+#: Seconds between looks at the records of every waited-on job, in pipelined
+#: batches (the waiting threads' on the waker thread, the futures' on the
+#: dispatcher), so that an event lost without the reader knowing (a record
+#: deleted by hand, FLUSHDB, an eviction) can never leave a waiter hanging.
 RECHECK_INTERVAL = 10.0
 #: Longest single sleep of a waiting thread with no deadline (it only loops).
 WAIT_SLICE = 60.0
@@ -99,7 +99,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         context = QueueContext(queue_name, connection, prefix, "QueueEvents")
         listeners = ListenerRegistry()
         stop = threading.Event()
-        dispatcher = Dispatcher(listeners, stop, self._recheck_waiters, RECHECK_INTERVAL)
+        dispatcher = Dispatcher(listeners, stop, self._recheck_futures, RECHECK_INTERVAL)
         self._setup(context, last_event_id, blocking_timeout,
                     Shared(listeners, stop, dispatcher, [], None, None))
         # start on first use: autorun, or forked while running. No I/O here,
@@ -296,7 +296,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 # Woken when answered, or poked to check the record (after a
                 # reconnect, or when a batched look could not decide); a
                 # check that failed (server away, slot migrating) is retried
-                # soon. The periodic look at the record is the dispatcher's,
+                # soon. The periodic look at the record is the waker's,
                 # batched: ten thousand threads each waking to check their
                 # own kept the process busy with wake-ups (bench/load, L1).
                 wait = WAIT_SLICE if checked else RETRY_CHECK
@@ -350,23 +350,34 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             waiter.poke()
 
     def _wake_loop(self) -> None:
-        """The waker thread: wakes the threads whose waits the reader
-        answered beyond the batch it woke itself (WakeGate)."""
-        gate = self._table.gate
-        BackgroundLoop(
-            f"waker of {self.name!r}", lambda: gate.work(self._stop), stop=self._stop, log=logger
-        ).run()
+        """The waker thread (see ``wake_loop``)."""
+        wake_loop(self.name, self._table.gate, [self], self._stop)
 
     def _emit_error(self, exc: BaseException) -> None:
         for callback in self._listeners.take("error"):
             call_safely(callback, "error", exc)
 
-    def _recheck_waiters(self) -> None:
-        """The dispatcher's periodic look at every waited-on job's record:
-        threads and futures in pipelined batches (see RECHECK_INTERVAL)."""
-        waiters = self._table.snapshot()
-        self._check_threads(waiters, unreached=False)
-        _check_futures(self, [w for w in waiters if w.callback is not None])
+    def _recheck_futures(self) -> None:
+        _check_futures(self, [w for w in self._table.snapshot() if w.callback is not None])
+
+
+def wake_loop(name: str, gate: WakeGate, parts: list[QueueEvents], stop: threading.Event) -> None:
+    """The waker thread's body: wake the threads whose waits the reader
+    answered beyond the batch it woke itself (WakeGate), and every
+    RECHECK_INTERVAL look at the records of all waiting threads of
+    ``parts`` (see RECHECK_INTERVAL). jobq's own thread: no listener runs
+    on it, so a slow one cannot hold that look up."""
+    due = [time.monotonic() + RECHECK_INTERVAL]
+
+    def step() -> float:
+        gate.work(stop)
+        if time.monotonic() >= due[0] and not stop.is_set():
+            due[0] = time.monotonic() + RECHECK_INTERVAL
+            for part in parts:
+                part._check_threads(part._table.snapshot(), unreached=False)
+        return 0.0
+
+    BackgroundLoop(f"waker of {name!r}", step, stop=stop, log=logger).run()
 
 
 def _try_check(events: QueueEvents, waiter: Waiter) -> bool:
