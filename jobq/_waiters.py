@@ -488,13 +488,11 @@ class WaiterTable:
     def check_many(self, waiters: list[Waiter], unreached: bool = True) -> list[Waiter]:
         """``check`` many waiters at once: CHECK_BATCH of them per pipelined
         round trip, one pooled connection in all; the threads of those
-        answered are queued on the gate, for the reader to wake. Return the waiters this could not
-        decide (a transient error, an error reply such as MOVED, a run whose
-        events need a longer scan): each must be checked on its own. With
-        ``unreached`` False, those a transient error left unchecked are not
-        returned (the periodic look leaves them to its next round, or to the
-        reader's re-check once it reconnects, rather than have every thread
-        try its own against a server that is away).
+        answered are queued on the gate, for the reader to wake. Return the
+        waiters this could not decide (a transient error, an error reply such
+        as MOVED, a run whose events need a longer scan): each must be
+        checked on its own; with ``unreached`` False, not those a transient
+        error left unchecked (the periodic look leaves them to its next round).
 
         Ten thousand waiters re-checked after a gap in the events cost
         twenty round trips here, against ten thousand (each woken thread
@@ -508,24 +506,15 @@ class WaiterTable:
             return list(waiters)
         left: list[Waiter] = []
         answered: list[tuple[Waiter, Outcome]] = []
-        retried = False
-        start = 0
-        while start < len(waiters):
+        for start in range(0, len(waiters), CHECK_BATCH):
             chunk = [w for w in waiters[start:start + CHECK_BATCH] if w.outcome is None]
             try:
                 left += self._check_batch(chunk, client, answered)
             except TRANSIENT_ERRORS as exc:
                 logger.debug("checking %d jobs at once failed: %s", len(chunk), exc)
-                if not retried:
-                    # once, on a new connection: a server that restarted
-                    # leaves the pool's connections dead, and the reader's
-                    # re-check after its reconnect is the first to find out
-                    retried = True
-                    continue
                 if unreached:
                     left += [w for w in waiters[start:] if w.outcome is None]
                 break
-            start += CHECK_BATCH
         self.gate.add(answered)  # the reader wakes them, a batch at a time
         return left
 
@@ -534,16 +523,22 @@ class WaiterTable:
     ) -> list[Waiter]:
         """One pipelined round trip of ``check_many``; the waiters left."""
         keys, scripts = self._context.keys, self._context.scripts
+        # Sent again once when a restarted server (the first call after a
+        # reconnect) left the pool's connections dead or lacks the library:
+        # else every thread of the batch would check on its own.
         for attempt in range(2):
-            with client.pipeline(transaction=False) as pipe:
-                for waiter in chunk:
-                    args = outcome_args(waiter.job_id, waiter.run or "", "", False)
-                    scripts.run("getOutcome", keys.base, *args, client=pipe)
-                replies = pipe.execute(raise_on_error=False)
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for waiter in chunk:
+                        args = outcome_args(waiter.job_id, waiter.run or "", "", False)
+                        scripts.run("getOutcome", keys.base, *args, client=pipe)
+                    replies = pipe.execute(raise_on_error=False)
+            except TRANSIENT_ERRORS:
+                if attempt:
+                    raise
+                continue
             if attempt or not any(map(function_missing, replies)):
                 break
-            # a restarted or new server: load the library, then ask again
-            # (else every thread of the batch would load it and check alone)
             load_library(client)
         left = []
         for waiter, raw in zip(chunk, replies, strict=True):
@@ -628,28 +623,28 @@ class WaiterTable:
             return False
         return True
 
-    def result(self, waiter: Waiter, where: str) -> Any:
-        """The resolved waiter's result (its failure raised), with the stack
-        traces of a failed run read from its record when the event had none."""
-        outcome = waiter.outcome
-        if isinstance(outcome, Failed) and outcome.stacktrace is None:
-            outcome = Failed(outcome.reason, self.stacktrace(waiter), outcome.exc_type,
-                             outcome.cancelled)
-        return result_of(waiter.job_id, outcome, where)
 
-    def stacktrace(self, waiter: Waiter) -> list[str]:
-        """The stack traces of the waiter's failed run, from its record (on
-        the bounded client: a wait's timeout holds under an outage)."""
-        try:
-            raw, run = self._context.bounded.hmget(
-                self._context.keys.job(waiter.job_id), ["st", "run"]
-            )
-            if not waiter.matches(text(run)):
-                return []
-            value = serializer.decode(raw, "stack trace")
-        except Exception:  # the failure itself is what matters
+def waited_result(context: QueueContext, waiter: Waiter, where: str) -> Any:
+    """The resolved waiter's result (its failure raised), with the stack
+    traces of a failed run read from its record when the event had none."""
+    outcome = waiter.outcome
+    if isinstance(outcome, Failed) and outcome.stacktrace is None:
+        outcome = Failed(outcome.reason, _stacktrace(context, waiter), outcome.exc_type,
+                         outcome.cancelled)
+    return result_of(waiter.job_id, outcome, where)
+
+
+def _stacktrace(context: QueueContext, waiter: Waiter) -> list[str]:
+    """The stack traces of the waiter's failed run, from its record (on the
+    bounded client: a wait's timeout holds under an outage)."""
+    try:
+        raw, run = context.bounded.hmget(context.keys.job(waiter.job_id), ["st", "run"])
+        if not waiter.matches(text(run)):
             return []
-        return list(value) if isinstance(value, list) else []
+        value = serializer.decode(raw, "stack trace")
+    except Exception:  # the failure itself is what matters
+        return []
+    return list(value) if isinstance(value, list) else []
 
 
 #: Name of the marker events a pub/sub reader publishes to itself.

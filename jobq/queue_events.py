@@ -21,7 +21,7 @@ from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
 from ._threads import BackgroundLoop, join_all, start_thread
-from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id
+from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
@@ -328,7 +328,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         return _future(self, job_id, run)
 
     def _result(self, waiter: Waiter) -> Any:
-        return self._table.result(waiter, f"QueueEvents {self.name!r}")
+        return waited_result(self._context, waiter, f"QueueEvents {self.name!r}")
 
     def _poke_all(self) -> None:
         """Re-check every waiter's job record after a possible loss of
