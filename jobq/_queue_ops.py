@@ -12,7 +12,7 @@ from .errors import ACTIVE_JOBS, LOCK_LOST, JobqError, script_error
 from .job import STATES, Job
 from .keys import queues_key
 from .metrics import Metrics, read_metrics
-from .options import JobOptions
+from .options import JobOptions, list_index
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class QueueReading:
         reverse otherwise). ``start`` and ``end`` index each state's jobs
         inclusively, like LRANGE.
         """
+        start, end = list_index("start", start), list_index("end", end)
         # each state once, in the order first named
         names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
         keys = self._context.keys

@@ -39,6 +39,7 @@ from .errors import ClosedError
 from .events import Event
 from .keys import validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
+from .options import blocking_seconds, wait_timeout
 from .queue_events import RECHECK_INTERVAL, QueueEvents, Shared, logger, wake_loop
 
 __all__ = ["ShardedQueueEvents"]
@@ -72,8 +73,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     ) -> None:
         if last_event_id not in ("$", "0"):
             raise ValueError("a sharded queue's readers start at '$' or '0'")
-        if isinstance(blocking_timeout, bool) or not isinstance(blocking_timeout, (int, float)):
-            raise ValueError(f"blocking_timeout must be seconds, not {blocking_timeout!r}")
+        blocking_seconds(blocking_timeout)
         self._name = validate_name(queue_name)
         self._prefix = prefix
         self._count = validate_count(shards)
@@ -166,6 +166,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
 
     def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until every shard's events emitted from now on will be delivered."""
+        timeout = wait_timeout(timeout)
         if not self._started and not self._stop.is_set():
             self.run()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -177,6 +178,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads."""
+        timeout = wait_timeout(timeout)
         with self._lock:
             if self._stop.is_set():
                 return

@@ -11,6 +11,7 @@ from .errors import JobqError
 from .job import STATES, Job
 from .keys import queues_key
 from .metrics import Metrics
+from .options import list_index
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class ShardedReading:
         (oldest first when ``asc``); ``start`` and ``end`` index the merged
         list inclusively, like LRANGE. Reads up to ``end + 1`` jobs of each
         shard (every job when ``end`` is negative)."""
+        start, end = list_index("start", start), list_index("end", end)
         per_shard_end = end if end >= 0 else -1
         jobs: list[Job] = []
         for shard in self._every():

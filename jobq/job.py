@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import serializer
 from ._job_flow import Dependencies, JobFlow
 from .errors import JobNotFoundError, script_error
-from .options import JobOptions, from_stored
+from .options import JobOptions, from_stored, list_index
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -191,6 +191,7 @@ class Job(JobFlow):
 
     def get_logs(self, start: int = 0, end: int = -1) -> list[str]:
         """The job's log lines from ``start`` to ``end`` (inclusive, like LRANGE)."""
+        start, end = list_index("start", start), list_index("end", end)
         lines = self._context.redis.lrange(self._context.keys.logs(self.id), start, end)
         return [line.decode("utf-8", "replace") for line in lines]
 
@@ -302,6 +303,7 @@ class Job(JobFlow):
         """
         if not isinstance(message, str):
             raise TypeError(f"log message must be a str, not {type(message).__name__}")
+        list_index("keep", keep, minimum=0)
         return self._checked(self._context.calls.update_job(self.id, "log", message, keep), "log")
 
     # -- waiting ----------------------------------------------------------
@@ -329,14 +331,16 @@ class Job(JobFlow):
         Args:
             queue_events: the reader to wait through; None uses the queue's
                 shared ``events``.
-            timeout: seconds to wait at most; None waits for ever.
+            timeout: seconds to wait at most; None (or infinity) waits
+                for ever.
 
         Raises:
             JobFailedError: the job failed for good.
             JobNotFoundError: the job does not exist or was removed.
             WaitUntilFinishedTimeoutError: ``timeout`` elapsed first.
             ClosedError: the QueueEvents was closed during the wait.
-            ValueError: ``queue_events`` follows another queue (or prefix).
+            ValueError: ``queue_events`` follows another queue (or prefix),
+                or ``timeout`` is not None or a number of seconds >= 0.
             redis.exceptions.ConnectionError: the QueueEvents has never
                 reached the server (its last attempt failed); the message
                 names the server, password hidden.

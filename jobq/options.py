@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,44 @@ def _number(name: str, value: Any, minimum: float = 0.0) -> float:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum:g}, not {value!r}")
     return float(value)
+
+
+def wait_timeout(value: Any, name: str = "timeout") -> float | None:
+    """A timeout argument of a blocking call: None (no limit) or seconds >= 0.
+
+    NaN, negative values, bools and non-numbers are refused (NaN would end a
+    wait at once, a negative one compares as already past). Infinity, or any
+    time over half of what a thread can wait for (``threading.TIMEOUT_MAX``,
+    some 146 years here), is no limit, not an OverflowError from deep inside.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{name} must be None or a number of seconds, not {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be None or >= 0, not {value!r}")
+    return None if value >= threading.TIMEOUT_MAX / 2 else float(value)
+
+
+def blocking_seconds(value: Any) -> float:
+    """QueueEvents' ``blocking_timeout``: seconds > 0 (infinity too: every
+    read is capped anyway). NaN or a value <= 0 once gave reads of 10 ms,
+    a hundred a second for as long as nothing happened."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or value <= 0):
+        raise ValueError(f"blocking_timeout must be a number of seconds > 0, not {value!r}")
+    return float(value)
+
+
+def list_index(name: str, value: Any, minimum: int | None = None) -> int:
+    """An index into a list (``start``, ``end``; negative counts from the
+    end, as LRANGE does) or a count: an int, not a bool, NaN or a float
+    that the server would refuse with a bare "value is not an integer"."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
+    return value
 
 
 def byte_limit(name: str, value: Any) -> int | None:

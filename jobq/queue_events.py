@@ -25,6 +25,7 @@ from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, 
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
+from .options import blocking_seconds, wait_timeout
 
 if TYPE_CHECKING:
     pass
@@ -94,8 +95,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             raise ValueError(
                 f"last_event_id must be '$', '0' or a stream id, not {last_event_id!r}"
             )
-        if isinstance(blocking_timeout, bool) or not isinstance(blocking_timeout, (int, float)):
-            raise ValueError(f"blocking_timeout must be seconds, not {blocking_timeout!r}")
+        blocking_seconds(blocking_timeout)
         context = QueueContext(queue_name, connection, prefix, "QueueEvents")
         listeners = ListenerRegistry()
         stop = threading.Event()
@@ -178,12 +178,14 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until every event emitted from now on will be delivered."""
+        timeout = wait_timeout(timeout)
         if not self._started and not self._stop.is_set():
             self.run()  # a shard's part: the whole's run, at each call
         return self._reader.ready.wait(timeout) and not self._stop.is_set()
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads."""
+        timeout = wait_timeout(timeout)
         if self._shared.close is not None:
             self._shared.close(timeout)
             return
@@ -264,8 +266,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         than time out; once the reader was ready, a lost connection only
         delays the wait (the reader reconnects and re-checks).
         """
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-            raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
+        timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def remaining() -> float | None:

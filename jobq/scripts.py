@@ -241,7 +241,7 @@ class Scripts:
                 try:
                     return self._coalesced(pool).call(_pack(command))
                 except ResponseError as exc:
-                    if _MISSING not in str(exc):
+                    if not function_missing(exc):
                         raise
                     load_library(target)  # a restarted or new server; then as below
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
@@ -263,7 +263,7 @@ class Scripts:
         try:
             return target.execute_command(*command)
         except ResponseError as exc:
-            if _MISSING not in str(exc):
+            if not function_missing(exc):
                 raise
         load_library(target)  # a restarted or new server: load the library once
         return target.execute_command(*command)
@@ -282,7 +282,7 @@ class Scripts:
                 connection.send_packed_command([_pack(command)])
                 return connection.read_response()
             except ResponseError as exc:
-                if _MISSING not in str(exc):
+                if not function_missing(exc):
                     raise
             # a restarted or new server: load the library once
             connection.send_command("FUNCTION", "LOAD", _library()[0])
@@ -328,7 +328,7 @@ def _on_cluster(
             cluster.nodes_manager.initialize()
             threading.Event().wait(0.05 * 2**attempt)  # a migration or failover ends
         except ResponseError as exc:
-            if _MISSING not in str(exc) or attempt == _CLUSTER_TRIES - 1:
+            if not function_missing(exc) or attempt == _CLUSTER_TRIES - 1:
                 raise
             load_library(node.redis_connection)  # a new or restarted node
     raise AssertionError("unreachable")

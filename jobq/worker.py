@@ -44,7 +44,7 @@ from .errors import ClosedError, JobqError
 from .events import Event
 from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
-from .options import byte_limit
+from .options import byte_limit, wait_timeout
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
 from .tasks import refuse_async
 
@@ -307,6 +307,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         returns at once. A second call waits (up to ``timeout``) for the
         first to end; with ``force`` it makes the first abandon its jobs.
         """
+        timeout = wait_timeout(timeout)
         roles = self._roles
         if roles is not None and threading.current_thread() in roles.runner.threads:
             start_thread(f"jobq-closer-{self.queue_name}", lambda: self.close(timeout, force))
@@ -392,7 +393,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         those of other handlers waiting in ``pause()`` too. The wait ends
         early if the worker is resumed or closed meanwhile.
         """
-        if self._pause.pause(lambda: self._roles, wait, timeout,
+        if self._pause.pause(lambda: self._roles, wait, wait_timeout(timeout),
                              lambda: self._state is Lifecycle.CLOSED):
             self._listeners.emit("paused")  # on the caller's thread, before returning
 

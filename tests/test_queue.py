@@ -261,6 +261,33 @@ def test_invalid_queue_name_raises_value_error(redis_url: str, name: Any) -> Non
         Queue(name, connection=redis_url)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1.0, True, "0", None])
+def test_ranges_and_counts_are_refused_unless_ints_before_the_server_sees_them(
+    queue: Queue, redis_url: str, bad: Any
+) -> None:
+    job = queue.add("n", 1)
+    job.log("one")
+    for call in (
+        lambda: queue.get_jobs("waiting", bad, -1),
+        lambda: queue.get_jobs("waiting", 0, bad),
+        lambda: job.get_logs(bad),
+        lambda: job.get_logs(0, bad),
+        lambda: job.log("two", keep=bad),
+    ):
+        with pytest.raises(ValueError, match="must be"):  # not the server's "not an integer"
+            call()
+    with pytest.raises(ValueError, match="keep must be >= 0"):
+        job.log("two", keep=-1)
+    # a reader polling every 10 ms, as NaN or a value <= 0 once gave
+    for bad_block in (float("nan"), 0, -1.5, True, "1", None):
+        with pytest.raises(ValueError, match="blocking_timeout must be"):
+            jobq.QueueEvents(queue.name, connection=redis_url, blocking_timeout=bad_block,
+                             autorun=False)
+    # what stays valid: negative indexes count from the end, as in LRANGE
+    assert [j.id for j in queue.get_jobs("waiting", -1, -1)] == [job.id]
+    assert job.get_logs(-1) == ["one"] and job.log("two", keep=1) == 1
+
+
 def test_queue_name_of_100_characters_is_valid(redis_url: str, queue_name: str) -> None:
     name = (queue_name + "x" * 100)[:100]
     with Queue(name, connection=redis_url) as q:

@@ -84,6 +84,51 @@ def completed_counter(worker: Worker) -> tuple[threading.Condition, list[Any]]:
 # -- 1: a reused custom id -------------------------------------------------
 
 
+@pytest.mark.parametrize("bad", [float("nan"), -1, -0.5, float("-inf"), True, "1"])
+def test_every_blocking_call_refuses_a_timeout_that_is_not_a_number_of_seconds(
+    queue: Queue, redis_url: str, bad: Any
+) -> None:
+    job = queue.add("n", 1)
+    qe = queue.events
+    with Worker(queue.name, echo, connection=redis_url, autorun=True) as worker:
+        calls = {
+            "wait_until_finished": lambda: job.wait_until_finished(timeout=bad),
+            "wait_for": lambda: qe.wait_for(job.id, bad),
+            "wait_until_ready": lambda: qe.wait_until_ready(bad),
+            "QueueEvents.close": lambda: qe.close(bad),
+            "Worker.pause": lambda: worker.pause(timeout=bad),
+            "Worker.close": lambda: worker.close(timeout=bad),
+        }
+        for name, call in calls.items():
+            with pytest.raises(ValueError, match="timeout must be None"):
+                call()
+            # refused before doing anything: nothing was closed or paused
+            assert not worker.is_paused() and worker.is_running(), name
+        assert job.wait_until_finished(timeout=WAIT) == 1
+
+
+def test_a_timeout_beyond_what_a_thread_can_wait_is_no_limit(
+    queue: Queue, redis_url: str
+) -> None:
+    job = queue.add("n", 2)
+    qe = QueueEvents(queue.name, connection=redis_url)
+    try:
+        assert qe.wait_until_ready(float("inf"))
+        worker = Worker(queue.name, echo, connection=redis_url)
+        ran = threading.Timer(0.2, worker.start)
+        ran.start()
+        # once an OverflowError from threading's wait; now a wait without limit
+        assert job.wait_until_finished(qe, timeout=threading.TIMEOUT_MAX * 2) == 2
+        assert queue.add("n", 3).wait_until_finished(qe, timeout=float("inf")) == 3
+        ran.join(WAIT)
+        worker.pause(timeout=1e300)
+        assert worker.is_paused()
+        worker.close(timeout=float("inf"))
+        assert not worker.is_running()
+    finally:
+        qe.close(timeout=1e300)
+
+
 def test_reused_id_never_returns_the_previous_runs_value(
     queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
 ) -> None:
