@@ -49,6 +49,7 @@ class QueueContext:
         #: the sharded queue's events)
         self.events_source: Callable[[], QueueEvents] | None = None
         self._bounded: Any = None
+        self._deadline_connections: _connection.DeadlineConnections | None = None
         self._lock = threading.Lock()
         self._setup: Callable[[], None] | None = None
         self._setup_lock = threading.Lock()
@@ -152,15 +153,41 @@ class QueueContext:
                     self._bounded = _connection.bounded_client(self.client)
         return self._bounded
 
-    def run_bounded(self, script: str, *args: Any) -> Any:
-        """Run one of the queue's scripts once, without the client's retries.
+    def run_bounded(self, script: str, *args: Any, deadline: float | None = None) -> Any:
+        """Run one of the queue's scripts once, without the client's retries;
+        with ``deadline`` (``time.monotonic``), raise redis-py's TimeoutError
+        when no reply has come by then (on a cluster, the socket timeouts
+        bound the call: see ``connection.bounded_client``).
 
         Raises:
             ClosedError: the owner was closed.
         """
         if self.closed or self._setup is not None:
             self.ensure_ready()
-        return self.scripts.run(script, self.keys.base, *args, client=self.bounded)
+        connections = self.deadline_connections
+        if deadline is None or connections is None:
+            return self.scripts.run(script, self.keys.base, *args, client=self.bounded)
+        connection, keep = connections.take(deadline)
+        try:
+            return self.scripts.run_on(connection, script, self.keys.base, *args,
+                                       deadline=deadline)
+        except BaseException:
+            keep = False
+            raise
+        finally:
+            connections.give(connection, keep)
+
+    @property
+    def deadline_connections(self) -> _connection.DeadlineConnections | None:
+        """Connections for calls bounded by a caller's deadline
+        (``run_bounded``); None for a cluster or a client bound to one
+        connection (their calls are bounded by the client's timeouts)."""
+        if self._deadline_connections is None and _connection.pooled(self.client):
+            pool = self.bounded.connection_pool  # its settings: no retries
+            with self._lock:
+                if self._deadline_connections is None:
+                    self._deadline_connections = _connection.DeadlineConnections(pool)
+        return self._deadline_connections
 
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""
@@ -189,5 +216,7 @@ class QueueContext:
         self.scripts.close()
         if self._bounded is not None and self._bounded is not self.client:
             _connection.close_client(self._bounded)
+        if self._deadline_connections is not None:
+            self._deadline_connections.close()
         if self._owned:
             _connection.close_client(self.client)

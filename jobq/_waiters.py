@@ -13,6 +13,7 @@ generation or a later one, never an earlier one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -29,7 +30,7 @@ from . import events as _events
 from . import serializer
 from ._context import QueueContext
 from .calls import OutcomeReply, QueueScripts, outcome_args, outcome_reply
-from .connection import TRANSIENT_ERRORS
+from .connection import TRANSIENT_ERRORS, read_by
 from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 from .scripts import function_missing, load_library
 
@@ -465,24 +466,33 @@ class WaiterTable:
 
     # -- checking records -------------------------------------------------
 
-    def check(self, waiter: Waiter) -> None:
+    def check(self, waiter: Waiter, deadline: float | None = None) -> None:
         """Resolve the waiter from its run's record, if it is final or gone.
+
+        ``deadline`` (``time.monotonic``): the waiting thread's own; the
+        check gives up then, both in the queue for a connection and in the
+        read of a server that does not answer.
 
         Raises:
             redis.exceptions.ConnectionError (and other transient errors):
                 the server could not be asked; try again later.
         """
+        calls = QueueScripts(functools.partial(self._context.run_bounded, deadline=deadline))
+        cursor, anchored = "", False
         # thousands of threads starting to wait at once must not take a pooled
         # connection each (redis-py's pools hold 100 by default)
-        calls = QueueScripts(self._context.run_bounded)
-        cursor, anchored = "", False
-        with self._slots:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._slots.acquire(timeout=left):
+            raise redis.exceptions.TimeoutError("no connection free to check the record in time")
+        try:
             for _ in range(SCAN_CALLS):
                 reply = calls.get_outcome(waiter.job_id, waiter.run or "", cursor, anchored)
                 if reply.cursor is None:
                     break
                 # a long scan of the run's events goes on in another call
                 cursor, anchored = reply.cursor, reply.anchored
+        finally:
+            self._slots.release()
         self._apply(waiter, reply)
 
     def check_many(self, waiters: list[Waiter], unreached: bool = True) -> list[Waiter]:
@@ -614,31 +624,34 @@ class WaiterTable:
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
             self._context.bounded.spublish(self._context.keys.events, message)
 
-    def try_check(self, waiter: Waiter) -> bool:
+    def try_check(self, waiter: Waiter, deadline: float | None = None) -> bool:
         """``check``, a transient error logged; False when it failed."""
         try:
-            self.check(waiter)
+            self.check(waiter, deadline)
         except TRANSIENT_ERRORS as exc:
             logger.debug("checking job %r failed: %s", waiter.job_id, exc)
             return False
         return True
 
 
-def waited_result(context: QueueContext, waiter: Waiter, where: str) -> Any:
+def waited_result(
+    context: QueueContext, waiter: Waiter, where: str, deadline: float | None = None
+) -> Any:
     """The resolved waiter's result (its failure raised), with the stack
-    traces of a failed run read from its record when the event had none."""
+    traces of a failed run read from its record when the event had none
+    (none when they cannot be read by ``deadline``)."""
     outcome = waiter.outcome
     if isinstance(outcome, Failed) and outcome.stacktrace is None:
-        outcome = Failed(outcome.reason, _stacktrace(context, waiter), outcome.exc_type,
-                         outcome.cancelled)
+        outcome = Failed(outcome.reason, _stacktrace(context, waiter, deadline),
+                         outcome.exc_type, outcome.cancelled)
     return result_of(waiter.job_id, outcome, where)
 
 
-def _stacktrace(context: QueueContext, waiter: Waiter) -> list[str]:
+def _stacktrace(context: QueueContext, waiter: Waiter, deadline: float | None) -> list[str]:
     """The stack traces of the waiter's failed run, from its record (on the
-    bounded client: a wait's timeout holds under an outage)."""
+    bounded client, by the deadline: a wait's timeout holds under an outage)."""
     try:
-        raw, run = context.bounded.hmget(context.keys.job(waiter.job_id), ["st", "run"])
+        raw, run = _hmget(context, context.keys.job(waiter.job_id), ("st", "run"), deadline)
         if not waiter.matches(text(run)):
             return []
         value = serializer.decode(raw, "stack trace")
@@ -649,3 +662,20 @@ def _stacktrace(context: QueueContext, waiter: Waiter) -> list[str]:
 
 #: Name of the marker events a pub/sub reader publishes to itself.
 CHECKPOINT = "__jobq_checkpoint__"
+
+
+def _hmget(context: QueueContext, key: str, fields: tuple[str, ...],
+           deadline: float | None) -> list[Any]:
+    """HMGET on the bounded client, its reply awaited until ``deadline`` at most."""
+    connections = context.deadline_connections
+    if deadline is None or connections is None:
+        return list(context.bounded.hmget(key, list(fields)))
+    connection, keep = connections.take(deadline)
+    try:
+        connection.send_command("HMGET", key, *fields)
+        return list(read_by(connection, deadline))
+    except BaseException:
+        keep = False  # a reply may still come: the connection is closed
+        raise
+    finally:
+        connections.give(connection, keep)

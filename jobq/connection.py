@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import redis
@@ -217,6 +219,100 @@ def close_client(client: Client) -> None:
             client.connection_pool.disconnect()
     except Exception:  # closing is best effort
         pass
+
+
+def read_by(connection: Any, deadline: float | None) -> Any:
+    """``connection.read_response()``, or redis-py's TimeoutError once
+    ``deadline`` (``time.monotonic``) passes with no reply: a server that
+    accepted the call but does not answer (stopped, or busy with a long
+    script) cannot hold a caller past its own time, whatever the socket
+    timeout (none by default in redis-py 5). The caller drops the
+    connection: its reply may still come."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not connection.can_read(timeout=left):
+            raise redis.exceptions.TimeoutError("no reply within the caller's time")
+    return connection.read_response()
+
+
+class DeadlineConnections:
+    """Connections of ``pool``'s server for calls that must end by a caller's
+    deadline (a wait's record checks): each is connected, handshake
+    included, within the deadline of the call that needs it, where the
+    pool's own would connect under the client's socket timeouts (none by
+    default in redis-py 5: a server that accepts but does not answer would
+    hold the caller for ever). Kept for reuse, at most IDLE of them; not
+    one connected in less than KEEP_AFTER seconds (the socket keeps the
+    timeout it was connected under, and a later call may have more time)."""
+
+    IDLE = 16
+    KEEP_AFTER = 1.0
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._after_fork()
+        _fork.track(self)
+
+    def _after_fork(self) -> None:
+        """Forget the parent's connections (their sockets are the parent's)."""
+        self._lock = threading.Lock()
+        self._idle: list[Any] = []
+        self._closed = False
+
+    def take(self, deadline: float) -> tuple[Any, bool]:
+        """A connection, connected by ``deadline`` (else redis-py's
+        TimeoutError), and whether to keep it after the call (``give``)."""
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
+        if connection is not None:
+            try:  # closed by the server meanwhile (bytes nobody asked for, or EOF)?
+                stale = connection.can_read(timeout=0)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+                stale = True
+            if not stale:
+                return connection, True
+            connection.disconnect()
+        pool = self._pool
+        connection = pool.connection_class(**pool.connection_kwargs)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis.exceptions.TimeoutError("no time left to connect")
+        saved = connection.socket_timeout, connection.socket_connect_timeout
+        connection.socket_timeout = min(saved[0] or left, left)
+        connection.socket_connect_timeout = min(saved[1] or left, left)
+        try:
+            connection.connect()
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            connection.socket_timeout, connection.socket_connect_timeout = saved
+        return connection, left >= self.KEEP_AFTER
+
+    def give(self, connection: Any, keep: bool) -> None:
+        """Keep a connection for the next call, unless ``keep`` is False (a
+        short connect, or a failed call) or IDLE are kept already: then it
+        is closed."""
+        if keep:
+            with self._lock:
+                if not self._closed and len(self._idle) < self.IDLE:
+                    self._idle.append(connection)
+                    return
+        connection.disconnect()
+
+    def close(self) -> None:
+        """Close the connections kept (and those given back from now on)."""
+        with self._lock:
+            idle, self._idle, self._closed = self._idle, [], True
+        for connection in idle:
+            connection.disconnect()
+
+
+def pooled(client: Any) -> bool:
+    """Whether ``client`` is a plain client with a pool to lend connections
+    (not a cluster client, a pipeline or a client bound to one connection)."""
+    return (isinstance(client, redis.Redis) and not isinstance(client, redis.client.Pipeline)
+            and client.connection is None)
 
 
 def take_connection(pool: Any) -> Any:

@@ -289,7 +289,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         try:
             # a run the reader has not yet seen end needs no look at its
             # record: its last event will reach this waiter
-            checked = True if unseen else _try_check(self, waiter)
+            checked = True if unseen else _try_check(self, waiter, deadline)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
@@ -310,8 +310,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                     break
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
-                    checked = _try_check(self, waiter)
-            return self._result(waiter)
+                    checked = _try_check(self, waiter, deadline)
+            return self._result(waiter, deadline)
         finally:
             self._table.unregister(waiter)
             waiter.resumed()  # the reader wakes more threads once this one is done
@@ -328,8 +328,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         """
         return _future(self, job_id, run)
 
-    def _result(self, waiter: Waiter) -> Any:
-        return waited_result(self._context, waiter, f"QueueEvents {self.name!r}")
+    def _result(self, waiter: Waiter, deadline: float | None = None) -> Any:
+        return waited_result(self._context, waiter, f"QueueEvents {self.name!r}", deadline)
 
     def _poke_all(self) -> None:
         """Re-check every waiter's job record after a possible loss of
@@ -381,12 +381,13 @@ def wake_loop(name: str, gate: WakeGate, parts: list[QueueEvents], stop: threadi
     BackgroundLoop(f"waker of {name!r}", step, stop=stop, log=logger).run()
 
 
-def _try_check(events: QueueEvents, waiter: Waiter) -> bool:
+def _try_check(events: QueueEvents, waiter: Waiter, deadline: float | None) -> bool:
     """The waiter's record check; a check cut by ``close()`` (its connection
     dropped under it, which some redis-py versions report as any error)
-    raises ClosedError."""
+    raises ClosedError. ``deadline``: the waiting thread's own (see
+    ``WaiterTable.check``)."""
     try:
-        return events._table.try_check(waiter)
+        return events._table.try_check(waiter, deadline)
     except Exception:
         if events.closed:
             raise ClosedError(f"QueueEvents {events.name!r} closed during the wait") from None

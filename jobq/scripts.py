@@ -29,7 +29,7 @@ from redis.exceptions import (
 
 from . import _fork
 from ._coalesce import Coalescer
-from .connection import Client, take_connection
+from .connection import Client, read_by, take_connection
 
 _SCRIPT_NAMES = (
     "add",
@@ -268,31 +268,35 @@ class Scripts:
         load_library(target)  # a restarted or new server: load the library once
         return target.execute_command(*command)
 
-    def run_on(self, connection: Any, name: str, base: str, *args: Any) -> Any:
+    def run_on(
+        self, connection: Any, name: str, base: str, *args: Any, deadline: float | None = None
+    ) -> Any:
         """Run script ``name`` on one connection (a pool's, or a thread's
         own), below the client's pool and retry layers.
 
         An error reply leaves the connection usable; any other failure drops
         it (the next call reconnects) and is raised: the caller retries.
+        With ``deadline`` (``time.monotonic``), a reply not come by then
+        raises redis-py's TimeoutError (see ``connection.read_by``).
         """
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
             try:
                 # the same bytes as send_command, without its per-argument pass
                 connection.send_packed_command([_pack(command)])
-                return connection.read_response()
+                return read_by(connection, deadline)
             except ResponseError as exc:
                 if not function_missing(exc):
                     raise
             # a restarted or new server: load the library once
             connection.send_command("FUNCTION", "LOAD", _library()[0])
             try:
-                connection.read_response()
+                read_by(connection, deadline)
             except ResponseError as exc:
                 if "already exists" not in str(exc):  # loaded by another client
                     raise
             connection.send_command(*command)
-            return connection.read_response()
+            return read_by(connection, deadline)
         except ResponseError:
             raise
         except BaseException:

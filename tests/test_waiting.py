@@ -8,6 +8,7 @@ Real server, bounded waits, no sleep as synchronisation.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -254,10 +255,10 @@ def test_a_stale_wait_is_not_answered_by_the_run_before_the_retry_read_meanwhile
             assert go.wait(WAIT)  # the reader stops before the first run's end
         return record(job_id, run, outcome, at)
 
-    def late_check(waiter: Any) -> None:
+    def late_check(waiter: Any, deadline: float | None = None) -> None:
         go.set()  # the reader reads the first run's end now...
         until(lambda: qe._table._recent.get("stale"), WAIT)
-        check(waiter)  # ...before the check brings the token up to date
+        check(waiter, deadline)  # ...before the check brings the token up to date
 
     actives: list[Any] = []
     qe.on("active", actives.append)
@@ -713,6 +714,64 @@ def test_wait_and_close_keep_their_own_time_with_a_retrying_client(
         client.close()
 
 
+def test_waits_keep_their_time_on_a_server_that_stopped_answering(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """A server that accepts but does not answer (stopped, or stuck in a
+    long script): each wait that must read its record keeps to its timeout,
+    however many threads wait, even on a client without a socket timeout
+    (redis-py 5's default), where the read of the record once blocked until
+    the server answered. A run of jobq before this fix: every wait here
+    ended only when the server was let go."""
+    client = redis.Redis("127.0.0.1", own_server.port, socket_timeout=None)
+    queue = Queue(queue_name, connection=client)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def wait_for(job: Job) -> None:
+        start = time.monotonic()
+        try:
+            job.wait_until_finished(timeout=0.5)
+            kind = "finished"
+        except WaitUntilFinishedTimeoutError:
+            kind = "timeout"
+        except Exception as exc:
+            kind = type(exc).__name__
+        with lock:
+            outcomes.append(f"{kind} {time.monotonic() - start:.1f}")
+
+    try:
+        assert queue.events.wait_until_ready(WAIT)
+        # a connection kept from a check already (a finished job's, in a
+        # wait of 10 s: its socket has no shorter timeout): the stop meets
+        # one check in its read, the others in their connect
+        done = queue.add("x", "done")
+        with Worker(queue.name, echo, connection=client, autorun=True):
+            done.wait_until_finished(timeout=WAIT)
+        finished = queue.get_job(done.id)
+        assert finished is not None and finished.wait_until_finished(timeout=WAIT) == "done"
+        # not fresh: each wait must read the record before it relies on events
+        jobs = [queue.get_job(queue.add("x", i).id) for i in range(40)]
+        own_server.kill(signal.SIGSTOP)
+        threads = [threading.Thread(target=wait_for, args=(job,)) for job in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5.0)  # all 40 by then: each waits 0.5 s
+        with lock:
+            ended = list(outcomes)
+        own_server.kill(signal.SIGCONT)
+        for thread in threads:
+            thread.join(WAIT)
+        assert len(ended) == 40, ended
+        assert all(outcome.startswith("timeout") for outcome in ended), ended
+        assert max(float(o.split()[1]) for o in ended) < 3.0, ended
+    finally:
+        own_server.kill(signal.SIGCONT)
+        queue.close()
+        client.close()
+
+
 # -- many waiters re-checked at once -----------------------------------------
 
 
@@ -773,9 +832,9 @@ def test_after_a_gap_waiting_threads_are_rechecked_in_batches_not_each_on_its_ow
         own_checks: list[str] = []
         check = qe._table.check
 
-        def counted(waiter: Any) -> None:
+        def counted(waiter: Any, deadline: float | None = None) -> None:
             own_checks.append(waiter.job_id)
-            check(waiter)
+            check(waiter, deadline)
 
         qe._table.check = counted  # type: ignore[method-assign]
         jobs = q.add_bulk({"name": "x", "data": i} for i in range(40))
@@ -810,9 +869,9 @@ class CountedChecks:
         self.looks: list[int] = []
         check, check_many = qe._table.check, qe._table.check_many
 
-        def counted(waiter: Any) -> None:
+        def counted(waiter: Any, deadline: float | None = None) -> None:
             self.own.append(waiter.job_id)
-            check(waiter)
+            check(waiter, deadline)
 
         def counted_many(waiters: list[Any], unreached: bool = True) -> list[Any]:
             if waiters:  # the futures' look (none here) comes with none
