@@ -430,11 +430,18 @@ def test_a_reader_of_every_shard_resumes_after_its_connection_is_killed(
             got.notify_all()
 
     events.on("completed", on_completed)
+
+    def blocked_reader() -> list[dict[str, Any]]:
+        # blocked in its read: killed between two reads, its pool would
+        # reconnect without an error to report (a loaded machine saw it)
+        return [c for c in redis_client.client_list()
+                if c["name"] == f"jobq-events-{sharded.name}" and "b" in c["flags"]]
+
+    until(blocked_reader, WAIT)
     killed = 0
-    for client in redis_client.client_list():
-        if client["name"] == f"jobq-events-{sharded.name}":
-            redis_client.client_kill_filter(_id=client["id"])
-            killed += 1
+    for client in blocked_reader():
+        redis_client.client_kill_filter(_id=client["id"])
+        killed += 1
     assert killed == 1
     jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
     with Worker(sharded.name, lambda job: job.data, connection=redis_url, concurrency=4):

@@ -144,14 +144,21 @@ def _make_ca(directory: Path) -> dict[str, Path]:
         pytest.skip("openssl is not installed")
     files = {name: directory / name for name in ("ca.key", "ca.crt", "server.key",
                                                    "server.csr", "server.crt", "san.ext")}
-    files["san.ext"].write_text("subjectAltName=IP:127.0.0.1\n")
+    # the extensions Python 3.13's strict verification (VERIFY_X509_STRICT)
+    # asks of a CA and of the certificate it signs
+    files["san.ext"].write_text(
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+    )
 
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
 
     run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
         "-keyout", str(files["ca.key"]), "-out", str(files["ca.crt"]), "-days", "1",
-        "-subj", "/CN=jobq test CA")
+        "-subj", "/CN=jobq test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
         "-keyout", str(files["server.key"]), "-out", str(files["server.csr"]),
         "-subj", "/CN=127.0.0.1")
