@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k worker -x'
 PYTEST_ARGS ?=
 
-.PHONY: all install demo test test-oldest test-all lint examples docs clean bench bench-quick bench-ab
+.PHONY: all install demo test test-oldest test-python test-all lint examples docs clean bench bench-quick bench-ab
 
 all: lint test
 
@@ -49,6 +49,21 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 test-oldest: $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -c 'from importlib.metadata import version as v; print("redis-py", v("redis"), "croniter", v("croniter"))'
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The default selection on another interpreter, in a venv of its own:
+# make test-python PY=python3.10 (.ci/run runs the oldest supported, 3.10,
+# and the newest tested, 3.13, when they are installed).
+PY ?= python3.13
+PY_VENV = .venv-$(notdir $(PY))
+$(PY_VENV)/.installed: setup.cfg pyproject.toml
+	$(PY) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/python -m pip install --upgrade pip
+	$(PY_VENV)/bin/python -m pip install -e '.[test]'
+	touch $@
+
+test-python: $(PY_VENV)/.installed
+	$(PY_VENV)/bin/python -c 'import sys; print("Python", sys.version.split()[0])'
+	$(PY_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Every tier, slow, load and fault included.
 test-all: $(VENV)/.installed

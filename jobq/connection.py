@@ -257,6 +257,7 @@ class DeadlineConnections:
         """Forget the parent's connections (their sockets are the parent's)."""
         self._lock = threading.Lock()
         self._idle: list[Any] = []
+        self._busy: set[Any] = set()  # lent out: close() cuts their calls short
         self._closed = False
 
     def take(self, deadline: float) -> tuple[Any, bool]:
@@ -270,7 +271,7 @@ class DeadlineConnections:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
                 stale = True
             if not stale:
-                return connection, True
+                return self._lent(connection), True
             connection.disconnect()
         pool = self._pool
         connection = pool.connection_class(**pool.connection_kwargs)
@@ -280,31 +281,38 @@ class DeadlineConnections:
         saved = connection.socket_timeout, connection.socket_connect_timeout
         connection.socket_timeout = min(saved[0] or left, left)
         connection.socket_connect_timeout = min(saved[1] or left, left)
+        self._lent(connection)  # from now on: close() cuts its connect short too
         try:
             connection.connect()
         except BaseException:
-            connection.disconnect()
+            self.give(connection, False)
             raise
         finally:
             connection.socket_timeout, connection.socket_connect_timeout = saved
         return connection, left >= self.KEEP_AFTER
 
+    def _lent(self, connection: Any) -> Any:
+        with self._lock:
+            self._busy.add(connection)
+        return connection
+
     def give(self, connection: Any, keep: bool) -> None:
         """Keep a connection for the next call, unless ``keep`` is False (a
         short connect, or a failed call) or IDLE are kept already: then it
         is closed."""
-        if keep:
-            with self._lock:
-                if not self._closed and len(self._idle) < self.IDLE:
-                    self._idle.append(connection)
-                    return
+        with self._lock:
+            self._busy.discard(connection)
+            if keep and not self._closed and len(self._idle) < self.IDLE:
+                self._idle.append(connection)
+                return
         connection.disconnect()
 
     def close(self) -> None:
-        """Close the connections kept (and those given back from now on)."""
+        """Close the connections kept, and those lent out (their calls end
+        with an error, as on a closed client), and those given back from now on."""
         with self._lock:
-            idle, self._idle, self._closed = self._idle, [], True
-        for connection in idle:
+            connections, self._idle, self._closed = self._idle + list(self._busy), [], True
+        for connection in connections:
             connection.disconnect()
 
 

@@ -772,6 +772,38 @@ def test_waits_keep_their_time_on_a_server_that_stopped_answering(
         client.close()
 
 
+def test_close_cuts_short_a_wait_whose_check_the_server_does_not_answer(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    client = redis.Redis("127.0.0.1", own_server.port, socket_timeout=None)
+    qe = QueueEvents(queue_name, connection=client)
+    outcome: list[str] = []
+    try:
+        with Queue(queue_name, connection=client) as queue:
+            job = queue.get_job(queue.add("x").id)  # not fresh: the wait reads the record
+        assert job is not None and qe.wait_until_ready(WAIT)
+        own_server.kill(signal.SIGSTOP)
+
+        def wait() -> None:
+            try:
+                job.wait_until_finished(qe, timeout=60)
+            except Exception as exc:
+                outcome.append(type(exc).__name__)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        connections = qe._context.deadline_connections
+        assert connections is not None
+        until(lambda: connections._busy, WAIT)  # the check waits for its reply
+        qe.close(timeout=0.5)  # the reader, stuck too, is left behind
+        thread.join(WAIT)  # not the wait's 60 s
+        assert outcome == ["ClosedError"]
+    finally:
+        own_server.kill(signal.SIGCONT)
+        qe.close()
+        client.close()
+
+
 # -- many waiters re-checked at once -----------------------------------------
 
 
