@@ -66,6 +66,10 @@ def cancel_channel(context: QueueContext) -> str:
     return f"{context.keys.base}cancels"
 
 
+#: Socket timeouts of a stopped listener's subscription (see ``stop``).
+STOP_TIMEOUT = 0.01
+
+
 class CancelListener:
     """A worker's subscription to its queue's cancel channel: a cancelled
     job held by the worker gets ``job.cancelled`` set at once.
@@ -100,7 +104,13 @@ class CancelListener:
             return
         mapping = getattr(pubsub, "node_pubsub_mapping", None) or {}
         for sub in (pubsub, *mapping.values()):
-            sock = getattr(getattr(sub, "connection", None), "_sock", None)
+            connection = getattr(sub, "connection", None)
+            if connection is not None:
+                # redis-py reconnects a subscription whose read failed before
+                # it gives up: with these, that connect fails at once, where
+                # a server that does not answer would hold its handshake
+                connection.socket_timeout = connection.socket_connect_timeout = STOP_TIMEOUT
+            sock = getattr(connection, "_sock", None)
             if sock is not None:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)

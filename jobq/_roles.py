@@ -160,7 +160,7 @@ class Roles:
 
     def stop(
         self, worker: str, deadline: float | None, give_up: Callable[[], bool],
-        client: Any,
+        context: QueueContext,
     ) -> float:
         """Stop taking; wait for jobs in flight until ``deadline`` or
         ``give_up()``, then abandon what is left; stop and join the threads
@@ -190,8 +190,10 @@ class Roles:
         threads += [t for t in self.runner.threads if not self.runner.in_user_code(t)]
         if not join_all(threads, until - time.monotonic()):
             # threads still in a call to a server that does not answer: cut
-            # their connections (a shut-down socket wakes a blocked read)
-            close_client(client)
+            # their connections (a shut-down socket wakes a blocked read),
+            # and let none of them connect again
+            context.scripts.refuse_calls()
+            close_client(context.client)
             self.fetcher.interrupt()
             if not join_all(threads, JOIN_GRACE):
                 logger.warning("worker %r: some threads did not end in time", worker)

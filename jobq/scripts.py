@@ -168,6 +168,7 @@ class Scripts:
         self._client = client
         self._coalescer: Coalescer | None = None
         self._coalescer_lock = threading.Lock()
+        self._refusing = False
         _fork.track(self)
 
     def _after_fork(self) -> None:
@@ -186,6 +187,18 @@ class Scripts:
         """Give back the connection that carries concurrent calls."""
         if self._coalescer is not None:
             self._coalescer.close()
+
+    def refuse_calls(self) -> None:
+        """Send nothing from now on: every call raises ConnectionError. A
+        closing worker whose threads are stuck on a server that does not
+        answer cuts their connections and calls this, so that none of them
+        connects again (a resent call would, and block on the new
+        connection's handshake, for ever without a socket timeout)."""
+        self._refusing = True
+
+    def _check_open(self) -> None:
+        if self._refusing:
+            raise redis.exceptions.ConnectionError("closing: no more calls are sent")
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
         """Run script ``name`` with KEYS = [base, guard] and ARGV = args.
@@ -208,6 +221,7 @@ class Scripts:
         pool, under the connection's retry policy): a reply lost after the
         server ran an ``add`` must not make two jobs.
         """
+        self._check_open()
         target = client or self._client
         if isinstance(target, RedisCluster) and name not in RESENDABLE:
             # the slot's node directly, so that the cluster client's own
@@ -247,6 +261,7 @@ class Scripts:
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     if name not in RESENDABLE:
                         raise
+            self._check_open()  # refused while the call above was cut short
             connection: Any = take_connection(pool)
             try:
                 if name not in RESENDABLE:
@@ -279,6 +294,7 @@ class Scripts:
         With ``deadline`` (``time.monotonic``), a reply not come by then
         raises redis-py's TimeoutError (see ``connection.read_by``).
         """
+        self._check_open()
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
             try:

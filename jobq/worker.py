@@ -64,6 +64,9 @@ _CHANNEL_EVENTS = frozenset({"drained", "stalled"})
 EVENTS_READY_TIMEOUT = 10.0
 #: Least time ``close()`` gives its threads to end once told to stop.
 JOIN_GRACE = BLOCK_CAP + 0.5
+#: Least time ``close()`` gives the listeners' thread to deliver ``closed``
+#: and end, when the close ran past its deadline.
+LISTENER_GRACE = 0.5
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -344,7 +347,7 @@ class Worker(ListenerMethods, ClosedOnExit):
     def _shutdown(self, roles: Roles, deadline: float | None) -> None:
         emit = roles.dispatcher.emit
         emit("closing")
-        until = roles.stop(self.name, deadline, self._forced, self._context.client)
+        until = roles.stop(self.name, deadline, self._forced, self._run_context)
         events, self._events = self._events, None
         if events is not None:
             events.close(max(0.0, until - time.monotonic()))
@@ -354,7 +357,8 @@ class Worker(ListenerMethods, ClosedOnExit):
             except Exception as exc:  # best effort: the announcement expires anyway
                 logger.debug("worker %r could not leave the registry: %s", self.name, exc)
         emit("closed")
-        roles.dispatcher.stop(max(0.0, until - time.monotonic()))
+        # past the deadline too: the thread ends at once unless a listener runs
+        roles.dispatcher.stop(max(LISTENER_GRACE, until - time.monotonic()))
         hook = _tracing.hook
         if hook is not None:  # the attempts' spans leave before the process may end
             hook.flush()

@@ -687,3 +687,40 @@ def test_an_unexpected_reply_to_a_finishing_call_is_retried_not_left_to_stall(
             assert done.wait("completed", 2)  # the worker knows it finished both
         assert replaced.is_set()
         assert after.refresh().stalled_counter == 0 and after.attempts_made == 1
+
+
+def test_close_leaves_no_thread_behind_on_a_server_that_stopped_answering(
+    private_server: RedisServer, queue_name: str
+) -> None:
+    """A worker closed while the server accepts but does not answer: its
+    threads stuck in calls have their connections cut, and none connects
+    again (the heartbeat, resent on a new connection, and the cancel
+    subscription, which redis-py reconnects, blocked on the new handshake:
+    for ever on a client without a socket timeout, redis-py 5's default)."""
+    import signal
+
+    client = redis.Redis("127.0.0.1", private_server.port, socket_timeout=None)
+    started, go = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> int:
+        started.set()
+        assert go.wait(WAIT)
+        return 1
+
+    queue = Queue(queue_name, connection=client)
+    worker = Worker(queue_name, handler, connection=client, concurrency=2,
+                    heartbeat_ttl=1, autorun=True)
+    try:
+        queue.add("x")
+        assert started.wait(WAIT)
+        private_server.kill(signal.SIGSTOP)
+        go.set()  # its completion now waits on the stopped server
+        worker.close(timeout=1)
+        left = [t.name for t in threading.enumerate()
+                if t.name.startswith("jobq-") and t.name.endswith(queue_name)]
+        assert left == []
+    finally:
+        private_server.kill(signal.SIGCONT)
+        worker.close()
+        queue.close()
+        client.close()
