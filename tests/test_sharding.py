@@ -432,10 +432,12 @@ def test_a_reader_of_every_shard_resumes_after_its_connection_is_killed(
     events.on("completed", on_completed)
 
     def blocked_reader() -> list[dict[str, Any]]:
-        # blocked in its read: killed between two reads, its pool would
-        # reconnect without an error to report (a loaded machine saw it)
+        # blocked in its XREAD (on a cluster: subscribed, flag P): killed
+        # between two reads, its pool would reconnect without an error to
+        # report (a loaded machine saw it)
         return [c for c in redis_client.client_list()
-                if c["name"] == f"jobq-events-{sharded.name}" and "b" in c["flags"]]
+                if c["name"] == f"jobq-events-{sharded.name}"
+                and ("b" in c["flags"] or "P" in c["flags"])]
 
     until(blocked_reader, WAIT)
     killed = 0
