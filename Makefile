@@ -54,7 +54,7 @@ test-oldest: $(OLDEST_VENV)/.installed
 # make test-python PY=python3.10 (.ci/run runs the oldest supported, 3.10,
 # and the newest tested, 3.13, when they are installed).
 PY ?= python3.13
-PY_VENV = .venv-$(notdir $(PY))
+PY_VENV = .venv-py$(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 $(PY_VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m venv $(PY_VENV)
 	$(PY_VENV)/bin/python -m pip install --upgrade pip
