@@ -191,8 +191,8 @@ class Job(JobFlow):
 
     def get_logs(self, start: int = 0, end: int = -1) -> list[str]:
         """The job's log lines from ``start`` to ``end`` (inclusive, like LRANGE)."""
-        start, end = list_index("start", start), list_index("end", end)
-        lines = self._context.redis.lrange(self._context.keys.logs(self.id), start, end)
+        lines = self._context.redis.lrange(
+            self._context.keys.logs(self.id), list_index("start", start), list_index("end", end))
         return [line.decode("utf-8", "replace") for line in lines]
 
     # -- changing ---------------------------------------------------------
@@ -331,8 +331,7 @@ class Job(JobFlow):
         Args:
             queue_events: the reader to wait through; None uses the queue's
                 shared ``events``.
-            timeout: seconds to wait at most; None (or infinity) waits
-                for ever.
+            timeout: seconds to wait at most; None (or infinity): no limit.
 
         Raises:
             JobFailedError: the job failed for good.
