@@ -167,15 +167,9 @@ class QueueContext:
         connections = self.deadline_connections
         if deadline is None or connections is None:
             return self.scripts.run(script, self.keys.base, *args, client=self.bounded)
-        connection, keep = connections.take(deadline)
-        try:
+        with connections.lent(deadline) as connection:
             return self.scripts.run_on(connection, script, self.keys.base, *args,
                                        deadline=deadline)
-        except BaseException:
-            keep = False
-            raise
-        finally:
-            connections.give(connection, keep)
 
     @property
     def deadline_connections(self) -> _connection.DeadlineConnections | None:

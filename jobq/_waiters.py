@@ -670,12 +670,6 @@ def _hmget(context: QueueContext, key: str, fields: tuple[str, ...],
     connections = context.deadline_connections
     if deadline is None or connections is None:
         return list(context.bounded.hmget(key, list(fields)))
-    connection, keep = connections.take(deadline)
-    try:
+    with connections.lent(deadline) as connection:
         connection.send_command("HMGET", key, *fields)
         return list(read_by(connection, deadline))
-    except BaseException:
-        keep = False  # a reply may still come: the connection is closed
-        raise
-    finally:
-        connections.give(connection, keep)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -259,6 +261,20 @@ class DeadlineConnections:
         self._idle: list[Any] = []
         self._busy: set[Any] = set()  # lent out: close() cuts their calls short
         self._closed = False
+
+    @contextlib.contextmanager
+    def lent(self, deadline: float) -> Iterator[Any]:
+        """A connection for one call, connected by ``deadline`` (else
+        redis-py's TimeoutError); kept afterwards, or closed if the call
+        failed (its reply may still come)."""
+        connection, keep = self.take(deadline)
+        try:
+            yield connection
+        except BaseException:
+            keep = False
+            raise
+        finally:
+            self.give(connection, keep)
 
     def take(self, deadline: float) -> tuple[Any, bool]:
         """A connection, connected by ``deadline`` (else redis-py's

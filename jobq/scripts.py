@@ -29,7 +29,7 @@ from redis.exceptions import (
 
 from . import _fork
 from ._coalesce import Coalescer
-from .connection import Client, read_by, take_connection
+from .connection import Client, pooled, read_by, take_connection
 
 _SCRIPT_NAMES = (
     "add",
@@ -244,11 +244,7 @@ class Scripts:
                         pass
                     finally:
                         node_pool.release(node_connection)
-        if (
-            isinstance(target, redis.Redis)
-            and not isinstance(target, redis.client.Pipeline)
-            and target.connection is None
-        ):
+        if pooled(target):
             pool = target.connection_pool
             if client is None:
                 command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
