@@ -11,13 +11,12 @@ the script that ends the attempt (complete.lua / fail.lua fail it for good).
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._threads import BackgroundLoop
-from .connection import BLOCK_CAP, Client, blocking_client, close_subscription
+from .connection import BLOCK_CAP, Client, blocking_client, close_subscription, cut_client
 
 if TYPE_CHECKING:
     from ._attempt import AttemptTable
@@ -66,10 +65,6 @@ def cancel_channel(context: QueueContext) -> str:
     return f"{context.keys.base}cancels"
 
 
-#: Socket timeouts of a stopped listener's subscription (see ``stop``).
-STOP_TIMEOUT = 0.01
-
-
 class CancelListener:
     """A worker's subscription to its queue's cancel channel: a cancelled
     job held by the worker gets ``job.cancelled`` set at once.
@@ -95,27 +90,11 @@ class CancelListener:
         )
 
     def stop(self) -> None:
-        """Stop the loop, cutting its blocked read short: its socket is shut
-        down (no command is sent, so a server that does not answer cannot
-        hold the stop up); else the read ends within a second anyway."""
+        """Stop the loop, cutting its blocked read (or connect) short: its
+        client's connections are shut down (no command is sent, so a server
+        that does not answer cannot hold the stop up)."""
         self.loop.stop()
-        pubsub = self._pubsub
-        if pubsub is None:
-            return
-        mapping = getattr(pubsub, "node_pubsub_mapping", None) or {}
-        for sub in (pubsub, *mapping.values()):
-            connection = getattr(sub, "connection", None)
-            if connection is not None:
-                # redis-py reconnects a subscription whose read failed before
-                # it gives up: with these, that connect fails at once, where
-                # a server that does not answer would hold its handshake
-                connection.socket_timeout = connection.socket_connect_timeout = STOP_TIMEOUT
-            sock = getattr(connection, "_sock", None)
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:  # closed already
-                    pass
+        cut_client(self._client)
 
     def _step(self) -> float:
         try:
@@ -142,6 +121,8 @@ class CancelListener:
 
     def _connect(self) -> None:
         self._client = blocking_client(self._context.client, self.loop.name)
+        if self.loop.stopping:  # stopped before the client was there to cut
+            raise ConnectionError("the worker is closing")
         pubsub = self._client.pubsub()
         self._pubsub = pubsub
         pubsub.ssubscribe(cancel_channel(self._context))

@@ -171,6 +171,17 @@ class QueueContext:
             return self.scripts.run_on(connection, script, self.keys.base, *args,
                                        deadline=deadline)
 
+    def command_by(self, deadline: float | None, *args: Any) -> Any:
+        """Send one command on the bounded client; with ``deadline``
+        (``time.monotonic``), raise redis-py's TimeoutError when no reply
+        has come by then (on a cluster, the socket timeouts bound it)."""
+        connections = self.deadline_connections
+        if deadline is None or connections is None:
+            return self.bounded.execute_command(*args)
+        with connections.lent(deadline) as connection:
+            connection.send_command(*args)
+            return _connection.read_by(connection, deadline)
+
     @property
     def deadline_connections(self) -> _connection.DeadlineConnections | None:
         """Connections for calls bounded by a caller's deadline

@@ -19,7 +19,15 @@ from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._threads import BackgroundLoop
 from .calls import TakeArgs, WorkerScripts
-from .connection import BLOCK_CAP, Blocked, blocking_client, client_id, close_client, unblock
+from .connection import (
+    BLOCK_CAP,
+    Blocked,
+    blocking_client,
+    client_id,
+    close_client,
+    cut_client,
+    unblock,
+)
 
 logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
@@ -92,13 +100,13 @@ class Fetcher:
     def interrupt(self) -> None:
         """Cut the fetch connection under a call that does not return (from
         another thread, when stopping)."""
-        blocker = self._blocker
-        if blocker is not None:
-            close_client(blocker)
+        cut_client(self._blocker)
 
     def _connect(self) -> Any:
         if self._blocker is None:
             self._blocker = blocking_client(self._context.client, self._name)
+            if self._loop.stopping:  # stopped before the client was there to cut
+                raise ConnectionError("the worker is closing")
             self._blocked_id = client_id(self._blocker, self._context.keys.marker)
             warn_if_evicting(self._blocker)
         return self._blocker

@@ -158,6 +158,8 @@ class EventReader:
         self._gap_batch = 1000  # a read this long may follow a trimmed gap
         self._next_gap_check = 0.0
         self._blocked: _connection.Blocked | None = None
+        self._client: Client | None = None  # the reader thread's own
+        self._pubsub: Any = None
 
     @property
     def name(self) -> str:
@@ -188,12 +190,18 @@ class EventReader:
         else:
             _connection.unblock(self._context.bounded, self._blocked)
 
+    def interrupt(self) -> None:
+        """Cut the reader's connections under a read (or connect) that does
+        not return: a close's last resort on a server that does not answer."""
+        _connection.cut_client(self._client)
+
     def publish_wake(self) -> None:
         """Publish a checkpoint nobody waits for on the events channel: it
         ends a wait for a message there (every reader ignores it)."""
         try:
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
-            self._context.bounded.spublish(self._context.keys.events, message)
+            deadline = time.monotonic() + _connection.UNBLOCK_TIMEOUT
+            self._context.command_by(deadline, "SPUBLISH", self._context.keys.events, message)
         except Exception:  # the wait ends by itself within a second
             pass
 
@@ -201,8 +209,6 @@ class EventReader:
 
     def loop(self) -> None:
         """The reader thread's body, until the stop event is set."""
-        self._client: Client | None = None
-        self._pubsub: Any = None
         BackgroundLoop(
             f"events reader of {self.name!r}", self._step, on_error=self._reconnect,
             on_exit=self._disconnect, stop=self._stop, log=logger,
@@ -213,6 +219,8 @@ class EventReader:
             client = self._client = blocking_client(
                 self._context.client, f"jobq-events-{self.name}"
             )
+            if self._stop.is_set():  # closed before the client was there to cut
+                return 0.0
             try:
                 self._blocked = _connection.client_id(client, self._context.keys.events)
                 self._pubsub = self._connect(client)

@@ -7,6 +7,7 @@ them), stops every loop and joins every thread but those inside user code.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -24,9 +25,9 @@ from ._maintenance import Maintenance
 from ._runner import Finisher, Runner
 from ._shard_fetcher import ShardFetcher
 from ._shard_worker import ShardedContext
-from ._threads import BackgroundLoop, join_all
+from ._threads import BackgroundLoop, join_or_cut
 from .calls import TakeArgs
-from .connection import BLOCK_CAP, close_client
+from .connection import BLOCK_CAP, cut_client
 from .errors import LockLostError
 from .job import Job
 from .listeners import ListenerDispatcher, ListenerRegistry
@@ -188,13 +189,11 @@ class Roles:
             until = max(until, deadline)
         threads = [t for t in (self.fetcher.thread, *(loop.thread for loop in self._loops())) if t]
         threads += [t for t in self.runner.threads if not self.runner.in_user_code(t)]
-        if not join_all(threads, until - time.monotonic()):
-            # threads still in a call to a server that does not answer: cut
-            # their connections (a shut-down socket wakes a blocked read),
-            # and let none of them connect again
-            context.scripts.refuse_calls()
-            close_client(context.client)
-            self.fetcher.interrupt()
-            if not join_all(threads, JOIN_GRACE):
-                logger.warning("worker %r: some threads did not end in time", worker)
+        # threads still in a call to a server that does not answer: their
+        # connections are cut (a shut-down socket wakes a blocked read), and
+        # none of them connects again
+        cut = functools.partial(cut_client, context.client)
+        if not join_or_cut(threads, until - time.monotonic(), JOIN_GRACE,
+                           context.scripts.refuse_calls, cut, self.fetcher.interrupt):
+            logger.warning("worker %r: some threads did not end in time", worker)
         return until

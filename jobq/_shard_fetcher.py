@@ -40,7 +40,7 @@ from ._fetcher import Fetcher
 from ._shard_worker import ShardedContext
 from ._shards import store_count
 from .calls import TakeArgs, WorkerScripts
-from .connection import BLOCK_CAP, blocking_client, close_subscription
+from .connection import BLOCK_CAP, blocking_client, close_subscription, cut_client
 
 logger = logging.getLogger("jobq.worker")
 
@@ -107,7 +107,7 @@ class ShardFetcher(Fetcher):
     def interrupt(self) -> None:
         """Cut the subscriptions under a read that does not return."""
         for node in list(self._nodes):
-            node.close()
+            cut_client(node.client)
 
     # -- subscriptions ------------------------------------------------------
 
@@ -133,6 +133,8 @@ class ShardFetcher(Fetcher):
         for name, channels in groups.items():
             node = _Node(blocking_client(clients[name], self._name), channels)
             self._nodes.append(node)
+            if self._loop.stopping:  # stopped before the client was there to cut
+                raise ConnectionError("the worker is closing")
             node.subscribe(lambda: self._loop.stopping)
         # whatever was published before the subscriptions is looked for now
         self._signalled = set(range(self._context.count))

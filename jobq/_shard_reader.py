@@ -110,6 +110,19 @@ class ShardReader:
         for node in list(self._nodes):
             self._readers[next(iter(node.channels.values()))].publish_wake()
 
+    def interrupt(self) -> None:
+        """Cut the reader's connections under a read (or connect) that does
+        not return: a close's last resort on a server that does not answer."""
+        _connection.cut_client(self._multi)
+        for node in list(self._nodes):
+            _connection.cut_client(node.client)
+
+    def _check_open(self) -> None:
+        """Called once a new client is where ``interrupt`` finds it: a close
+        that came before has not cut it."""
+        if self._stop.is_set():
+            raise ConnectionError("closing")
+
     # -- the loop -------------------------------------------------------------
 
     def loop(self) -> None:
@@ -155,11 +168,11 @@ class ShardReader:
         client = self._client
         modes = {reader.settings(client) for reader in self._readers}
         if modes == {"stream"} and not isinstance(client, RedisCluster):
-            multi = blocking_client(client, f"jobq-events-{self._name}")
+            multi = self._multi = blocking_client(client, f"jobq-events-{self._name}")
+            self._check_open()
             self._blocked = _connection.client_id(multi, self._readers[0].key)
             for reader in self._readers:
                 reader.start(multi)
-            self._multi = multi
             return
         groups: dict[str, dict[bytes, int]] = {}
         clients: dict[str, Client] = {}
@@ -174,6 +187,7 @@ class ShardReader:
             own = blocking_client(clients[name], f"jobq-events-{self._name}")
             node = _Node(own, clients[name], channels)
             self._nodes.append(node)
+            self._check_open()
             node.subscribe(self._stop.is_set)
         # listening now: whatever was written before is read from the streams
         for reader in self._readers:

@@ -32,7 +32,7 @@ from ._context import QueueContext
 from ._reader import ALL, Dispatcher
 from ._shard_reader import ShardReader
 from ._shards import shard_names, shard_of, validate_count
-from ._threads import join_all, start_thread
+from ._threads import join_or_cut, start_thread
 from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
@@ -40,7 +40,7 @@ from .events import Event
 from .keys import validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .options import blocking_seconds, wait_timeout
-from .queue_events import RECHECK_INTERVAL, QueueEvents, Shared, logger, wake_loop
+from .queue_events import CUT_GRACE, RECHECK_INTERVAL, QueueEvents, Shared, logger, wake_loop
 
 __all__ = ["ShardedQueueEvents"]
 
@@ -177,7 +177,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         return not self._stop.is_set()
 
     def close(self, timeout: float | None = 5.0) -> None:
-        """Stop reading, fail pending waits with ClosedError, join the threads."""
+        """Stop reading, fail pending waits with ClosedError, join the threads
+        for ``timeout`` at most; a thread then still in a call to a server
+        that does not answer has its connection cut, and half a second more."""
         timeout = wait_timeout(timeout)
         with self._lock:
             if self._stop.is_set():
@@ -189,7 +191,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._gate.stop()
         self._dispatcher.wake()
         self._reader.wake()
-        join_all(self._threads, timeout)
+        # cut: the reader's connections, and the bounded calls' of the others
+        join_or_cut(self._threads, timeout, CUT_GRACE, self._reader.interrupt,
+                    *(part._context.close for part in self._readers))
         for part in self._readers:
             part._context.close()
         if self._owned:

@@ -30,6 +30,21 @@ def join_all(threads: Iterable[threading.Thread], timeout: float | None) -> bool
     return not any(t.is_alive() for t in threads)
 
 
+def join_or_cut(
+    threads: Iterable[threading.Thread], timeout: float | None, grace: float,
+    *cuts: Callable[[], object],
+) -> bool:
+    """Join threads for ``timeout``; if some are left (stuck in a call to a
+    server that does not answer), call each of ``cuts`` (they cut those
+    threads' connections) and join them for ``grace`` more. True if all ended."""
+    threads = list(threads)
+    if join_all(threads, timeout):
+        return True
+    for cut in cuts:
+        cut()
+    return join_all(threads, grace)
+
+
 class RetryBackoff:
     """Capped exponential backoff with jitter, for background loops."""
 

@@ -30,7 +30,7 @@ from . import events as _events
 from . import serializer
 from ._context import QueueContext
 from .calls import OutcomeReply, QueueScripts, outcome_args, outcome_reply
-from .connection import TRANSIENT_ERRORS, read_by
+from .connection import TRANSIENT_ERRORS
 from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 from .scripts import function_missing, load_library
 
@@ -493,7 +493,7 @@ class WaiterTable:
                 cursor, anchored = reply.cursor, reply.anchored
         finally:
             self._slots.release()
-        self._apply(waiter, reply)
+        self._apply(waiter, reply, deadline=deadline)
 
     def check_many(self, waiters: list[Waiter], unreached: bool = True) -> list[Waiter]:
         """``check`` many waiters at once: CHECK_BATCH of them per pipelined
@@ -564,10 +564,11 @@ class WaiterTable:
 
     def _apply(
         self, waiter: Waiter, reply: OutcomeReply,
-        answered: list[tuple[Waiter, Outcome]] | None = None,
+        answered: list[tuple[Waiter, Outcome]] | None = None, deadline: float | None = None,
     ) -> None:
         """Resolve the waiter from getOutcome's complete reply, if it decides
-        (or add it to ``answered``, for the caller to resolve)."""
+        (or add it to ``answered``, for the caller to resolve); a checkpoint
+        it publishes keeps to ``deadline``."""
         with self._lock:
             if reply.run is not None and reply.state not in ("completed", "failed", "cancelled"):
                 # the record is of a later generation (the job was retried
@@ -593,13 +594,13 @@ class WaiterTable:
         elif known is not None:
             outcome = known
         elif reply.state is None:
-            self._await_checkpoint(waiter, reply.checkpoint or "")
+            self._await_checkpoint(waiter, reply.checkpoint or "", deadline)
         if outcome is not None and answered is not None:
             answered.append((waiter, outcome))
         elif outcome is not None:
             waiter.resolve(outcome)
 
-    def _await_checkpoint(self, waiter: Waiter, checkpoint: str) -> None:
+    def _await_checkpoint(self, waiter: Waiter, checkpoint: str, deadline: float | None) -> None:
         """The run's record is missing: removed, or finished and removed
         before we looked. Decide once the reader has read past this instant."""
         outcome = None
@@ -622,7 +623,7 @@ class WaiterTable:
             # in pub/sub mode the checkpoint is a marker we publish ourselves
             # on the bounded client: a caller's timeout holds under an outage
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
-            self._context.bounded.spublish(self._context.keys.events, message)
+            self._context.command_by(deadline, "SPUBLISH", self._context.keys.events, message)
 
     def try_check(self, waiter: Waiter, deadline: float | None = None) -> bool:
         """``check``, a transient error logged; False when it failed."""
@@ -667,9 +668,4 @@ CHECKPOINT = "__jobq_checkpoint__"
 def _hmget(context: QueueContext, key: str, fields: tuple[str, ...],
            deadline: float | None) -> list[Any]:
     """HMGET on the bounded client, its reply awaited until ``deadline`` at most."""
-    connections = context.deadline_connections
-    if deadline is None or connections is None:
-        return list(context.bounded.hmget(key, list(fields)))
-    with connections.lent(deadline) as connection:
-        connection.send_command("HMGET", key, *fields)
-        return list(read_by(connection, deadline))
+    return list(context.command_by(deadline, "HMGET", key, *fields))

@@ -223,6 +223,45 @@ def close_client(client: Client) -> None:
         pass
 
 
+#: Socket timeouts (s) of any connection a cut client makes (see ``cut_client``).
+CUT_TIMEOUT = 0.01
+
+
+def cut_client(client: Client | None) -> None:
+    """Cut every connection of a client jobq is about to throw away, those
+    other threads are using included (a shut-down socket wakes a blocked
+    read, or a handshake), and make any connection it makes from now on
+    give up within ``CUT_TIMEOUT``: redis-py reconnects a subscription, and
+    a resent call, before giving up, and on a server that accepts but does
+    not answer the new handshake would block for the socket timeout (for
+    ever without one)."""
+    if client is None:
+        return
+    timeouts = {"socket_timeout": CUT_TIMEOUT, "socket_connect_timeout": CUT_TIMEOUT}
+    pools = []
+    if isinstance(client, RedisCluster):
+        client.nodes_manager.connection_kwargs.update(timeouts)  # nodes found from now on
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                pools.append(node.redis_connection.connection_pool)
+    else:
+        pools.append(client.connection_pool)
+    for pool in pools:
+        pool.connection_kwargs.update(timeouts)
+        with getattr(pool, "_lock", None) or contextlib.nullcontext():
+            connections = [  # a BlockingConnectionPool keeps them in _connections
+                *getattr(pool, "_connections", ()),
+                *getattr(pool, "_available_connections", ()),
+                *getattr(pool, "_in_use_connections", ()),
+            ]
+        for connection in connections:
+            connection.socket_timeout = connection.socket_connect_timeout = CUT_TIMEOUT
+        try:
+            pool.disconnect()
+        except Exception:  # cutting is best effort
+            pass
+
+
 def read_by(connection: Any, deadline: float | None) -> Any:
     """``connection.read_response()``, or redis-py's TimeoutError once
     ``deadline`` (``time.monotonic``) passes with no reply: a server that

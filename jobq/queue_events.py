@@ -20,7 +20,7 @@ from . import connection as _connection
 from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
-from ._threads import BackgroundLoop, join_all, start_thread
+from ._threads import BackgroundLoop, join_or_cut, start_thread
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
@@ -45,6 +45,9 @@ WAIT_SLICE = 60.0
 _TRANSIENT = _connection.TRANSIENT_ERRORS
 #: Seconds before a check that failed on a transient error is tried again.
 RETRY_CHECK = 0.25
+#: Seconds a close gives its threads once it has cut a reader stuck on a
+#: server that does not answer (past the close's own timeout).
+CUT_GRACE = 0.5
 
 
 @dataclasses.dataclass
@@ -184,7 +187,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         return self._reader.ready.wait(timeout) and not self._stop.is_set()
 
     def close(self, timeout: float | None = 5.0) -> None:
-        """Stop reading, fail pending waits with ClosedError, join the threads."""
+        """Stop reading, fail pending waits with ClosedError, join the threads
+        for ``timeout`` at most; a thread then still in a call to a server
+        that does not answer has its connection cut, and half a second more."""
         timeout = wait_timeout(timeout)
         if self._shared.close is not None:
             self._shared.close(timeout)
@@ -198,7 +203,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._table.gate.stop()
         self._dispatcher.wake()
         self._reader.wake()
-        join_all(self._threads, timeout)
+        # cut: the reader's connections, and the bounded calls' of the others
+        join_or_cut(self._threads, timeout, CUT_GRACE, self._reader.interrupt, self._context.close)
         self._context.close()
 
     def _after_fork(self) -> Any:

@@ -8,6 +8,7 @@ hash expires after the TTL. ``Queue.get_workers()`` lists the live ones.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
+from .calls import QueueScripts
 from .keys import queues_key
 
 if TYPE_CHECKING:
@@ -80,9 +82,14 @@ def announce(
     ))
 
 
-def withdraw(context: QueueContext, name: str) -> None:
-    """Remove a worker from the registry (it is closing)."""
-    context.calls.heartbeat(name, 0)
+def withdraw(context: QueueContext, name: str, deadline: float | None = None) -> None:
+    """Remove a worker from the registry (it is closing); with ``deadline``
+    (``time.monotonic``), redis-py's TimeoutError when the server has not
+    answered by then."""
+    if deadline is None:
+        context.calls.heartbeat(name, 0)
+    else:
+        QueueScripts(functools.partial(context.run_bounded, deadline=deadline)).heartbeat(name, 0)
 
 
 def live_workers(context: QueueContext) -> list[WorkerInfo]:

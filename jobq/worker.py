@@ -353,7 +353,7 @@ class Worker(ListenerMethods, ClosedOnExit):
             events.close(max(0.0, until - time.monotonic()))
         if time.monotonic() < until:
             try:
-                withdraw(self._context, self.name)
+                withdraw(self._context, self.name, until)
             except Exception as exc:  # best effort: the announcement expires anyway
                 logger.debug("worker %r could not leave the registry: %s", self.name, exc)
         emit("closed")

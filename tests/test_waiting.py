@@ -23,13 +23,14 @@ from jobq import (
     JobNotFoundError,
     Queue,
     QueueEvents,
+    ShardedQueue,
     WaitUntilFinishedTimeoutError,
     Worker,
     queue_events,
 )
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
-from tests.polling import until
+from tests.polling import close_while_stopped, until
 from tests.test_events import kill_readers
 
 WAIT = 10.0
@@ -795,12 +796,34 @@ def test_close_cuts_short_a_wait_whose_check_the_server_does_not_answer(
         connections = qe._context.deadline_connections
         assert connections is not None
         until(lambda: connections._busy, WAIT)  # the check waits for its reply
-        qe.close(timeout=0.5)  # the reader, stuck too, is left behind
+        qe.close(timeout=0.5)  # the reader, stuck too, is cut after 0.5 s
         thread.join(WAIT)  # not the wait's 60 s
         assert outcome == ["ClosedError"]
     finally:
         own_server.kill(signal.SIGCONT)
         qe.close()
+        client.close()
+
+
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
+@pytest.mark.parametrize("shards", [0, 2])
+def test_close_leaves_no_reader_behind_on_a_server_that_stopped_answering(
+    own_server: RedisServer, queue_name: str, mode: str, shards: int
+) -> None:
+    """A QueueEvents closed while the server accepts but does not answer:
+    the reader, stuck in its read (its wake-up is not answered either), has
+    its connection cut once the close's timeout is over. It was left behind
+    for its socket timeout (10 s)."""
+    client = redis.Redis("127.0.0.1", own_server.port, socket_timeout=None)
+    queue: Any = (ShardedQueue(queue_name, shards=shards, connection=client, event_mode=mode)
+                  if shards else Queue(queue_name, connection=client, event_mode=mode))
+    qe = queue.events
+    try:
+        assert qe.wait_until_ready(WAIT)
+        left, closing = close_while_stopped(own_server, lambda: qe.close(timeout=0.5), queue_name)
+        assert left == [] and closing < 3.0, (left, closing)
+    finally:
+        queue.close()
         client.close()
 
 

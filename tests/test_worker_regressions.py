@@ -23,7 +23,7 @@ from jobq import Job, JobFailedError, Queue, Worker
 from jobq.cli import main as cli_main
 from jobq.scripts import _library, function_name
 from jobq.testing import RedisServer, find_server_binary
-from tests.polling import until
+from tests.polling import close_while_stopped, jobq_threads, until
 from tests.proxy import Proxy
 from tests.test_worker import INTERVAL, LOCK, WAIT, Recorder, make_worker
 
@@ -689,18 +689,33 @@ def test_an_unexpected_reply_to_a_finishing_call_is_retried_not_left_to_stall(
         assert after.refresh().stalled_counter == 0 and after.attempts_made == 1
 
 
+@pytest.mark.parametrize("listener", ["subscribed", "subscribing"])
 def test_close_leaves_no_thread_behind_on_a_server_that_stopped_answering(
-    private_server: RedisServer, queue_name: str
+    private_server: RedisServer, queue_name: str, listener: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A worker closed while the server accepts but does not answer: its
     threads stuck in calls have their connections cut, and none connects
     again (the heartbeat, resent on a new connection, and the cancel
     subscription, which redis-py reconnects, blocked on the new handshake:
-    for ever on a client without a socket timeout, redis-py 5's default)."""
+    for ever on a client without a socket timeout, redis-py 5's default).
+    "subscribing": the cancel listener connects only once the server has
+    stopped (a busy machine starts it late); its handshake, out of the
+    subscription's reach, was left blocked for the socket timeout (10 s)."""
     import signal
+
+    from jobq._cancel import CancelListener
 
     client = redis.Redis("127.0.0.1", private_server.port, socket_timeout=None)
     started, go = threading.Event(), threading.Event()
+    if listener == "subscribing":
+        connect = CancelListener._connect
+
+        def late_connect(self: CancelListener) -> None:
+            assert go.wait(WAIT)  # set once the server is stopped
+            connect(self)
+
+        monkeypatch.setattr(CancelListener, "_connect", late_connect)
 
     def handler(job: Job) -> int:
         started.set()
@@ -716,11 +731,36 @@ def test_close_leaves_no_thread_behind_on_a_server_that_stopped_answering(
         private_server.kill(signal.SIGSTOP)
         go.set()  # its completion now waits on the stopped server
         worker.close(timeout=1)
-        left = [t.name for t in threading.enumerate()
-                if t.name.startswith("jobq-") and t.name.endswith(queue_name)]
+        left = jobq_threads(queue_name)
         assert left == []
     finally:
         private_server.kill(signal.SIGCONT)
         worker.close()
         queue.close()
+        client.close()
+
+
+def test_close_of_an_idle_sharded_worker_keeps_its_time_on_a_server_that_stopped_answering(
+    private_server: RedisServer, queue_name: str
+) -> None:
+    """A sharded worker's threads all end in time when the server stops
+    answering (its fetch waits on subscriptions, with client-side timeouts);
+    the close's last call, leaving the worker registry, then waited for the
+    server's reply: for ever on a client without a socket timeout."""
+    from jobq import ShardedQueue
+
+    client = redis.Redis("127.0.0.1", private_server.port, socket_timeout=None)
+    sharded = ShardedQueue(queue_name, shards=2, connection=client)
+    worker = Worker(sharded.name, lambda job: None, connection=client, shards=2)
+    ready = threading.Event()
+    worker.on("ready", ready.set)
+    try:
+        worker.start()
+        assert ready.wait(WAIT)
+        left, closing = close_while_stopped(
+            private_server, lambda: worker.close(timeout=1), queue_name)
+        assert left == [] and closing < 5, (left, closing)
+    finally:
+        worker.close()
+        sharded.close()
         client.close()
