@@ -189,11 +189,15 @@ class ListenerDispatcher:
 
     def stop(self, timeout: float | None) -> bool:
         """Deliver what was emitted, then end the thread; False if a listener
-        was still running after ``timeout``."""
+        was still running after ``timeout``. Called by a listener (a worker
+        closed from its own ``completed`` listener, say), the thread ends
+        once that listener returns and the rest is delivered."""
         thread = self.thread
         if thread is None:
             return True
         self._queue.put(None)
+        if thread is threading.current_thread():
+            return False
         thread.join(timeout)
         return not thread.is_alive()
 

@@ -23,6 +23,7 @@ from jobq import Job, JobFailedError, Queue, Worker
 from jobq.cli import main as cli_main
 from jobq.scripts import _library, function_name
 from jobq.testing import RedisServer, find_server_binary
+from tests.conftest import echo
 from tests.polling import close_while_stopped, jobq_threads, until
 from tests.proxy import Proxy
 from tests.test_worker import INTERVAL, LOCK, WAIT, Recorder, make_worker
@@ -764,3 +765,27 @@ def test_close_of_an_idle_sharded_worker_keeps_its_time_on_a_server_that_stopped
         worker.close()
         sharded.close()
         client.close()
+
+
+def test_a_worker_closed_by_its_own_listener_closes_fully(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close()`` called in a worker's listener (on the thread that calls
+    the listeners): the close tried to join that thread, raised
+    RuntimeError into the listener, and skipped the rest of the close (the
+    worker's connections stayed open)."""
+    worker = Worker(queue.name, echo, connection=redis_url, name="closes-itself")
+    closed = threading.Event()
+    worker.on("completed", lambda job, result: worker.close(timeout=WAIT))
+    worker.on("closed", closed.set)
+    with caplog.at_level("ERROR", logger="jobq"):
+        worker.start()
+        assert queue.add("x", 1).wait_until_finished(timeout=WAIT) == 1
+        assert closed.wait(WAIT)
+        # the worker's threads (the queue's events have threads of their own)
+        until(lambda: not [t for t in jobq_threads(queue.name)
+                           if not t.startswith(("jobq-events-", "jobq-dispatch-", "jobq-wake-"))],
+              WAIT)
+    assert [r.getMessage() for r in caplog.records] == []
+    names = [c["name"] for c in redis_client.client_list()]
+    assert not [n for n in names if "closes-itself" in n], names
