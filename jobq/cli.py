@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import redis
 
+from ._json import dumps
 from ._signals import StopSignals
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
@@ -119,18 +120,8 @@ def _load(spec: str) -> Any:
     return target
 
 
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "__dataclass_fields__"):
-        return {name: getattr(value, name) for name in value.__dataclass_fields__}
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    return repr(value)
-
-
 def _json(value: Any) -> str:
-    return json.dumps(value, default=_jsonable, ensure_ascii=False)
+    return dumps(value)
 
 
 def _when(seconds: float | None) -> str:

@@ -384,6 +384,25 @@ def test_job_shows_a_job_and_exits_1_when_missing(queue: Queue, redis_url: str) 
     assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
 
 
+def _strict(text: str) -> Any:
+    """JSON as a strict parser reads it: NaN and Infinity are not JSON."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json_whatever_the_job_holds(queue: Queue, redis_url: str) -> None:
+    """Job data may hold what JSON cannot: NaN and infinities were written
+    as NaN / Infinity (which jq and JavaScript refuse)."""
+    data = {"nan": float("nan"), "inf": float("-inf"), b"raw": b"\xff", "pair": (1, 2)}
+    job = queue.add("odd", data)
+    shown = jobq(redis_url, "job", queue.name, job.id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert _strict(shown.stdout)["data"] == {
+        "nan": "NaN", "inf": "-Infinity", "raw": "\ufffd", "pair": [1, 2]}
+
+
 def test_admin_commands(queue: Queue, redis_url: str) -> None:
     _fill(queue, redis_url)
     name = queue.name

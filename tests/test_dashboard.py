@@ -5,6 +5,7 @@ command; a Flask mount. Real server; bounded waits."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -216,6 +217,20 @@ def test_a_large_value_is_cut_with_a_link_to_all_of_it(client: Any, queue: Queue
     assert raw.headers["X-Content-Type-Options"] == "nosniff"
     assert "x" * 50_000 in text(raw)
     assert client.get(f"/raw?q={queue.name}&id={job.id}&part=nope").status_code == 404
+
+
+def test_a_download_is_strict_json_whatever_the_job_holds(client: Any, queue: Queue) -> None:
+    """NaN and infinities were written as NaN / Infinity, which strict
+    parsers refuse; bytes and str keys together made the download a
+    Python repr."""
+    job = queue.add("odd", {"nan": float("nan"), "inf": float("inf"), b"raw": b"\xff"})
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    raw = client.get(f"/raw?q={queue.name}&id={job.id}&part=data")
+    assert json.loads(text(raw), parse_constant=refuse) == {
+        "nan": "NaN", "inf": "Infinity", "raw": "\ufffd"}
 
 
 def test_unknown_things_are_404(client: Any, queue: Queue) -> None:

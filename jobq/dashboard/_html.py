@@ -10,7 +10,6 @@ what is being typed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +17,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from .._json import dumps
 from ..job import STATES
 
 #: Characters of a value (data, result, progress) shown inline; the rest
@@ -33,19 +33,8 @@ def e(value: object) -> str:
 
 
 def pretty(value: Any) -> str:
-    """A value as indented JSON (repr for what JSON cannot hold)."""
-
-    def fallback(item: Any) -> Any:
-        if isinstance(item, bytes):
-            return item.decode("utf-8", "replace")
-        if isinstance(item, (set, frozenset, tuple)):
-            return list(item)
-        return repr(item)
-
-    try:
-        return json.dumps(value, indent=2, ensure_ascii=False, default=fallback, sort_keys=True)
-    except (TypeError, ValueError):
-        return repr(value)
+    """A value as indented, strict JSON (see ``jobq._json.dumps``)."""
+    return dumps(value, indent=2, sort_keys=True)
 
 
 def when(seconds: float | None) -> str:
