@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
 from . import _fork
 from . import connection as _connection
+from ._threads import start_thread
 from .calls import QueueScripts
 from .errors import ClosedError
 from .keys import QueueKeys, validate_name, validate_prefix
@@ -19,12 +21,55 @@ if TYPE_CHECKING:
     from .queue_events import QueueEvents
 
 
+E = TypeVar("E")
+
 #: Connections of a pool left to shared use when threads keep some to themselves.
 POOL_RESERVE = 16
 
 
+class _Held:
+    """What a context lets go of when it closes, kept apart from the context
+    so that the context's finalizer can reach it (see ``QueueContext``)."""
+
+    def __init__(self, client: Any, owned: bool, scripts: Scripts) -> None:
+        self.client = client
+        self.owned = owned
+        self.scripts = scripts
+        self.events: Any = None  # a QueueEvents, or a ShardedQueueEvents
+        self.bounded: Any = None
+        self.deadline_connections: _connection.DeadlineConnections | None = None
+
+    def release(self) -> None:
+        """Close the shared reader, give back the connections, and close the
+        client if jobq created it."""
+        events, self.events = self.events, None
+        if events is not None:
+            events.close()
+        self.scripts.close()
+        if self.bounded is not None and self.bounded is not self.client:
+            _connection.close_client(self.bounded)
+        if self.deadline_connections is not None:
+            self.deadline_connections.close()
+        if self.owned:
+            _connection.close_client(self.client)
+
+
+def _release_unreachable(held: _Held, name: str) -> None:
+    """The finalizer of a context nobody refers to any more (a Queue made
+    for one request and never closed): its reader's threads and its
+    connections are let go, on a thread of its own (a finalizer runs on
+    whichever thread the collector does, maybe inside a lock the release
+    takes)."""
+    start_thread(f"jobq-release-{name}", held.release)
+
+
 class QueueContext:
-    """One queue on one client: keys, scripts and the shared event reader."""
+    """One queue on one client: keys, scripts and the shared event reader.
+
+    A context nobody refers to any more (neither its owner nor a Job of it)
+    releases what it held, as ``close()`` does: a Queue made per request and
+    never closed leaves no threads or connections behind once collected.
+    """
 
     def __init__(
         self, name: str, connection: object, prefix: str, kind: str = "queue",
@@ -35,21 +80,21 @@ class QueueContext:
         self.kind = kind
         self.name = validate_name(name)
         self.prefix = validate_prefix(prefix)
-        self.client, self._owned = _connection.resolve(connection)
+        self.client, client_owned = _connection.resolve(connection)
         if owned is not None:
-            self._owned = owned
+            client_owned = owned
         self.keys = QueueKeys(self.prefix, self.name)
         self.scripts = Scripts(self.client)
         #: the scripts' typed front end, over ``run``
         self.calls = QueueScripts(self.run)
-        self._events: QueueEvents | None = None
+        self._held = _Held(self.client, client_owned, self.scripts)
+        self._finalizer = weakref.finalize(self, _release_unreachable, self._held, self.name)
+        self._finalizer.atexit = False  # at exit the process ends anyway
         #: the name users know the queue by: a shard's is its sharded queue's
         self.queue_name = self.name
         #: where ``shared_events`` comes from instead (a shard's: its part of
         #: the sharded queue's events)
         self.events_source: Callable[[], QueueEvents] | None = None
-        self._bounded: Any = None
-        self._deadline_connections: _connection.DeadlineConnections | None = None
         self._lock = threading.Lock()
         self._setup: Callable[[], None] | None = None
         self._setup_lock = threading.Lock()
@@ -147,11 +192,12 @@ class QueueContext:
     def bounded(self) -> Any:
         """A client without retries, for calls that keep to a caller's
         timeout (see ``connection.bounded_client``), made on first use."""
-        if self._bounded is None:
+        held = self._held
+        if held.bounded is None:
             with self._lock:
-                if self._bounded is None:
-                    self._bounded = _connection.bounded_client(self.client)
-        return self._bounded
+                if held.bounded is None:
+                    held.bounded = _connection.bounded_client(self.client)
+        return held.bounded
 
     def run_bounded(self, script: str, *args: Any, deadline: float | None = None) -> Any:
         """Run one of the queue's scripts once, without the client's retries;
@@ -187,27 +233,35 @@ class QueueContext:
         """Connections for calls bounded by a caller's deadline
         (``run_bounded``); None for a cluster or a client bound to one
         connection (their calls are bounded by the client's timeouts)."""
-        if self._deadline_connections is None and _connection.pooled(self.client):
+        held = self._held
+        if held.deadline_connections is None and _connection.pooled(self.client):
             pool = self.bounded.connection_pool  # its settings: no retries
             with self._lock:
-                if self._deadline_connections is None:
-                    self._deadline_connections = _connection.DeadlineConnections(pool)
-        return self._deadline_connections
+                if held.deadline_connections is None:
+                    held.deadline_connections = _connection.DeadlineConnections(pool)
+        return held.deadline_connections
 
     def shared_events(self) -> QueueEvents:
         """The QueueEvents shared by every user of this context, started lazily."""
         if self.events_source is not None:
             return self.events_source()
+        return self.held_events(self._make_events)
+
+    def held_events(self, make: Callable[[], E]) -> E:
+        """The events reader this context holds (and closes), made by
+        ``make`` on first use or once closed (a sharded queue's is sharded)."""
         with self._lock:
             if self.closed:
                 raise ClosedError(f"{self.kind} {self.name!r} is closed")
-            if self._events is None or self._events.closed:
-                from .queue_events import QueueEvents
+            events = self._held.events
+            if events is None or events.closed:
+                events = self._held.events = make()
+            return events  # type: ignore[no-any-return]
 
-                self._events = QueueEvents(
-                    self.name, connection=self.client, prefix=self.prefix
-                )
-            return self._events
+    def _make_events(self) -> QueueEvents:
+        from .queue_events import QueueEvents
+
+        return QueueEvents(self.name, connection=self.client, prefix=self.prefix)
 
     def close(self) -> None:
         """Close the shared reader and, if jobq created it, the client."""
@@ -215,13 +269,5 @@ class QueueContext:
             if self.closed:
                 return
             self.closed = True
-            events, self._events = self._events, None
-        if events is not None:
-            events.close()
-        self.scripts.close()
-        if self._bounded is not None and self._bounded is not self.client:
-            _connection.close_client(self._bounded)
-        if self._deadline_connections is not None:
-            self._deadline_connections.close()
-        if self._owned:
-            _connection.close_client(self.client)
+        self._finalizer.detach()
+        self._held.release()

@@ -399,6 +399,10 @@ class Queue(
         return self._context.shared_events()
 
     def close(self) -> None:
-        """Close the shared events reader and the client jobq created."""
+        """Close the shared events reader and the client jobq created.
+
+        A Queue never closed does the same once neither it nor any of its
+        Jobs is referenced any more (a Queue made per request), its
+        ``events`` included."""
         self._context.close()
 

@@ -125,7 +125,6 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         self._recorded = False
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._events: ShardedQueueEvents | None = None
         self._context.on_first_use(self._first_use)
         _fork.track(self)
 
@@ -271,24 +270,21 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         self._context.ensure_ready()
         for shard in self._shards:  # each shard's settings (its event mode) are stored
             shard._context.ensure_ready()
-        with self._pool_lock:
-            if self._events is None or self._events.closed:
-                from ._sharded_events import ShardedQueueEvents
+        return self._context.held_events(self._make_events)
 
-                self._events = ShardedQueueEvents(
-                    self.name, shards=self._count, connection=self.client, prefix=self.prefix
-                )
-            return self._events
+    def _make_events(self) -> ShardedQueueEvents:
+        from ._sharded_events import ShardedQueueEvents
+
+        return ShardedQueueEvents(
+            self.name, shards=self._count, connection=self.client, prefix=self.prefix
+        )
 
     def close(self) -> None:
         """Close the shared events reader, the shards and the client jobq created."""
         with self._pool_lock:
             pool, self._pool = self._pool, None
-            events, self._events = self._events, None
         if pool is not None:
             pool.shutdown(wait=True)
-        if events is not None:
-            events.close()
         for shard_queue in self._shards:
             shard_queue.close()
         self._context.close()

@@ -1266,3 +1266,36 @@ def test_scripts_are_loaded_again_after_a_function_flush(
     assert queue.get_job_state(job.id) == "waiting"
     redis_client.function_flush()
     assert queue.get_job_counts("waiting") == {"waiting": 2}  # a resendable one
+
+
+@pytest.mark.parametrize("shards", [0, 2])
+def test_a_queue_never_closed_lets_go_of_its_threads_and_connections_once_dropped(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, shards: int
+) -> None:
+    """A Queue made for one request (as RQ's users make theirs) and never
+    closed: each one kept its events reader's three threads and its
+    connections for the life of the process."""
+    import gc
+
+    from jobq import ShardedQueue
+    from tests.conftest import echo
+    from tests.polling import jobq_threads, until
+
+    def request(i: int) -> Any:
+        queue: Any = (ShardedQueue(queue_name, shards=shards, connection=redis_url)
+                      if shards else Queue(queue_name, connection=redis_url))
+        return queue.add("x", i).wait_until_finished(timeout=WAIT)
+
+    def readers() -> list[str]:
+        return [t for t in jobq_threads(queue_name) if t.startswith(
+            ("jobq-events-", "jobq-dispatch-", "jobq-wake-", "jobq-release-"))]
+
+    with Worker(queue_name, echo, connection=redis_url, shards=shards or None):
+        assert request(0) == 0  # the worker has all its connections by then
+        gc.collect()  # a Queue's references may form cycles
+        until(lambda: not readers(), WAIT)
+        before = len(redis_client.client_list())
+        assert [request(i) for i in range(5)] == list(range(5))
+        gc.collect()
+        until(lambda: not readers(), WAIT)
+        until(lambda: len(redis_client.client_list()) <= before, WAIT)
