@@ -460,8 +460,11 @@ def test_f7_warns_when_eviction_policy_is_not_noeviction(
     with caplog.at_level(logging.WARNING, logger="jobq"):
         with Queue(queue_name, connection=server.url) as queue:
             queue.count()  # the check runs on first use (no I/O in the constructor)
-        with Worker(queue_name, lambda j: None, connection=server.url):
-            pass
+        worker = Worker(queue_name, lambda j: None, connection=server.url)
+        ready = threading.Event()
+        worker.on("ready", ready.set)
+        with worker:  # the check runs when its fetch connects
+            assert ready.wait(WAIT)
     warnings = [r for r in caplog.records if "allkeys-lru" in r.getMessage()]
     assert len(warnings) >= 2, [r.getMessage() for r in caplog.records]
     assert "noeviction" in warnings[0].getMessage()
