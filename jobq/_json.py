@@ -20,7 +20,7 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> 
         return json.dumps(jsonable(value), indent=indent, ensure_ascii=False,
                           sort_keys=sort_keys, allow_nan=False)
     except RecursionError:  # nested deeper than the interpreter recurses
-        return json.dumps(repr(value)[:1000])
+        return json.dumps("(nested too deeply to show)")
 
 
 def jsonable(value: Any) -> Any:
