@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -216,6 +217,10 @@ class QueueContext:
         with connections.lent(deadline) as connection:
             return self.scripts.run_on(connection, script, self.keys.base, *args,
                                        deadline=deadline)
+
+    def calls_by(self, deadline: float | None) -> QueueScripts:
+        """The scripts' front end over ``run_bounded`` with ``deadline``."""
+        return QueueScripts(functools.partial(self.run_bounded, deadline=deadline))
 
     def command_by(self, deadline: float | None, *args: Any) -> Any:
         """Send one command on the bounded client; with ``deadline``

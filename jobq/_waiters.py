@@ -13,7 +13,6 @@ generation or a later one, never an earlier one.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
@@ -29,7 +28,7 @@ import redis
 from . import events as _events
 from . import serializer
 from ._context import QueueContext
-from .calls import OutcomeReply, QueueScripts, outcome_args, outcome_reply
+from .calls import OutcomeReply, outcome_args, outcome_reply
 from .connection import TRANSIENT_ERRORS
 from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 from .scripts import function_missing, load_library
@@ -477,7 +476,7 @@ class WaiterTable:
             redis.exceptions.ConnectionError (and other transient errors):
                 the server could not be asked; try again later.
         """
-        calls = QueueScripts(functools.partial(self._context.run_bounded, deadline=deadline))
+        calls = self._context.calls_by(deadline)
         cursor, anchored = "", False
         # thousands of threads starting to wait at once must not take a pooled
         # connection each (redis-py's pools hold 100 by default)

@@ -8,7 +8,6 @@ hash expires after the TTL. ``Queue.get_workers()`` lists the live ones.
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -16,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
-from .calls import QueueScripts
 from .keys import queues_key
 
 if TYPE_CHECKING:
@@ -82,14 +80,11 @@ def announce(
     ))
 
 
-def withdraw(context: QueueContext, name: str, deadline: float | None = None) -> None:
-    """Remove a worker from the registry (it is closing); with ``deadline``
-    (``time.monotonic``), redis-py's TimeoutError when the server has not
-    answered by then."""
-    if deadline is None:
-        context.calls.heartbeat(name, 0)
-    else:
-        QueueScripts(functools.partial(context.run_bounded, deadline=deadline)).heartbeat(name, 0)
+def withdraw(context: QueueContext, name: str, deadline: float) -> None:
+    """Remove a worker from the registry (it is closing); redis-py's
+    TimeoutError when the server has not answered by ``deadline``
+    (``time.monotonic``)."""
+    context.calls_by(deadline).heartbeat(name, 0)
 
 
 def live_workers(context: QueueContext) -> list[WorkerInfo]:
