@@ -262,6 +262,10 @@ def cut_client(client: Client | None) -> None:
             pass
 
 
+#: Longest single poll (s) of a read bounded by a deadline (see ``read_by``).
+READ_SLICE = 0.1
+
+
 def read_by(connection: Any, deadline: float | None) -> Any:
     """``connection.read_response()``, or redis-py's TimeoutError once
     ``deadline`` (``time.monotonic``) passes with no reply: a server that
@@ -270,9 +274,17 @@ def read_by(connection: Any, deadline: float | None) -> Any:
     timeout (none by default in redis-py 5). The caller drops the
     connection: its reply may still come."""
     if deadline is not None:
-        left = deadline - time.monotonic()
-        if left <= 0 or not connection.can_read(timeout=left):
-            raise redis.exceptions.TimeoutError("no reply within the caller's time")
+        while True:
+            # in slices: a connection cut by a close from another thread ends
+            # the wait (its socket closed, the poll could be left on a file
+            # descriptor reused meanwhile by another connection)
+            if getattr(connection, "_sock", True) is None:
+                raise redis.exceptions.ConnectionError("the connection was closed")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise redis.exceptions.TimeoutError("no reply within the caller's time")
+            if connection.can_read(timeout=min(left, READ_SLICE)):
+                break
     return connection.read_response()
 
 
@@ -348,6 +360,9 @@ class DeadlineConnections:
 
     def _lent(self, connection: Any) -> Any:
         with self._lock:
+            if self._closed:  # close() has cut the others: this one too
+                connection.disconnect()
+                raise redis.exceptions.ConnectionError("the connections were closed")
             self._busy.add(connection)
         return connection
 

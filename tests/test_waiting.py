@@ -1070,3 +1070,23 @@ def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
     assert not pumping.is_alive()
     assert [w.outcome for w in waiters] == [Completed(i) for i in range(len(waiters))]
     assert gate.idle()
+
+
+def test_deadline_connections_lend_nothing_once_closed(redis_client: redis.Redis) -> None:
+    """A record check that took its connection after the close had cut the
+    others waited, on a loaded machine, for its whole timeout (its socket
+    closed under it, the poll left on a reused file descriptor): after
+    close() nothing is lent, and a cut connection ends the read at once."""
+    from jobq.connection import DeadlineConnections, read_by
+
+    connections = DeadlineConnections(redis_client.connection_pool)
+    with connections.lent(time.monotonic() + WAIT) as connection:
+        connection.send_command("PING")
+        connection.disconnect()  # as close() does from another thread
+        start = time.monotonic()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            read_by(connection, time.monotonic() + 30)
+        assert time.monotonic() - start < 1.0
+    connections.close()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        connections.take(time.monotonic() + WAIT)
