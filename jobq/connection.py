@@ -401,13 +401,17 @@ def take_connection(pool: Any) -> Any:
         return pool.get_connection("EVALSHA")
 
 
-def xread(client: Client, key: str, last: str, count: int, block_ms: int) -> Any:
+def xread(client: Client, key: str, last: str, count: int, block_ms: int,
+          connection: Any = None) -> Any:
     """XREAD one stream. A cluster client is told the node: left to itself,
     it asks the server for XREAD's keys (COMMAND GETKEYS) before every read.
     A plain client's read goes straight to a connection of its pool (the
     client's per-command layers cost an event reader about half its time)
     and is returned as redis-py's RESP2 parsing would: ``[[key, [(id,
-    {field: value})]]]``, or None when the block ended with nothing."""
+    {field: value})]]]``, or None when the block ended with nothing.
+    ``connection``: a connection of the plain client's pool that the caller
+    keeps between reads (it is neither lent nor given back here; an error
+    disconnects it)."""
     if isinstance(client, RedisCluster):
         node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
         return client.execute_command(  # type: ignore[no-untyped-call]
@@ -416,15 +420,19 @@ def xread(client: Client, key: str, last: str, count: int, block_ms: int) -> Any
     if not isinstance(client, redis.Redis) or client.connection is not None:
         return client.xread({key: last}, count=count, block=block_ms)
     pool = client.connection_pool
-    connection = take_connection(pool)
+    held = connection is not None
+    if not held:
+        connection = take_connection(pool)
     try:
-        connection.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, last)
+        connection.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, last,
+                                check_health=not held)
         reply = connection.read_response()
     except BaseException:
         connection.disconnect()  # a reply may be left unread: never reuse it
         raise
     finally:
-        pool.release(connection)
+        if not held:
+            pool.release(connection)
     if not reply:
         return None
     # one stream: RESP2 [[key, entries]], RESP3 {key: entries}; an entry is
