@@ -26,6 +26,8 @@ from .connection import (
     client_id,
     close_client,
     cut_client,
+    pooled,
+    take_connection,
     unblock,
 )
 
@@ -72,6 +74,7 @@ class Fetcher:
         self._on_ready = on_ready
         self._on_error = on_error
         self._blocker: Any = None
+        self._held: Any = None  # the blocker's one connection (a plain client's)
         self._blocked_id: Blocked | None = None
         self._unsure: TakeArgs | None = None  # a take whose reply was lost
         self._due_at: float | None = None
@@ -109,12 +112,17 @@ class Fetcher:
                 raise ConnectionError("the worker is closing")
             self._blocked_id = client_id(self._blocker, self._context.keys.marker)
             warn_if_evicting(self._blocker)
+            if pooled(self._blocker):
+                # kept for every pop and take, not lent by the pool for each
+                # (a loan polls the socket and keeps the pool's books); the
+                # pool's only connection, whose id ``client_id`` recorded
+                self._held = take_connection(self._blocker.connection_pool)
         return self._blocker
 
     def _failed(self, exc: Exception) -> None:
         if self._blocker is not None:
             close_client(self._blocker)
-            self._blocker = None
+            self._blocker = self._held = None
         self._need_fetch = True
         self._on_error(exc)
 
@@ -131,7 +139,7 @@ class Fetcher:
         if wait <= 0:
             self._need_fetch = True
             return 0.0
-        popped = self._connect().bzpopmin(self._context.keys.marker, wait)
+        popped = self._pop(wait)
         self._need_fetch = popped is not None or (
             self._due_at is not None and time.monotonic() >= self._due_at
         )
@@ -183,12 +191,31 @@ class Fetcher:
         self._need_fetch = False
         return None
 
+    def _pop(self, wait: float) -> Any:
+        """BZPOPMIN on the marker for at most ``wait`` seconds (None if
+        nothing came)."""
+        blocker = self._connect()
+        if self._held is None:
+            return blocker.bzpopmin(self._context.keys.marker, wait)
+        try:
+            self._held.send_command("BZPOPMIN", self._context.keys.marker, wait,
+                                    check_health=False)
+            return self._held.read_response()
+        except BaseException:
+            self._held.disconnect()  # a reply may be left unread
+            raise
+
     def _run(self, script: str, *argv: Any) -> Any:
+        blocker = self._connect()
+        if self._held is not None:
+            return self._context.scripts.run_on(
+                self._held, script, self._context.keys.base, *argv
+            )
         return self._context.scripts.run(
-            script, self._context.keys.base, *argv, client=self._connect()
+            script, self._context.keys.base, *argv, client=blocker
         )
 
     def _close(self) -> None:
         if self._blocker is not None:
             close_client(self._blocker)
-            self._blocker = None
+            self._blocker = self._held = None
