@@ -225,13 +225,16 @@ class WakeGate:
         self._queued: deque[tuple[Waiter, Outcome]] = deque()
         self._outstanding = 0  # threads woken that have yet to run
         self._progress = 0.0  # when one last ran, or the last were woken
+        self._pumping = False  # the waker waits for woken threads to run
 
     def passed(self) -> None:
-        """A woken thread runs."""
+        """A woken thread runs: tell the waker, if it waits for that (a
+        thread the reader woke itself must not wake the waker for nothing:
+        one more thread switch per wait)."""
         with self._cond:
             self._outstanding -= 1
             self._progress = time.monotonic()
-            if self._outstanding <= WAKE_BATCH // 2:
+            if self._pumping and self._outstanding <= WAKE_BATCH // 2:
                 self._cond.notify()
 
     def idle(self) -> bool:
@@ -299,7 +302,9 @@ class WakeGate:
                         break
                     if now >= deadline:
                         return  # read, then go on
+                    self._pumping = True
                     self._cond.wait(min(deadline - now, WAKE_STALE))
+                    self._pumping = False
                 room = WAKE_BATCH - self._outstanding
             woken = 0
             while self._queued and woken < room:

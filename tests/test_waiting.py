@@ -1072,6 +1072,31 @@ def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
     assert gate.idle()
 
 
+def test_a_thread_the_reader_woke_itself_leaves_the_waker_asleep() -> None:
+    """Each ended wait used to wake the waker thread for nothing as its
+    thread ran (a third thread switching in every wait): the waker is told
+    only of queued waiters, or of woken ones running while it waits for
+    them (the batch test above)."""
+    from jobq._waiters import Completed, Waiter, WakeGate
+
+    class Counted(threading.Condition):
+        told = 0
+
+        def notify(self, n: int = 1) -> None:
+            Counted.told += 1
+            super().notify(n)
+
+    gate = WakeGate()
+    gate._cond = Counted(threading.Lock())
+    for i in range(20):  # one job at a time: the reader wakes its thread
+        waiter = Waiter(f"job-{i}")
+        gate.add([(waiter, Completed(i))])
+        assert waiter.event.is_set()
+        waiter.resumed()  # what the woken thread does as it runs
+    assert Counted.told == 0
+    assert gate.idle()
+
+
 def test_deadline_connections_lend_nothing_once_closed(redis_client: redis.Redis) -> None:
     """A record check that took its connection after the close had cut the
     others waited, on a loaded machine, for its whole timeout (its socket
