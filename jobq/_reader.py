@@ -320,11 +320,8 @@ class EventReader:
 
     def _read_stream(self, client: Client) -> None:
         assert self.read_id is not None
-        # One connection serves read after read, taken from the pool once:
-        # a pool's loan costs a poll of the socket and its bookkeeping, about
-        # a tenth of the reader's CPU time per job on a busy queue. It is
-        # the connection whose id ``client_id`` recorded (the pool's only
-        # one), and the client's close (or ``cut_client``) ends it.
+        # kept from read to read (a loan polls the socket and keeps the
+        # pool's books); the pool's only one, whose id ``client_id`` recorded
         if self._held is None and _connection.pooled(client):
             self._held = _connection.take_connection(client.connection_pool)
         reply = _connection.xread(
