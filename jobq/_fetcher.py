@@ -23,6 +23,7 @@ from .connection import (
     BLOCK_CAP,
     Blocked,
     blocking_client,
+    call_on,
     client_id,
     close_client,
     cut_client,
@@ -197,13 +198,8 @@ class Fetcher:
         blocker = self._connect()
         if self._held is None:
             return blocker.bzpopmin(self._context.keys.marker, wait)
-        try:
-            self._held.send_command("BZPOPMIN", self._context.keys.marker, wait,
-                                    check_health=False)
-            return self._held.read_response()
-        except BaseException:
-            self._held.disconnect()  # a reply may be left unread
-            raise
+        return call_on(self._held, "BZPOPMIN", self._context.keys.marker, wait,
+                       check_health=False)
 
     def _run(self, script: str, *argv: Any) -> Any:
         blocker = self._connect()

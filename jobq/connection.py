@@ -401,6 +401,17 @@ def take_connection(pool: Any) -> Any:
         return pool.get_connection("EVALSHA")
 
 
+def call_on(connection: Any, *args: Any, check_health: bool = True) -> Any:
+    """Send one command on ``connection`` and read its reply. Any failure
+    disconnects it (a reply may be left unread: it is never reused)."""
+    try:
+        connection.send_command(*args, check_health=check_health)
+        return connection.read_response()
+    except BaseException:
+        connection.disconnect()
+        raise
+
+
 def xread(client: Client, key: str, last: str, count: int, block_ms: int,
           connection: Any = None) -> Any:
     """XREAD one stream. A cluster client is told the node: left to itself,
@@ -424,12 +435,8 @@ def xread(client: Client, key: str, last: str, count: int, block_ms: int,
     if not held:
         connection = take_connection(pool)
     try:
-        connection.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, last,
-                                check_health=not held)
-        reply = connection.read_response()
-    except BaseException:
-        connection.disconnect()  # a reply may be left unread: never reuse it
-        raise
+        reply = call_on(connection, "XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key,
+                        last, check_health=not held)
     finally:
         if not held:
             pool.release(connection)
