@@ -157,6 +157,10 @@ def add_with_dependencies(
 ) -> Job:
     """``Queue.add(..., depends_on=...)``: one job that waits for existing
     jobs (a bare id: of the same queue; ``(queue, id)``; a Job)."""
+    if isinstance(depends_on, (str, bytes, Job)):
+        raise TypeError(
+            f"depends_on takes a list of job ids, (queue, id) pairs or Jobs, not {depends_on!r}"
+        )
     refs: list[tuple[str, str]] = []
     for dep in depends_on:
         if isinstance(dep, Job):
@@ -215,11 +219,14 @@ class FlowProducer(ClosedOnExit):
         Raises:
             CrossSlotFlowError: on a cluster, the queues are in different slots.
             JobqError: an existing job named as a child has another parent.
+            ValueError: two nodes name the same job id of one queue (a job
+                can be neither its own parent nor two children).
             SerializationError, PayloadTooLarge, TypeError, ValueError: as
                 ``Queue.add``; nothing is written.
         """
         nodes: list[_Pending] = []
         shape: list[list[int]] = []  # the indices of each node's children
+        named: set[tuple[str, str]] = set()  # (queue, job_id) of the nodes that name one
 
         def visit(spec: Any, parent: int) -> int:
             if not isinstance(spec, Mapping):
@@ -232,6 +239,13 @@ class FlowProducer(ClosedOnExit):
                 raise ValueError("dedup cannot be used in a flow")
             queue = self.queue(validate_name(spec["queue"]))
             new, plain = queue._prepare(spec["name"], spec.get("data"), options)
+            if new.job_id:  # one job per id: a tree naming one twice is refused
+                if (queue.name, new.job_id) in named:
+                    raise ValueError(
+                        f"job id {new.job_id!r} of queue {queue.name!r} is named twice in "
+                        "the flow: each node is a job of its own"
+                    )
+                named.add((queue.name, new.job_id))
             nodes.append(_Pending(queue, new, plain, spec.get("data"), parent, _policy(options)))
             shape.append([])
             index = len(nodes)

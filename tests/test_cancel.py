@@ -143,6 +143,39 @@ def test_cancel_a_running_job_sets_cancelled_and_fails_it_without_retry(
     assert cancelled["fields"]["prev"] == b"active"
 
 
+@pytest.mark.parametrize("when", ["waiting", "running"])
+def test_a_cancelled_job_retried_runs_again(queue: Queue, redis_url: str, when: str) -> None:
+    # a cancel ends the run it cancelled; a retry begins one that runs
+    runs: list[str] = []
+    running, release = threading.Event(), threading.Event()
+
+    def processor(job: Job) -> str:
+        runs.append(job.id)
+        running.set()
+        assert release.wait(WAIT)
+        return f"run {len(runs)}"
+
+    job = queue.add("c")
+    if when == "waiting":
+        assert queue.cancel(job.id, reason="not now") is True
+    with started(make_worker(queue.name, redis_url, processor)):
+        if when == "running":
+            assert running.wait(WAIT)
+            assert queue.cancel(job.id, reason="not now") is True
+        release.set()
+        with pytest.raises(JobCancelledError):
+            job.wait_until_finished(timeout=WAIT)
+        if when == "running":
+            assert queue.retry_jobs("failed") == 1
+        else:
+            job.retry()
+        assert job.wait_until_finished(timeout=WAIT) == f"run {len(runs)}"
+    assert runs == [job.id] * (2 if when == "running" else 1)
+    job.refresh()
+    assert job.get_state() == "completed"
+    assert job.failed_reason is None
+
+
 def test_cancel_mark_is_seen_at_lock_renewal_without_the_hint(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:

@@ -370,6 +370,35 @@ def test_a_node_with_an_existing_id_adopts_that_job(
     assert node.job.wait_until_finished(timeout=WAIT) == 5
 
 
+@pytest.mark.parametrize("where", ["siblings", "parent and child", "other queue"])
+def test_a_tree_naming_one_id_twice_is_refused(flow: FlowProducer, where: str) -> None:
+    q = flow.queue("twice")
+    child = {"name": "c", "queue": "twice", "job_id": "dup"}
+    if where == "siblings":
+        tree = {"name": "p", "queue": "twice", "children": [child, {**child, "data": 2}]}
+    elif where == "parent and child":
+        tree = {"name": "p", "queue": "twice", "job_id": "dup", "children": [child]}
+    else:  # the same id in two queues is two jobs
+        tree = {"name": "p", "queue": "twice", "children": [child, {**child, "queue": "else"}]}
+        node = flow.add(tree)
+        assert [c.job.id for c in node.children] == ["dup", "dup"]
+        assert q.get_job_counts()["waiting"] == 1
+        return
+    with pytest.raises(ValueError, match="'dup' of queue 'twice' is named twice"):
+        flow.add(tree)
+    assert q.get_job("dup") is None  # nothing written
+    assert sum(q.get_job_counts().values()) == 0
+
+
+def test_depends_on_a_bare_string_is_a_type_error(redis_url: str, prefix: str) -> None:
+    with Queue("deps", connection=redis_url, prefix=prefix) as q:
+        done = q.add("x")
+        for wrong in (done.id, done):
+            with pytest.raises(TypeError, match="a list of job ids"):
+                q.add("y", depends_on=wrong)
+        assert q.get_job_counts()["waiting"] == 1
+
+
 def test_the_waiting_children_event(flow: FlowProducer, redis_url: str, prefix: str) -> None:
     seen = threading.Event()
     with QueueEvents("ev", connection=redis_url, prefix=prefix, blocking_timeout=0.1) as events:

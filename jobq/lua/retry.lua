@@ -45,7 +45,8 @@ for _, id in ipairs(ids) do
   local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
   if not first then first, gen = f[3] or '', 0 end
   run = first .. '#' .. (tonumber(gen) + 1)
-  redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok')
+  -- (cx: a cancel ends the run it cancelled, not the runs a retry begins)
+  redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok', 'cx')
   if reset then redis.call('HDEL', jk, 'atm', 'stc', 'st') end
   redis.call('HSET', jk, 'state', 'waiting', 'rdy', now, 'run', run)
   push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
