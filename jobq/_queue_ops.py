@@ -12,7 +12,7 @@ from .errors import ACTIVE_JOBS, LOCK_LOST, JobqError, script_error
 from .job import STATES, Job
 from .keys import queues_key
 from .metrics import Metrics, read_metrics
-from .options import JobOptions, list_index
+from .options import list_index, seconds
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class QueueAdmin:
             )
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be an int >= 0, not {limit!r}")
-        grace_ms = round(JobOptions.parse({"delay": grace}).delay * 1000)
+        grace_ms = round(seconds("grace", grace) * 1000)
         removed: list[str] = []
         cursor = b""
         while True:

@@ -298,6 +298,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
 # -- events ----------------------------------------------------------------------
 
 
+def _event_record(event: Any) -> dict[str, Any]:
+    """An event as ``events --json`` writes it: its own keys, then its
+    fields; a field named as one of its own keys (a custom event's) goes
+    under ``fields`` instead, so that ``id`` and ``name`` stay the event's."""
+    record = {"id": event.id, "name": event.name, "job_id": event.job_id,
+              "timestamp": event.timestamp, "prev": event.prev}
+    clashes = {k: v for k, v in event.fields.items() if k in record or k == "fields"}
+    record.update((k, v) for k, v in event.fields.items() if k not in clashes)
+    if clashes:
+        record["fields"] = clashes
+    return record
+
+
 def _cmd_events(args: argparse.Namespace) -> int:
     from .queue_events import QueueEvents
 
@@ -307,8 +320,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
     def show(event: Any) -> None:
         if args.json:
-            line = _json({"id": event.id, "name": event.name, "job_id": event.job_id,
-                          "timestamp": event.timestamp, "prev": event.prev, **event.fields})
+            line = _json(_event_record(event))
         else:
             fields = " ".join(f"{k}={v!r}" for k, v in event.fields.items())
             line = f"{event.id or '-'} {event.name} {event.job_id or '-'} {fields}".rstrip()

@@ -338,6 +338,11 @@ def from_stored(stored: Mapping[str, Any]) -> dict[str, Any]:
     return {**_DEFAULTS, **stored}
 
 
+def seconds(name: str, value: Any) -> float:
+    """Argument ``name``: a finite number of seconds >= 0, else ValueError."""
+    return _number(name, value)
+
+
 def _positive(name: str, value: Any) -> float:
     seconds = _number(name, value)
     if seconds <= 0:

@@ -368,6 +368,12 @@ def test_events_replays_as_json_and_exits_0_on_sigterm(running: Any, queue: Queu
     assert re.fullmatch(r"\d+-\d+", added["id"])
     later = queue.add("second")
     assert json.loads(events.expect(rf'"job_id": "{later.id}"', "out"))["name"] == "added"
+    # a custom event's fields named as the event's own keys do not replace them
+    queue.emit("custom", id="mine", name="x", job_id="j", extra=1)
+    custom = json.loads(events.expect(r'"name": "custom"', "out"))
+    assert re.fullmatch(r"\d+-\d+", custom["id"]) and custom["job_id"] is None
+    assert custom["extra"] == 1
+    assert custom["fields"] == {"id": "mine", "name": "x", "job_id": "j"}
     events.signal(signal.SIGTERM)
     assert events.wait() == 0
 

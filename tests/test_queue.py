@@ -882,8 +882,10 @@ def test_clean_bad_arguments(queue: Queue, kwargs: dict[str, Any]) -> None:
 
 
 def test_clean_negative_grace(queue: Queue) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="grace must be >= 0"):
         queue.clean(-1)
+    with pytest.raises(ValueError, match="grace must be a number of seconds"):
+        queue.clean(float("nan"))
 
 
 def test_obliterate_removes_everything(
