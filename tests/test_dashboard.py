@@ -22,7 +22,7 @@ import werkzeug.test as werkzeug_test
 
 from jobq import FlowProducer, Queue, Worker
 from jobq.dashboard import create_app
-from jobq.dashboard._app import Dashboard
+from jobq.dashboard._app import Dashboard, _redirect
 from jobq.dashboard._data import PAGE_SIZE
 from tests.polling import until
 
@@ -208,6 +208,66 @@ def test_job_page_shows_its_flow(client: Any, queue: Queue, redis_url: str) -> N
     assert f'parent: <a href="/job?q={queue.name}&amp;id={node.job.id}">' in body
 
 
+def test_waiting_children_jobs_are_listed_and_cleanable(
+    client: Any, queue: Queue, redis_url: str
+) -> None:
+    """The state's key was looked up as an attribute named after the state
+    (``waiting-children`` names none): every such list answered 500."""
+    with FlowProducer(connection=redis_url) as flow:
+        node = flow.add({"name": "report", "queue": queue.name, "children": [
+            {"name": "page", "queue": queue.name}]})
+    response = client.get(f"/jobs?q={queue.name}&state=waiting-children")
+    assert response.status_code == 200
+    shown = re.findall(r'class="job" href="[^"]*">([^<]+)</a>', text(response))
+    assert shown == [node.job.id]
+    assert 'data-action="remove"' in text(response)
+    assert '<option value="waiting-children">' in text(client.get(f"/queue?q={queue.name}"))
+    act(client, queue, "clean", state="waiting-children", grace="0")
+    assert queue.get_job_counts("waiting-children") == {"waiting-children": 0}
+
+
+def test_a_job_whose_record_cannot_be_read_shows_as_such_and_can_be_removed(
+    client: Any, queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """One corrupt record (undecodable data, a field that is not a number,
+    a time no date holds) made its state's whole list and its own page a
+    500: the other jobs hidden, and the bad one impossible to remove."""
+    key = queue._context.keys.job
+    failed = queue.add("x", 1, job_id="bad-failed")
+    redis_client.hset(key(failed.id), "data", b"\xc1")  # the worker fails it
+    run_until_finished(queue, redis_url, 1)
+    body = text(client.get(f"/jobs?q={queue.name}&state=failed"))
+    assert "id=bad-failed" in body and "record cannot be read" in body
+    assert 'data-action="remove"' in body and 'data-action="retry"' not in body
+
+    queue.add("ok", 1, job_id="good")
+    queue.add(XSS, 1, job_id="bad-data")
+    queue.add("n", 1, job_id="bad-priority")
+    queue.add("t", 1, job_id="bad-time")
+    redis_client.hset(key("bad-data"), "data", b"\xc1" + XSS.encode())
+    redis_client.hset(key("bad-priority"), "priority", "abc")
+    redis_client.hset(key("bad-time"), "ts", "1e300")
+    response = client.get(f"/jobs?q={queue.name}&state=waiting")
+    body = text(response)
+    assert response.status_code == 200
+    shown = re.findall(r'class="job" href="[^"]*">([^<]+)</a>', body)
+    assert shown == ["good", "bad-data", "bad-priority", "bad-time"]
+    assert body.count("record cannot be read") == 2 and "invalid time" in body
+    assert XSS not in body and "&lt;script&gt;" in body
+
+    response = client.get(f"/job?q={queue.name}&id=bad-data")
+    body = text(response)
+    assert response.status_code == 200
+    assert "record cannot be read: SerializationError" in body
+    assert "\\xc1&lt;script&gt;alert(1)&lt;/script&gt;" in body and XSS not in body
+    assert 'data-action="remove"' in body and "<h3>Timeline" in body
+    assert client.get(f"/raw?q={queue.name}&id=bad-data").status_code == 409
+    body = text(client.get(f"/job?q={queue.name}&id=bad-time"))
+    assert "invalid time" in body and "record cannot be read" not in body
+    assert act(client, queue, "remove", id="bad-data").status_code == 303
+    assert queue.get_job_state("bad-data") == "unknown"
+
+
 def test_a_large_value_is_cut_with_a_link_to_all_of_it(client: Any, queue: Queue) -> None:
     job = queue.add("big", {"blob": "<i>" + "x" * 50_000})
     body = text(client.get(f"/job?q={queue.name}&id={job.id}"))
@@ -390,6 +450,24 @@ def test_actions_need_the_csrf_token_of_the_cookie(
     assert queue.get_job(job.id) is not None
     assert client.post("/action", data={**fields, "csrf": token}).status_code == 303
     assert queue.get_job(job.id) is None
+
+
+def test_back_cannot_add_a_header_to_the_redirect(client: Any, queue: Queue) -> None:
+    """Only the path of ``back`` was checked: CR LF in its query went raw
+    into the Location header, adding headers of the sender's choice."""
+    queue.add("a")
+    for back in ("/?a\r\nX-Injected: 1", f"/job?q={queue.name}&id=x\nX-Injected: 2",
+                 "/?\r\n\r\n<script>x</script>", "/jobs?q=a b"):
+        response = act(client, queue, "pause", back=back)
+        assert response.status_code == 303
+        assert "X-Injected" not in response.headers
+        location = response.headers["Location"]
+        assert location.startswith(f"/queue?q={queue.name}&msg="), location
+    # a back of printable URL characters is kept
+    back = f"/jobs?q={queue.name}&state=failed&page=2"
+    assert act(client, queue, "resume", back=back).headers["Location"].startswith(back + "&")
+    # and a redirect never writes a control character, whoever builds it
+    assert _redirect("/x?a\r\nb: 1").headers[-1] == ("Location", "/x?a%0D%0Ab:%201")
 
 
 def test_read_only_refuses_actions_and_shows_no_forms(queue: Queue, redis_url: str) -> None:

@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import http.cookies
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from importlib import resources
@@ -69,6 +70,12 @@ SECURITY_HEADERS = [
 
 _STATIC = {"dashboard.js": "text/javascript; charset=utf-8",
            "dashboard.css": "text/css; charset=utf-8"}
+
+#: What a form's ``back`` may hold after its path: printable URL characters
+#: only (what ``_back`` writes), so that nothing can end the Location header.
+_BACK_QUERY = re.compile(r"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]*")
+#: Characters never written raw into a Location header.
+_UNSAFE_IN_LOCATION = re.compile(r"[\x00-\x20\x7f]")
 
 _REASONS = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
             403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
@@ -367,8 +374,10 @@ def _back(path: str, query_string: str) -> str:
 
 
 def _is_back(value: str) -> bool:
-    """Whether a form's ``back`` is a page of this app (never another site)."""
-    return value.split("?", 1)[0] in ("/", "/queue", "/jobs", "/job")
+    """Whether a form's ``back`` is a page of this app (never another site)
+    with a query of printable URL characters (never a header of its own)."""
+    path, _, query = value.partition("?")
+    return path in ("/", "/queue", "/jobs", "/job") and _BACK_QUERY.fullmatch(query) is not None
 
 
 def _read_form(environ: dict[str, Any]) -> dict[str, str]:
@@ -387,6 +396,9 @@ def _read_form(environ: dict[str, Any]) -> dict[str, str]:
 
 
 def _redirect(location: str) -> _Response:
+    # control characters (CR, LF) would end the header: percent-encoded,
+    # whatever a caller let through
+    location = _UNSAFE_IN_LOCATION.sub(lambda m: f"%{ord(m.group()):02X}", location)
     response = _Response(303, f'<a href="{e(location)}">continue</a>')
     response.headers.append(("Location", location))
     return response
@@ -394,6 +406,8 @@ def _redirect(location: str) -> _Response:
 
 def _raw(detail: _data.JobDetail, part: str) -> _Response:
     job = detail.job
+    if isinstance(job, _data.UnreadableJob):
+        raise _HTTPError(409, f"job {job.id!r}'s record cannot be read: {job.error}")
     values = {"data": job.data, "result": job.return_value, "progress": job.progress,
               "opts": job.opts}
     if part not in values:

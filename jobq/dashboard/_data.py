@@ -21,6 +21,7 @@ from ..registry import WorkerInfo
 from ..sharding import ShardedQueue
 
 if TYPE_CHECKING:
+    from .._context import QueueContext
     from .._schedulers import Scheduler
     from ..queue import Queue
 
@@ -132,13 +133,41 @@ def summary(queue: Queue, minutes: int = CHART_MINUTES) -> QueueSummary:
 
 
 @dataclass(frozen=True)
+class UnreadableJob:
+    """A job whose record cannot be read into a :class:`Job` (undecodable
+    data, a field that is not a number, ...): its id, its raw fields as
+    text, and why. Shown as such, so that one bad record never hides the
+    others, and removable like any job (actions work on ids)."""
+
+    id: str
+    fields: dict[str, str]
+    error: str
+
+    @property
+    def name(self) -> str:
+        """The job's name as stored, '' when it has none."""
+        return self.fields.get("name", "")
+
+
+def read_job(context: QueueContext, job_id: str, record: dict[bytes, bytes]
+             ) -> Job | UnreadableJob:
+    """The job of a record, or an :class:`UnreadableJob` saying why it cannot be read."""
+    try:
+        return Job.from_record(context, job_id, record)
+    except Exception as exc:  # a record written by hand or another version can hold anything
+        fields = {k.decode("utf-8", "backslashreplace"): v.decode("utf-8", "backslashreplace")
+                  for k, v in record.items()}
+        return UnreadableJob(job_id, fields, f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
 class JobPage:
     """One page of the jobs of one state."""
 
     state: str
     page: int
     total: int
-    jobs: list[Job]
+    jobs: list[Job | UnreadableJob]
 
     @property
     def pages(self) -> int:
@@ -156,8 +185,8 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
         start = (page - 1) * PAGE_SIZE
         total = queue.get_job_counts(state)[state]
         newest_first = state in ("completed", "failed")
-        jobs = queue.get_jobs(state, start, start + PAGE_SIZE - 1, asc=not newest_first)
-        return JobPage(state, page, total, jobs)
+        found = queue.get_jobs(state, start, start + PAGE_SIZE - 1, asc=not newest_first)
+        return JobPage(state, page, total, list(found))
     context = queue._context
     keys = context.keys
     client = context.redis
@@ -178,7 +207,7 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
         if end >= in_list:
             ids.extend(client.zrange(keys.prioritized, max(0, start - in_list), end - in_list))
     else:
-        key = getattr(keys, state)
+        key = keys.state_set(state)
         total = int(client.zcard(key))
         newest_first = state in ("completed", "failed")
         ids.extend(client.zrange(key, start, end, desc=newest_first))
@@ -186,7 +215,7 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
     for job_id in ids:
         pipe.hgetall(keys.job(job_id.decode()))
     jobs = [
-        Job.from_record(context, job_id.decode(), record)
+        read_job(context, job_id.decode(), record)
         for job_id, record in zip(ids, pipe.execute(), strict=True)
         if record
     ]
@@ -197,7 +226,7 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
 class JobDetail:
     """Everything a job's page shows."""
 
-    job: Job
+    job: Job | UnreadableJob
     state: str
     log_total: int
     logs: list[str]
@@ -219,8 +248,8 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
     record = client.hgetall(keys.job(job_id))
     if not record:
         return None
-    job = Job.from_record(context, job_id, record)
-    state = record.get(b"state", b"unknown").decode()
+    job = read_job(context, job_id, record)
+    state = record.get(b"state", b"unknown").decode("utf-8", "replace")
     logs_key = keys.logs(job_id)
     pipe = client.pipeline(transaction=False)
     pipe.llen(logs_key)
@@ -246,7 +275,8 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
         logs=[line.decode("utf-8", "replace") for line in lines],
         timeline=timeline,
         scheduler=scheduler,
-        dependencies=job.get_dependencies() if record.get(b"kids") else None,
+        dependencies=job.get_dependencies()
+        if isinstance(job, Job) and record.get(b"kids") else None,
     )
 
 

@@ -38,10 +38,14 @@ def pretty(value: Any) -> str:
 
 
 def when(seconds: float | None) -> str:
-    """An epoch time as UTC text, '-' for None."""
+    """An epoch time as UTC text, '-' for None, 'invalid time' for one no
+    date can hold (a record written by hand: ``ts 1e300``, ``nan``)."""
     if not seconds:
         return "-"
-    moment = datetime.fromtimestamp(seconds, timezone.utc)
+    try:
+        moment = datetime.fromtimestamp(seconds, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return "invalid time"
     return moment.strftime("%Y-%m-%d %H:%M:%S") + f".{int(moment.microsecond / 1000):03d}Z"
 
 

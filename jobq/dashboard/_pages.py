@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..job import STATES, Dependencies
+from ..job import STATES, Dependencies, Job
 from . import _data
 from ._html import (
+    MAX_SHOWN,
     Ctx,
     chart,
     e,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from ._app import Dashboard
 
 #: States whose jobs can be cleaned, as ``Queue.clean`` takes them.
-CLEANABLE = ("completed", "failed", "delayed", "waiting")
+CLEANABLE = ("completed", "failed", "delayed", "waiting", "waiting-children")
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,15 @@ def queue_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
     return Page(q, [("queues", ctx.url("/")), (q, None)], f"<h1>{e(q)}</h1>", live, tail)
 
 
-def _job_actions(ctx: Ctx, q: str, job_id: str, state: str, back: str) -> str:
+def _job_actions(ctx: Ctx, q: str, job_id: str, state: str, back: str,
+                 readable: bool = True) -> str:
+    """The action buttons of a job; of an unreadable one only those that
+    work on its id alone (retry and promote read the record first)."""
     fields = {"q": q, "id": job_id, "back": back}
     parts = []
-    if state in ("failed", "completed"):
+    if readable and state in ("failed", "completed"):
         parts.append(form(ctx, "retry", "Retry", fields))
-    if state == "delayed":
+    if readable and state == "delayed":
         parts.append(form(ctx, "promote", "Promote", fields))
     if state in ("waiting", "delayed", "active"):
         parts.append(form(ctx, "cancel", "Cancel", fields, "warn"))
@@ -121,6 +125,14 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
     counts = app.cache.get(("counts", q), queue.get_job_counts)
     rows = []
     for job in found.jobs:
+        link = f'<a class="job" href="{e(ctx.url("/job", q=q, id=job.id))}">{e(job.id)}</a>'
+        if isinstance(job, _data.UnreadableJob):
+            rows.append([
+                link, e(job.name), "-", "-",
+                f'<span class="error">record cannot be read: {e(short(job.error))}</span>',
+                _job_actions(ctx, q, job.id, state, back, readable=False),
+            ])
+            continue
         if state in ("completed", "failed"):
             moment = when(job.finished_on)
         elif state == "active":
@@ -130,7 +142,7 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
         else:
             moment = when(job.timestamp)
         rows.append([
-            f'<a class="job" href="{e(ctx.url("/job", q=q, id=job.id))}">{e(job.id)}</a>',
+            link,
             e(job.name),
             e(moment),
             str(job.attempts_made),
@@ -165,48 +177,17 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
 def job_page(app: Dashboard, ctx: Ctx, queue: Queue, detail: _data.JobDetail,
              back: str) -> Page:
     """One job: its fields, data, result, progress, logs, stack traces,
-    events and scheduler."""
+    events and scheduler; of a job whose record cannot be read, its raw
+    fields and why."""
     q = queue.name
     job = detail.job
-    fields = [
-        ("state", f'<span class="badge state-{e(detail.state)}" data-state>'
-                  f"{e(detail.state)}</span>"),
-        ("name", e(job.name)),
-        ("added", e(when(job.timestamp))),
-        ("delay", e(f"{job.delay:g} s")),
-        ("priority", e(job.priority)),
-        ("attempts made", e(job.attempts_made)),
-        ("stalled", e(job.stalled_counter)),
-        ("started", e(when(job.processed_on))),
-        ("finished", e(when(job.finished_on))),
-        ("worker", e(job.processed_by or "-")),
-    ]
-    if job.failed_reason:
-        fields.append(("failed reason", e(job.failed_reason)))
-    if job.exc_type:
-        fields.append(("exception", e(job.exc_type)))
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in fields)
-    actions = _job_actions(ctx, q, job.id, detail.state, back)
-    parts = [
-        f'<div class="actions">{actions}</div>' if actions else "",
-        f'<div class="table-wrap"><table class="fields">{rows}</table></div>',
-        value_block(ctx, "Progress", job.progress, q, job.id, "progress"),
-        value_block(ctx, "Data", job.data, q, job.id, "data"),
-        value_block(ctx, "Result", job.return_value, q, job.id, "result"),
-        value_block(ctx, "Options", job.opts, q, job.id, "opts"),
-    ]
-    if detail.scheduler is not None:
-        sch = detail.scheduler
-        schedule = f"every {sch.every:g} s" if sch.every else f"cron {sch.cron} ({sch.tz})"
-        parts.append(
-            f"<section><h3>Scheduler</h3><p>"
-            f'<a href="{e(ctx.url("/schedulers", q=q))}">{e(sch.id)}</a>: {e(schedule)}, '
-            f"next run {e(when(sch.next_run))}, {sch.count} job(s) made</p></section>"
-        )
-    flow = _flow_section(ctx, job.parent, detail.dependencies,
-                         app.cache.get(("names",), app.queue_names))
-    if flow:
-        parts.append(flow)
+    readable = isinstance(job, Job)
+    actions = _job_actions(ctx, q, job.id, detail.state, back, readable)
+    parts = [f'<div class="actions">{actions}</div>' if actions else ""]
+    if isinstance(job, Job):
+        parts += _job_sections(app, ctx, q, job, detail)
+    else:
+        parts.append(_unreadable_section(job))
     logs = "\n".join(detail.logs)
     shown = f" (newest {len(detail.logs)} of {detail.log_total})" \
         if detail.log_total > len(detail.logs) else ""
@@ -215,7 +196,7 @@ def job_page(app: Dashboard, ctx: Ctx, queue: Queue, detail: _data.JobDetail,
         + (f'<pre class="value logs">{e(logs)}</pre>' if logs else '<p class="empty">No log.</p>')
         + "</section>"
     )
-    if job.stacktrace:
+    if isinstance(job, Job) and job.stacktrace:
         traces = "".join(f'<pre class="value trace">{e(t)}</pre>'
                          for t in reversed(job.stacktrace))
         parts.append(f"<section><h3>Stack traces (newest first)</h3>{traces}</section>")
@@ -236,6 +217,62 @@ def job_page(app: Dashboard, ctx: Ctx, queue: Queue, detail: _data.JobDetail,
               (detail.state, ctx.url("/jobs", q=q, state=detail.state)
                if detail.state in STATES else None), (job.id, None)]
     return Page(f"job {job.id}", crumbs, f"<h1>Job {e(job.id)}</h1>", "".join(parts))
+
+
+def _job_sections(app: Dashboard, ctx: Ctx, q: str, job: Job,
+                  detail: _data.JobDetail) -> list[str]:
+    """A readable job's fields, values, scheduler and flow."""
+    fields = [
+        ("state", f'<span class="badge state-{e(detail.state)}" data-state>'
+                  f"{e(detail.state)}</span>"),
+        ("name", e(job.name)),
+        ("added", e(when(job.timestamp))),
+        ("delay", e(f"{job.delay:g} s")),
+        ("priority", e(job.priority)),
+        ("attempts made", e(job.attempts_made)),
+        ("stalled", e(job.stalled_counter)),
+        ("started", e(when(job.processed_on))),
+        ("finished", e(when(job.finished_on))),
+        ("worker", e(job.processed_by or "-")),
+    ]
+    if job.failed_reason:
+        fields.append(("failed reason", e(job.failed_reason)))
+    if job.exc_type:
+        fields.append(("exception", e(job.exc_type)))
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in fields)
+    parts = [
+        f'<div class="table-wrap"><table class="fields">{rows}</table></div>',
+        value_block(ctx, "Progress", job.progress, q, job.id, "progress"),
+        value_block(ctx, "Data", job.data, q, job.id, "data"),
+        value_block(ctx, "Result", job.return_value, q, job.id, "result"),
+        value_block(ctx, "Options", job.opts, q, job.id, "opts"),
+    ]
+    if detail.scheduler is not None:
+        sch = detail.scheduler
+        schedule = f"every {sch.every:g} s" if sch.every else f"cron {sch.cron} ({sch.tz})"
+        parts.append(
+            f"<section><h3>Scheduler</h3><p>"
+            f'<a href="{e(ctx.url("/schedulers", q=q))}">{e(sch.id)}</a>: {e(schedule)}, '
+            f"next run {e(when(sch.next_run))}, {sch.count} job(s) made</p></section>"
+        )
+    flow = _flow_section(ctx, job.parent, detail.dependencies,
+                         app.cache.get(("names",), app.queue_names))
+    if flow:
+        parts.append(flow)
+    return parts
+
+
+def _unreadable_section(job: _data.UnreadableJob) -> str:
+    """Why a job's record cannot be read, and its raw fields as stored."""
+    rows = "".join(
+        f'<tr><th>{e(k)}</th><td><pre class="value">{e(short(v, MAX_SHOWN))}</pre></td></tr>'
+        for k, v in sorted(job.fields.items())
+    )
+    return (
+        f'<p class="error">This job\'s record cannot be read: {e(job.error)}</p>'
+        "<section><h3>Raw fields</h3>"
+        f'<div class="table-wrap"><table class="fields">{rows}</table></div></section>'
+    )
 
 
 def _member(ctx: Ctx, member: str, known: Sequence[str]) -> str:
