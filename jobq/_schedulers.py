@@ -4,7 +4,11 @@ A scheduler's next run exists as a delayed job whose id is a pure function
 of (scheduler id, slot), so whoever produces a tick twice makes one job. The
 script that takes a tick job produces the next one (see advance_scheduler
 in lua/_common.lua); a worker's maintenance loop checks the schedulers whose
-next run is due and produces a missing tick (schedulerSync.lua).
+next run is due and produces a missing tick (schedulerSync.lua). A pending
+tick job that is cancelled or removed is skipped, never produced again: the
+scheduler goes on with the next tick when its slot comes (a cancelled tick
+may leave no record to tell it from a removed one; ``remove_scheduler``
+stops a schedule).
 
 ``every`` slots are computed in Lua, on the grid of the previous scheduled
 slot. Cron slots are computed here, zone-aware (``zoneinfo``, with
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from . import _tracing, serializer
 from .errors import JobqError, ScriptCode
@@ -86,6 +91,9 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     (03:00), and a fixed time (minute and hour fields without ``*``) that
     the autumn change repeats runs once, at its first occurrence; a
     wildcard schedule (``0 * * * *``) runs in both repeated hours.
+
+    Raises:
+        ValueError: ``cron`` never matches (``0 0 30 2 *``).
     """
     zone = ZoneInfo(tz or "UTC")
     start = datetime.fromtimestamp(after_ms / 1000.0, zone)
@@ -95,7 +103,10 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     fixed = not minute.startswith("*") and not hour.startswith("*")
     it = croniter(cron, start, second_at_beginning=six)
     while True:
-        slot: int = round(float(it.get_next(float)) * 1000)
+        try:
+            slot: int = round(float(it.get_next(float)) * 1000)
+        except CroniterBadDateError as exc:  # its message names neither cron nor time
+            raise ValueError(f"cron expression {cron!r} never matches") from exc
         if slot <= after_ms:  # a sub-second start: croniter works in whole seconds
             continue
         if fixed and datetime.fromtimestamp(slot / 1000.0, zone).fold == 1:
@@ -110,8 +121,10 @@ def _ms(seconds: float | None) -> str:
 def _number(name: str, value: Any, positive: bool = False) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ValueError(f"{name} must be a number of seconds, not {value!r}")
+    # NaN and infinity are refused here: both would fail later, converting to ms
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, not {value!r}")
     return float(value)
@@ -227,8 +240,12 @@ class QueueSchedulers:
         at once, with ``cron`` at the first matching time (at once when
         ``immediately``). ``name`` (default: the scheduler id), ``data`` and
         ``job_options`` (those of ``add`` but job_id, delay and dedup) make
-        each job. Upserting the same schedule again changes only the
-        template; a changed schedule replaces the pending job.
+        each job. Upserting the same schedule again keeps the pending job
+        (its id and time) and gives it the new template, unless a worker
+        took it already (then the next job has the new template); a changed
+        schedule replaces the pending job. Cancelling or removing the
+        pending job skips that run: the next job comes at the following
+        time of the schedule.
 
         Raises:
             ValueError: a bad argument.  SerializationError: data does not

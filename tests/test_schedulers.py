@@ -215,6 +215,65 @@ def test_upsert_same_schedule_keeps_the_pending_tick_and_changed_one_replaces_it
     assert queue.remove_scheduler("s") is False
 
 
+def test_upsert_same_schedule_gives_the_pending_tick_the_new_template(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    # yearly: a pending tick left with the old template would run a year later with it
+    first = queue.upsert_scheduler("y", cron="0 0 1 1 *", data={"v": 1}, priority=5)
+    tick = f"repeat:y:{round(first.next_run * 1000)}"  # type: ignore[operator]
+    again = queue.upsert_scheduler("y", cron="0 0 1 1 *", name="yearly", data={"v": 2},
+                                   priority=7, attempts=3)
+    assert again.next_run == first.next_run and again.count == 1
+    assert [j.id for j in queue.get_jobs("delayed")] == [tick]  # the same job, its slot kept
+    job = queue.get_job(tick)
+    assert job is not None and job.get_state() == "delayed"
+    assert (job.name, job.data, job.priority, job.opts["attempts"]) == (
+        "yearly", {"v": 2}, 7, 3)
+    queue.upsert_scheduler("y", cron="0 0 1 1 *", data={"v": 3})  # settings back to defaults
+    job = queue.get_job(tick)
+    assert job is not None
+    assert (job.name, job.data, job.priority, job.opts["attempts"]) == ("y", {"v": 3}, 0, 1)
+    # a waiting tick too; a new priority moves it to its place in line
+    now = queue.upsert_scheduler("n", cron="0 0 1 1 *", immediately=True, data="old")
+    waiting = f"repeat:n:{round(now.next_run * 1000)}"  # type: ignore[operator]
+    queue.upsert_scheduler("n", cron="0 0 1 1 *", immediately=True, data="new", priority=4)
+    job = queue.get_job(waiting)
+    assert job is not None and job.get_state() == "waiting"
+    assert (job.data, job.priority) == ("new", 4)
+    prioritized = f"jobq:{{{queue.name}}}:prioritized"
+    assert redis_client.zscore(prioritized, waiting) is not None
+    assert waiting.encode() not in redis_client.lrange(f"jobq:{{{queue.name}}}:wait", 0, -1)
+
+
+def test_upsert_same_schedule_leaves_an_active_tick_alone(
+    queue: Queue, redis_url: str
+) -> None:
+    taken, release = threading.Event(), threading.Event()
+    held: list[str] = []
+
+    def hold(job: Job) -> object:
+        held.append(job.id)
+        taken.set()
+        release.wait(WAIT)
+        return job.data
+
+    with started(make_worker(queue.name, redis_url, hold)):
+        queue.upsert_scheduler("a", every=3600, data="old")  # the first tick at once
+        assert taken.wait(WAIT)
+        active = held[0]
+        try:
+            s = queue.upsert_scheduler("a", every=3600, data="new")
+            job = queue.get_job(active)
+            assert job is not None and job.get_state() == "active" and job.data == "old"
+            following = queue.get_job(f"repeat:a:{round(s.next_run * 1000)}")  # type: ignore[operator]
+            assert following is not None and following.id != active
+            assert following.get_state() == "delayed" and following.data == "new"
+        finally:
+            release.set()
+        assert queue.get_job(active).wait_until_finished(timeout=WAIT) == "old"  # type: ignore[union-attr]
+    queue.remove_scheduler("a")
+
+
 def test_scheduler_fields_and_listing(queue: Queue) -> None:
     s = queue.upsert_scheduler(
         "report", cron="0 6 * * 1", tz="Europe/Berlin", name="weekly", data={"k": 1},
@@ -243,6 +302,20 @@ def test_bad_scheduler_arguments(queue: Queue) -> None:
             queue.upsert_scheduler("bad", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         queue.upsert_scheduler("bad", every=1, delay=3)
+
+
+def test_infinite_times_and_a_cron_that_never_matches_are_value_errors(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    inf = float("inf")
+    for kwargs, named in (({"every": inf}, "every"), ({"every": 1, "start": inf}, "start"),
+                          ({"every": 1, "end": -inf}, "end"),
+                          ({"cron": "0 0 30 2 *"}, "'0 0 30 2 \\*'"),
+                          ({"cron": "0 0 31 4 *", "tz": "Europe/Berlin"}, "'0 0 31 4 \\*'")):
+        with pytest.raises(ValueError, match=named):
+            queue.upsert_scheduler("bad", **kwargs)  # type: ignore[arg-type]
+    assert queue.get_scheduler("bad") is None
+    assert redis_client.keys(f"jobq:{{{queue.name}}}:*") == []  # nothing written
 
 
 def test_limit_caps_the_jobs(queue: Queue, redis_url: str) -> None:
@@ -399,19 +472,29 @@ def test_changing_every_reschedules_the_pending_tick_one_new_interval_from_now(
         queue.remove_scheduler("r")
 
 
-def test_a_removed_pending_tick_is_recreated_by_the_workers_check(
-    queue: Queue, redis_url: str
+@pytest.mark.parametrize("how", ["cancel", "cancel-no-record", "remove"])
+def test_a_cancelled_or_removed_pending_tick_is_skipped(
+    queue: Queue, redis_url: str, how: str
 ) -> None:
+    """The tick does not run, even when its record is gone (a cancelled tick
+    with remove_on_fail, a removed one): the schedule goes on at its next slot."""
     ledger = Ledger()
-    s = queue.upsert_scheduler("w", every=0.3, start=time.time() + 0.3)
+    s = queue.upsert_scheduler("w", every=0.3, start=time.time() + 0.3,
+                               remove_on_fail=how == "cancel-no-record")
     tick = f"repeat:w:{round(s.next_run * 1000)}"  # type: ignore[operator]
-    assert queue.remove(tick) is True
+    if how == "remove":
+        assert queue.remove(tick) is True
+    else:
+        assert queue.cancel(tick, "skip this one") is True
+        job = queue.get_job(tick)
+        assert (job is None) == (how == "cancel-no-record")
     with started(make_worker(queue.name, redis_url, ledger)):
         ids = ledger.wait(2)
     queue.remove_scheduler("w")
-    assert ids[0] == tick  # the same tick, produced again when due
-    # the next one on the grid (a later point if the machine was slow to take it)
-    gap = _slot(ids[1]) - _slot(ids[0])
+    assert tick not in ids
+    # the next ones on the grid (a later point if the machine was slow to take it)
+    assert len(ids) == len(set(ids))
+    gap = _slot(ids[0]) - _slot(tick)
     assert gap > 0 and gap % 300 == 0
 
 

@@ -491,8 +491,7 @@ end
 -- cron and tz, start, end, limit; its job template, TEMPLATE below; count,
 -- the jobs produced; next, the slot in ms of its pending tick job, '' once
 -- the schedule is over; after, for cron, the slot after next when known,
--- computed in Python; taken, a tick taken before the slot after it was
--- known; err, a collision to report) and an entry in the
+-- computed in Python; err, a collision to report) and an entry in the
 -- sorted set `schedulers` scored by next (+inf when over). A tick job's id
 -- is a pure function of (scheduler id, slot), and its record names both
 -- (fields sch, slot), so whoever produces a tick twice makes one job.
@@ -575,11 +574,9 @@ local function advance_scheduler(sid, slot, now)
   elseif after and after > now then
     nxt = after
   end
-  if nxt then
-    schedule_tick(sid, math.floor(nxt), '', now)
-  else  -- the check must produce the next one, never this one again
-    redis.call('HSET', base .. 'scheduler:' .. sid, 'taken', slot)
-  end
+  -- else the check produces the next one: this one is active, or gone (a
+  -- tick whose record is gone ended; it is never produced again)
+  if nxt then schedule_tick(sid, math.floor(nxt), '', now) end
 end
 
 -- Move delayed jobs due by `now` to waiting (at most 1000), in due order.

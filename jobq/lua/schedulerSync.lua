@@ -3,10 +3,12 @@
   Keep a scheduler going: the workers' periodic check (for schedulers whose
   next run is due) and a worker that took a tick call it. When the pending
   tick job exists (waiting or delayed), fill in the cron slot after it; when
-  it is gone before it was taken (removed, lost), produce it again; when it
-  was taken without producing the next one (a cron tick taken before the
-  slot after it was known: field taken), produce the next tick: one job,
-  however many ticks were missed.
+  it is no longer pending, produce the next tick: one job, however many
+  ticks were missed. A pending tick leaves without producing the next one
+  when it is taken before the slot after it was known (a cron tick), or
+  cancelled or removed: a cancelled one may leave no record (retention), so
+  a tick whose record is gone counts as ended, never as lost, and is not
+  produced again (its run is skipped, the schedule goes on).
 
   KEYS[1]  queue base prefix
   ARGV[1]  scheduler id
@@ -24,7 +26,7 @@
 ]]
 local sid = ARGV[1]
 local skey = base .. 'scheduler:' .. sid
-local s = redis.call('HMGET', skey, 'spec', 'next', 'every', 'after', 'taken')
+local s = redis.call('HMGET', skey, 'spec', 'next', 'every', 'after')
 if not s[1] or (s[2] or '') ~= ARGV[2] or ARGV[2] == '' then return 0 end
 local now = now_ms()
 local pending = tonumber(s[2])
@@ -32,17 +34,6 @@ local state = redis.call('HGET', job_key(tick_id(sid, pending)), 'state')
 if state == 'waiting' or state == 'delayed' then
   if (not s[4] or s[4] == '') and ARGV[3] ~= '' then redis.call('HSET', skey, 'after', ARGV[3]) end
   return 1
-end
-if not state and s[5] ~= s[2] then
-  -- the pending tick job is gone before it was taken (removed, lost):
-  -- produce it again, due now when its slot passed
-  redis.call('HINCRBY', skey, 'count', '-1')  -- the same tick, counted once
-  local id = schedule_tick(sid, pending, s[4] or '', now)
-  if id == false then
-    redis.call('HINCRBY', skey, 'count', '1')
-    return -5
-  end
-  return 2
 end
 local slot, after
 local every = tonumber(s[3])

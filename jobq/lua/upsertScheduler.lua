@@ -10,7 +10,8 @@
   ARGV[5]  start ms ('' none)      ARGV[6]  end ms ('' none)
   ARGV[7]  limit ('' none)         ARGV[8]  immediately ('1' | '0')
   ARGV[9]  spec: the schedule in one canonical string (ARGV[2..8]); an
-           upsert with the stored spec changes the template only
+           upsert with the stored spec changes the template only (of the
+           scheduler and of its pending tick)
   ARGV[10] cron: the first slot, ms, computed in Python from now (server
            TIME) or start, zone-aware ('' for every)
   ARGV[11] cron: the slot after it ('' for every)
@@ -20,14 +21,18 @@
            trace context (each '' when at its default: not stored)
   Returns  {0, next}  the same schedule: template replaced, the pending tick
                       kept (a retried or concurrent upsert never doubles a
-                      tick); next '' when the schedule is over
+                      tick), and given the new template while it is waiting
+                      or delayed (an active one runs as it is; the next tick
+                      takes the new template); next '' when the schedule is
+                      over
            {1, next}  a new or changed schedule: its pending delayed tick
                       job removed, the first tick produced at next ('' when
                       start/end/limit allow none)
            {-5, id}   the first tick's id collides with an existing job:
                       nothing produced (the scheduler is stored, with err)
   Events   removed (prev delayed) for a replaced pending tick; added, then
-           delayed or waiting, for the new tick
+           delayed or waiting, for the new tick; none for a pending tick
+           given the new template (as changePriority and updateJob)
   Slots    every: the first tick at once (or at start), as in BullMQ; when
            an existing schedule changes, one interval from now unless
            immediately. cron: ARGV[10] (now when immediately).
@@ -40,7 +45,29 @@ for i, name in ipairs(TEMPLATE) do
   local value = ARGV[11 + i]
   if value == '' then redis.call('HDEL', skey, name) else redis.call('HSET', skey, name, value) end
 end
-if old[1] == ARGV[9] then return { 0, old[2] or '' } end
+if old[1] == ARGV[9] then
+  -- the same schedule: the pending tick keeps its id and slot and takes the
+  -- new template, unless a worker took it already (a yearly cron would
+  -- otherwise run a year later with the old data)
+  if old[2] and old[2] ~= '' then
+    local pid = tick_id(sid, tonumber(old[2]))
+    local jk = job_key(pid)
+    local f = redis.call('HMGET', jk, 'state', 'priority', 'lifo')
+    if f[1] == 'waiting' or f[1] == 'delayed' then
+      for i, name in ipairs(TEMPLATE) do
+        local value = ARGV[11 + i]
+        if value == '' then redis.call('HDEL', jk, name) else redis.call('HSET', jk, name, value) end
+      end
+      -- a waiting tick whose priority or lifo changed moves to its new place in line
+      local priority, lifo = ARGV[15], ARGV[16]
+      if f[1] == 'waiting' and ((f[2] or '') ~= priority or (f[3] or '') ~= lifo) then
+        local removed = redis.call('LREM', K_WAIT, '0', pid) + redis.call('ZREM', K_PRIO, pid)
+        if removed > 0 then push_ready(pid, tonumber(priority) or 0, lifo == '1') end
+      end
+    end
+  end
+  return { 0, old[2] or '' }
+end
 
 -- a new or changed schedule: the pending tick goes (a waiting or active one
 -- runs as usual), the new first tick is produced
