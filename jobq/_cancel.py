@@ -11,12 +11,18 @@ the script that ends the attempt (complete.lua / fail.lua fail it for good).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._threads import BackgroundLoop
-from .connection import BLOCK_CAP, Client, blocking_client, close_subscription, cut_client
+from .connection import (
+    BLOCK_CAP,
+    Client,
+    blocking_client,
+    close_subscription,
+    cut_client,
+    ssubscribe,
+)
 
 if TYPE_CHECKING:
     from ._attempt import AttemptTable
@@ -123,16 +129,9 @@ class CancelListener:
         self._client = blocking_client(self._context.client, self.loop.name)
         if self.loop.stopping:  # stopped before the client was there to cut
             raise ConnectionError("the worker is closing")
-        pubsub = self._client.pubsub()
-        self._pubsub = pubsub
-        pubsub.ssubscribe(cancel_channel(self._context))
-        deadline = time.monotonic() + 10.0
-        while True:  # wait for the confirmation: from then on no hint is missed
-            message = pubsub.get_sharded_message(timeout=BLOCK_CAP)
-            if message is not None and message["type"] in ("ssubscribe", b"ssubscribe"):
-                break
-            if self.loop.stopping or time.monotonic() > deadline:
-                raise ConnectionError("no subscribe confirmation on the cancel channel")
+        self._pubsub = self._client.pubsub()
+        ssubscribe(self._pubsub, [cancel_channel(self._context)], lambda: self.loop.stopping,
+                   "the cancel channel")
         self._check_marks()
 
     def _check_marks(self) -> None:

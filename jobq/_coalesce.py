@@ -18,11 +18,18 @@ costs what a call on a pooled connection costs.
 A failure of the connection fails every call of the batch in flight
 (the server may have run any of them: the callers decide, as for a call
 of their own); the connection reconnects on the next batch.
+
+Every queue of one client shares its client's coalescer (``shared``): one
+connection for all of them, not one each (a dashboard of a hundred queues
+ran out of its pool's connections), and their concurrent calls batched
+together.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import Any
 
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
@@ -59,11 +66,39 @@ def _ready(connection: Any) -> None:
         connection.connect()
 
 
+#: The coalescer of each connection pool (by its id: a coalescer keeps its
+#: pool alive), for as long as a user holds it.
+_by_pool: weakref.WeakValueDictionary[int, Coalescer] = weakref.WeakValueDictionary()
+_by_pool_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _by_pool_lock
+    _by_pool_lock = threading.Lock()  # a parent's thread may have held it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+def shared(pool: Any) -> Coalescer:
+    """The coalescer of ``pool``, shared by all its users: each one that
+    takes it gives it back with ``leave()``; the last one to leave gives
+    its connection back to the pool."""
+    with _by_pool_lock:
+        coalescer = _by_pool.get(id(pool))
+        if coalescer is None:
+            coalescer = _by_pool[id(pool)] = Coalescer(pool)
+        coalescer.users += 1
+        return coalescer
+
+
 class Coalescer:
     """Script calls of many threads over one connection of ``pool``."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        self.users = 0
         timeout = pool.connection_kwargs.get("socket_timeout")
         self._wait = (timeout or 0) * 2 + FOLLOWER_MARGIN
         self._after_fork()
@@ -125,6 +160,16 @@ class Coalescer:
                     self._leading = False
             if successor is not None:  # it leads the next batch
                 successor.done.set()
+
+    def leave(self) -> None:
+        """A user is done with it: the last one closes it."""
+        with _by_pool_lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if _by_pool.get(id(self._pool)) is self:
+                del _by_pool[id(self._pool)]
+        self.close()
 
     def close(self) -> None:
         """Give the connection back to its pool (a batch in flight fails)."""

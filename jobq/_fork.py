@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 #: Objects with an ``_after_fork()`` method, which resets them in the child
 #: and may return an action to run once every object has been reset.
 _objects: weakref.WeakSet[Any] = weakref.WeakSet()
-#: Clients jobq created (from URLs): their pools are reset in the child.
+#: Clients jobq made or was given: their pools are reset in the child.
 _clients: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -29,9 +29,11 @@ def track(obj: Any) -> None:
     _objects.add(obj)
 
 
-def track_client(client: Any) -> None:
-    """Reset the connection pools of a client jobq created in every forked child."""
+def track_client(client: Any) -> Any:
+    """Reset the connection pools of ``client`` (one jobq made or uses) in
+    every forked child; return it."""
     _clients.add(client)
+    return client
 
 
 def _reset_pool(pool: Any) -> None:

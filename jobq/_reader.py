@@ -48,6 +48,22 @@ _RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
 GAP_CHECK_INTERVAL = 5.0
 #: Entries read at most per XREAD: a reader behind catches up in few reads.
 READ_COUNT = 5000
+#: The stream entry a Queue writes when it stores pub/sub mode: a reader
+#: that began on the stream (no mode was stored) moves to the channel. It
+#: is no event: readers never dispatch it.
+_MODE_STORED = b"__jobq_mode__"
+
+
+def tell_readers_pubsub(client: Client, key: str) -> None:
+    """A Queue stored pub/sub mode: tell the readers of the events stream
+    ``key``. The stream goes a minute later (pub/sub mode keeps none)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(key, {"ev": _MODE_STORED}).pexpire(key, 60_000).execute()
+
+
+class ModeChanged(ConnectionError):
+    """The queue's event mode was stored as pub/sub after the reader began
+    on its stream: connect again (subscribed, every waiter re-checked)."""
 
 
 class Dispatcher:
@@ -118,6 +134,86 @@ class Dispatcher:
             logger.exception("a callback on the events dispatcher raised")
 
 
+class EventMode:
+    """What a reader knows of its queue's stored settings, read again on
+    every (re)connect: the event mode and the stream's length. While the
+    queue has neither a mode stored nor an event written (``undecided``), a
+    Queue may yet store pub/sub mode: the reader then subscribes before it
+    reads the stream, and keeps that subscription aside (``standby``) so
+    that nothing published from then on is lost if it does (``stored``)."""
+
+    def __init__(self, context: QueueContext) -> None:
+        self._context = context
+        self._told_sharded = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.mode = "stream"
+        self.undecided = False
+        self.gap_batch = 1000  # a read this long may follow a trimmed gap
+        self.standby: Any = None
+
+    def read(self, client: Client) -> str:
+        """Read the queue's event mode (returned) and stream length."""
+        keys = self._context.keys
+        mode, max_events, shards = client.hmget(keys.meta, ["em", "maxev", "shards"])
+        if shards and not self._told_sharded:  # its events are in its shards' streams
+            self._told_sharded = True
+            logger.warning(
+                "queue %r is a sharded queue of %s shards: this QueueEvents reads its "
+                "logical stream, where no job's events are; use ShardedQueueEvents",
+                self._context.name, shards.decode(),
+            )
+        self.mode = "pubsub" if mode == b"pubsub" else "stream"
+        self.undecided = mode is None and not client.exists(keys.events)
+        self.gap_batch = min(1000, int(max_events or 10_000))
+        return self.mode
+
+    def subscribe(self, client: Client, stopping: Callable[[], bool]) -> Any:
+        """After ``read``: the subscription to read in pub/sub mode, None in
+        stream mode (undecided: with a subscription kept aside, and the mode
+        read again once it is there, in case it was stored meanwhile)."""
+        if self.mode != "pubsub" and not self.undecided:
+            return None
+        # undecided: on a client of its own (the reader's one reads the stream)
+        own = blocking_client(client, f"jobq-events-{self._context.name}") \
+            if self.undecided else client
+        pubsub = own.pubsub()  # sharded: the queue's own node
+        try:
+            _connection.ssubscribe(pubsub, [self._context.keys.events], stopping,
+                                   "the events channel")
+        except BaseException:
+            _connection.close_subscription(own if own is not client else None, pubsub)
+            raise
+        if self.undecided and self.read(client) == "stream":
+            if self.undecided:
+                self.standby = pubsub
+            else:  # an event was written: the queue uses its stream
+                _connection.close_subscription(own, pubsub)
+            return None
+        return pubsub
+
+    def stored(self, client: Client) -> Any:
+        """The stream says a Queue stored a mode: in pub/sub mode, the
+        subscription kept aside, which missed nothing (ModeChanged without
+        one: connect again); None when the mode is still stream."""
+        if self.read(client) != "pubsub":
+            return None
+        if self.standby is None:
+            raise ModeChanged(f"queue {self._context.name!r} uses pub/sub events now")
+        pubsub, self.standby = self.standby, None
+        return pubsub
+
+    def decided(self) -> None:
+        """An event came by the stream: the subscription kept aside goes."""
+        self.close()
+        self.undecided = False
+
+    def close(self) -> None:
+        _connection.close_subscription(None, self.standby)
+        self.standby = None
+
+
 class EventReader:
     """The reader thread: reads the event channel on its own connection,
     resolves waiters directly, and hands events to the dispatcher."""
@@ -135,7 +231,7 @@ class EventReader:
     ) -> None:
         self._context = context
         self._start_id = start_id
-        self._told_sharded = False
+        self.event_mode = EventMode(context)
         self._block = block
         self._stop = stop
         self._dispatcher = dispatcher
@@ -152,10 +248,9 @@ class EventReader:
         # reader has never been ready, ``unreachable`` is that end's error
         self.tried = threading.Event()
         self.unreachable: Exception | None = None
-        self.mode = "stream"
+        self.event_mode.reset()
         self.read_id: StreamId | None = None
         self.first_id: StreamId | None = None  # where reading began
-        self._gap_batch = 1000  # a read this long may follow a trimmed gap
         self._next_gap_check = 0.0
         self._blocked: _connection.Blocked | None = None
         self._client: Client | None = None  # the reader thread's own
@@ -165,6 +260,10 @@ class EventReader:
     @property
     def name(self) -> str:
         return self._context.name
+
+    @property
+    def mode(self) -> str:
+        return self.event_mode.mode
 
     def follows(self, run: str | None) -> bool:
         """Whether this reader sees every event of the run that began with
@@ -236,26 +335,19 @@ class EventReader:
 
     def _reconnect(self, exc: Exception) -> None:
         """A failed read: report it; the next step connects again."""
-        self._failed(exc)
+        if not isinstance(exc, ModeChanged):
+            self._failed(exc)
         self._disconnect()
 
     def _disconnect(self) -> None:
+        self.event_mode.close()
         _connection.close_subscription(self._client, self._pubsub)
         self._client, self._pubsub, self._held = None, None, None
 
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, subscribe, resolve the start id."""
-        pubsub = None
-        if self.settings(client) == "pubsub":
-            pubsub = client.pubsub()
-            pubsub.ssubscribe(self._context.keys.events)  # sharded: the queue's own node
-            deadline = time.monotonic() + 10.0
-            while True:  # wait for the subscription's confirmation
-                message = pubsub.get_sharded_message(timeout=self._block)
-                if message is not None and message["type"] == "ssubscribe":
-                    break
-                if self._stop.is_set() or time.monotonic() > deadline:
-                    raise ConnectionError("no subscribe confirmation")
+        self.event_mode.read(client)
+        pubsub = self.event_mode.subscribe(client, self._stop.is_set)
         self.start(client)
         return pubsub
 
@@ -268,20 +360,6 @@ class EventReader:
         self.tried.set()
         return error
 
-    def settings(self, client: Client) -> str:
-        """Read the queue's event mode (returned) and stream length."""
-        mode, max_events, shards = client.hmget(self._context.keys.meta, ["em", "maxev", "shards"])
-        if shards and not self._told_sharded:  # its events are in its shards' streams
-            self._told_sharded = True
-            logger.warning(
-                "queue %r is a sharded queue of %s shards: this QueueEvents reads its "
-                "logical stream, where no job's events are; use ShardedQueueEvents",
-                self.name, shards.decode(),
-            )
-        self.mode = "pubsub" if mode == b"pubsub" else "stream"
-        self._gap_batch = min(1000, int(max_events or 10_000))
-        return self.mode
-
     def start(self, client: Client) -> None:
         """Once the caller listens (pub/sub mode) or is about to read: resolve
         the start id (stream mode), or look for a gap since the last read;
@@ -290,11 +368,13 @@ class EventReader:
         before the reader was ready get their first check."""
         if self.mode == "stream":
             if self.read_id is None:
-                if self._start_id == "$":
+                if self._start_id != "$":
+                    self.read_id = sid(self._start_id)
+                elif self.event_mode.undecided:  # no stream when it looked: all of it
+                    self.read_id = (0, 0)
+                else:
                     last = client.xrevrange(self._context.keys.events, "+", "-", count=1)
                     self.read_id = sid(_text(last[0][0])) if last else (0, 0)
-                else:
-                    self.read_id = sid(self._start_id)
                 self.first_id = self.read_id
             else:
                 self._detect_gap(client)
@@ -305,12 +385,15 @@ class EventReader:
         if reconnect or (self.table is not None and not self.table.empty()):
             self._lost()
 
+    def _release_held(self, client: Client) -> None:
+        if self._held is not None:
+            client.connection_pool.release(self._held)
+            self._held = None
+
     def _detect_gap(self, client: Client, since: StreamId | None = None) -> None:
         """Warn and re-check every waiter when events after ``since`` (by
         default the last id read) were trimmed before they were read."""
-        if self._held is not None:  # the look runs on it, through the pool
-            client.connection_pool.release(self._held)
-            self._held = None
+        self._release_held(client)  # the look runs on it, through the pool
         if trimmed(client, self._context.keys.events, since or self.read_id):
             logger.warning(
                 "events of %r were trimmed before they were read; re-checking waiters",
@@ -347,6 +430,16 @@ class EventReader:
         for entry_id, raw in entries:
             entry = _text(entry_id)
             name = raw.get(b"ev")
+            if name == _MODE_STORED:
+                self.read_id = sid(entry)
+                self._release_held(client)  # the look runs on it
+                self._pubsub = self.event_mode.stored(client)
+                if self._pubsub is not None:  # what follows comes by it
+                    _connection.close_client(client)  # one connection open, as ever
+                    break
+                continue
+            if self.event_mode.undecided:
+                self.event_mode.decided()
             if (not listened and name not in _RUN_ENDS_RAW and name != b"obliterated"
                     and raw.get(b"ev:2") not in _RUN_ENDS_RAW):
                 # nobody listens and no waiter needs it: skip decoding
@@ -368,7 +461,8 @@ class EventReader:
         # min(1000, max_events) entries or more; a manual trim_events to less
         # is caught by a look every few seconds.
         now = time.monotonic()
-        if entries and (len(entries) >= self._gap_batch or now >= self._next_gap_check):
+        if entries and self._pubsub is None and (
+                len(entries) >= self.event_mode.gap_batch or now >= self._next_gap_check):
             self._next_gap_check = now + GAP_CHECK_INTERVAL
             self._detect_gap(client, since)
 

@@ -40,16 +40,13 @@ from ._fetcher import Fetcher
 from ._shard_worker import ShardedContext
 from ._shards import store_count
 from .calls import TakeArgs, WorkerScripts
-from .connection import BLOCK_CAP, blocking_client, close_subscription, cut_client
+from .connection import BLOCK_CAP, blocking_client, close_subscription, cut_client, ssubscribe
 
 logger = logging.getLogger("jobq.worker")
 
 #: Longest wait for a free pool slot before the subscriptions are read
 #: again (a cancel must reach a running job within about 100 ms).
 SLOT_WAIT = 0.1
-#: Longest wait for the confirmations of a node's subscriptions.
-SUBSCRIBE_TIMEOUT = 10.0
-
 
 class _Node:
     """One node's subscription: its client, pubsub, and shards by channel."""
@@ -60,16 +57,7 @@ class _Node:
         self.channels = channels  # channel -> (shard, is the cancel channel)
 
     def subscribe(self, stopping: Callable[[], bool]) -> None:
-        for channel in self.channels:  # one slot per SSUBSCRIBE
-            self.pubsub.ssubscribe(channel)
-        confirmed = 0
-        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-        while confirmed < len(self.channels):
-            message = self.pubsub.get_sharded_message(timeout=BLOCK_CAP)
-            if message is not None and _kind(message) == "ssubscribe":
-                confirmed += 1
-            elif stopping() or time.monotonic() > deadline:
-                raise ConnectionError("no subscribe confirmation on the shards' channels")
+        ssubscribe(self.pubsub, self.channels, stopping, "the shards' channels")
 
     def socket(self) -> Any:
         return getattr(self.pubsub.connection, "_sock", None)

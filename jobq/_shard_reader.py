@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import select
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,14 +28,11 @@ import redis
 from redis.cluster import RedisCluster
 
 from . import connection as _connection
-from ._reader import READ_COUNT, EventReader
+from ._reader import READ_COUNT, EventReader, ModeChanged
 from ._threads import BackgroundLoop
-from .connection import BLOCK_CAP, Client, blocking_client, close_subscription
+from .connection import Client, blocking_client, close_subscription, ssubscribe
 
 logger = logging.getLogger("jobq.queue_events")
-
-#: Longest wait for the confirmations of a node's subscriptions.
-SUBSCRIBE_TIMEOUT = 10.0
 
 
 class _Node:
@@ -51,16 +47,7 @@ class _Node:
         self.channels = channels  # channel -> shard
 
     def subscribe(self, stopping: Callable[[], bool]) -> None:
-        for channel in self.channels:  # one slot per SSUBSCRIBE
-            self.pubsub.ssubscribe(channel)
-        confirmed = 0
-        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-        while confirmed < len(self.channels):
-            message = self.pubsub.get_sharded_message(timeout=BLOCK_CAP)
-            if message is not None and _text(message["type"]) == "ssubscribe":
-                confirmed += 1
-            elif stopping() or time.monotonic() > deadline:
-                raise ConnectionError("no subscribe confirmation on the shards' channels")
+        ssubscribe(self.pubsub, self.channels, stopping, "the shards' channels")
 
     def socket(self) -> Any:
         return getattr(self.pubsub.connection, "_sock", None)
@@ -149,7 +136,8 @@ class ShardReader:
     def _reconnect(self, exc: Exception) -> None:
         """A failed read: report it; the next step connects again (on a
         cluster, after learning where the slots now live)."""
-        self._failed(exc)
+        if not isinstance(exc, ModeChanged):  # the settings changed: no failure
+            self._failed(exc)
         self._disconnect()
         if isinstance(self._client, RedisCluster):
             try:
@@ -166,8 +154,10 @@ class ShardReader:
 
     def _connect(self) -> None:
         client = self._client
-        modes = {reader.settings(client) for reader in self._readers}
-        if modes == {"stream"} and not isinstance(client, RedisCluster):
+        modes = {reader.event_mode.read(client) for reader in self._readers}
+        # a shard with no mode stored yet may take pub/sub: listen to them all
+        undecided = any(reader.event_mode.undecided for reader in self._readers)
+        if modes == {"stream"} and not undecided and not isinstance(client, RedisCluster):
             multi = self._multi = blocking_client(client, f"jobq-events-{self._name}")
             self._check_open()
             self._blocked = _connection.client_id(multi, self._readers[0].key)
@@ -264,6 +254,8 @@ class ShardReader:
         if shard is None:
             return
         reader = self._readers[shard]
+        if reader.event_mode.undecided:  # its first write: in which mode?
+            reader.event_mode.read(self._client)
         if reader.mode == "pubsub":
             reader.consume_message(message)
         else:

@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import redis
@@ -81,6 +81,7 @@ def resolve(connection: object) -> tuple[Client, bool]:
     if isinstance(connection, (redis.Redis, RedisCluster)):
         if connection.get_encoder().decode_responses:
             raise ValueError(_DECODING)
+        _fork.track_client(connection)  # jobq's threads use its pool too
         return connection, False
     raise TypeError(
         "connection must be None, a redis://, rediss://, unix://, redis+cluster:// or "
@@ -151,7 +152,7 @@ def clone_client(
             ClusterNode(node.host, node.port)  # type: ignore[no-untyped-call]
             for node in client.get_nodes()  # type: ignore[no-untyped-call]
         ]
-        return RedisCluster(startup_nodes=nodes, **options)
+        return _fork.track_client(RedisCluster(startup_nodes=nodes, **options))
     kwargs = dict(client.connection_pool.connection_kwargs)
     kwargs.update(retry=Retry(NoBackoff(), 0), client_name=name)
     if socket_timeout is not _KEEP:
@@ -162,7 +163,7 @@ def clone_client(
         connection_class=client.connection_pool.connection_class,
         max_connections=max_connections, **kwargs,
     )
-    return redis.Redis(connection_pool=pool)
+    return _fork.track_client(redis.Redis(connection_pool=pool))
 
 
 def blocking_client(client: Client, name: str) -> Client:
@@ -191,6 +192,29 @@ def is_transient(exc: BaseException) -> bool:
         status = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
         return status in _TRANSIENT_REPLIES
     return False
+
+
+#: Seconds a subscription's confirmations may take to come.
+SUBSCRIBE_TIMEOUT = 10.0
+
+
+def ssubscribe(pubsub: Any, channels: Iterable[Any], stopping: Callable[[], bool],
+               what: str) -> None:
+    """SSUBSCRIBE ``pubsub`` to each channel (one slot per command) and wait
+    for every confirmation: from then on no message published there is
+    missed. ConnectionError naming ``what`` when they do not all come within
+    SUBSCRIBE_TIMEOUT, or once ``stopping()``."""
+    channels = list(channels)
+    for channel in channels:
+        pubsub.ssubscribe(channel)
+    confirmed = 0
+    deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+    while confirmed < len(channels):
+        message = pubsub.get_sharded_message(timeout=BLOCK_CAP)
+        if message is not None and message["type"] in ("ssubscribe", b"ssubscribe"):
+            confirmed += 1
+        elif stopping() or time.monotonic() > deadline:
+            raise ConnectionError(f"no subscribe confirmation on {what}")
 
 
 def close_subscription(client: Client | None, pubsub: Any) -> None:

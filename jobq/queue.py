@@ -14,6 +14,7 @@ from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading
+from ._reader import tell_readers_pubsub
 from ._schedulers import QueueSchedulers
 from ._shards import mismatch
 from .calls import NewJob
@@ -198,8 +199,9 @@ class Queue(
     ) -> None:
         meta = self._context.keys.meta
         client = self._context.client
-        if event_mode is not None:
-            client.hsetnx(meta, "em", event_mode)
+        if event_mode is not None and client.hsetnx(meta, "em", event_mode) and \
+                event_mode == "pubsub":
+            tell_readers_pubsub(client, self._context.keys.events)
         stored_mode, stored_max, stored_ttl, shards = client.hmget(
             meta, ["em", "maxev", "rttl", "shards"]
         )
@@ -349,9 +351,12 @@ class Queue(
         return hook.send(self.name, [new.name for new, _, _ in prepared],
                          lambda carrier: self._write(prepared, carrier))
 
-    def _write(self, prepared: list[tuple[NewJob, dict[str, Any], Any]], trace: str) -> list[Job]:
+    def _write(self, prepared: list[tuple[NewJob, dict[str, Any], Any]], trace: str,
+               tries: int = 3) -> list[Job]:
         """Write validated jobs, a chunk per round trip; ``trace``: the trace
-        context each job stores ('' for none)."""
+        context each job stores ('' for none). A job found existing that is
+        gone when read (it ended and was removed since) is added again, up
+        to ``tries`` times: the Job returned is always one that was added."""
         result: list[Job] = []
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
@@ -363,12 +368,16 @@ class Queue(
                     f"Redis is out of memory and refused the add (used_memory > maxmemory, "
                     f"maxmemory-policy noeviction): {exc}"
                 ) from exc
-            for (new, opts, data), (job_id, duplicated, run) in zip(chunk, added, strict=True):
+            for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):
+                new, opts, data = item
                 if duplicated:
                     existing = self.get_job(job_id)
-                    if existing is not None:
-                        result.append(existing)
-                        continue
+                    if existing is None and tries:
+                        existing = self._write([item], trace, tries - 1)[0]
+                    if existing is None:
+                        raise JobqError(f"job {job_id!r} was removed while it was added again")
+                    result.append(existing)
+                    continue
                 job = Job(self._context, job_id, new.name, data, opts, timestamp)
                 job._run, job._fresh = run, True
                 result.append(job)

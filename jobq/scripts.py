@@ -28,7 +28,7 @@ from redis.exceptions import (
 )
 
 from . import _fork
-from ._coalesce import Coalescer
+from ._coalesce import Coalescer, shared
 from .connection import Client, pooled, read_by, take_connection
 
 _SCRIPT_NAMES = (
@@ -180,13 +180,16 @@ class Scripts:
         if self._coalescer is None:
             with self._coalescer_lock:
                 if self._coalescer is None:
-                    self._coalescer = Coalescer(pool)
+                    self._coalescer = shared(pool)
         return self._coalescer
 
     def close(self) -> None:
-        """Give back the connection that carries concurrent calls."""
-        if self._coalescer is not None:
-            self._coalescer.close()
+        """Give back the share of the client's coalescer (the last user to
+        do so gives back its connection)."""
+        with self._coalescer_lock:
+            coalescer, self._coalescer = self._coalescer, None
+        if coalescer is not None:
+            coalescer.leave()
 
     def refuse_calls(self) -> None:
         """Send nothing from now on: every call raises ConnectionError. A

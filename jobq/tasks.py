@@ -15,7 +15,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .options import JobOptions
 
@@ -190,10 +190,17 @@ class QueueTasks:
     _tasks: dict[str, Task[Any]]
     _context: QueueContext
 
+    @overload
+    def task(self, name: Callable[..., R], /) -> Task[R]: ...
+
+    @overload
     def task(
         self, name: str | None = None, **default_options: Any
-    ) -> Callable[[Callable[..., R]], Task[R]]:
-        """Decorate a function as a task of this queue.
+    ) -> Callable[[Callable[..., R]], Task[R]]: ...
+
+    def task(self, name: Any = None, **default_options: Any) -> Any:
+        """Decorate a function as a task of this queue: ``@queue.task``, or
+        ``@queue.task(name, **options)``.
 
         Args:
             name: the job name (default ``"<module>.<qualname>"``; in a
@@ -219,6 +226,9 @@ class QueueTasks:
             self._tasks[task_name] = task
             return task
 
+        if callable(name):  # used bare: the function itself, named by default
+            func, name = name, None
+            return decorate(func)
         return decorate
 
     @property

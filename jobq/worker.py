@@ -16,6 +16,7 @@ The Worker is an orchestrator with one lifecycle (``NEW`` -> ``RUNNING`` ->
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import logging
@@ -203,6 +204,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         self._shards = None if shards is None else validate_count(shards)
         self._routes, self._processor = _routes(processor)
         self.name = _worker_name(name)
+        self._given_name: str | None = name
         self._settings = settings = _settings(
             self.name, concurrency=concurrency, lock_duration=lock_duration,
             stalled_interval=stalled_interval, max_stalled_count=max_stalled_count,
@@ -370,7 +372,10 @@ class Worker(ListenerMethods, ClosedOnExit):
         return self.start()
 
     def _after_fork(self) -> None:
-        """In a forked child: nothing of the parent's run exists here."""
+        """In a forked child: none of the parent's run, and a worker of its
+        own (see ``_child_identity``)."""
+        self.name, self._settings, self._take_args = _child_identity(self._given_name,
+                                                                      self._settings)
         self._cond = self._pause.cond = threading.Condition()
         self._listeners.after_fork()
         self._events = None
@@ -461,6 +466,15 @@ def _handler_for(
             f"no processor for job name {job.name!r} in worker {worker!r}; it handles {known}"
         )
     return handler
+
+
+def _child_identity(given: str | None, settings: Settings) -> tuple[str, Settings, TakeTokens]:
+    """A forked child's worker name (a new one unless the name was given:
+    its own entry in the registry) and lock tokens (never its parent's: a
+    stalled parent's late finish must not pass for the child's)."""
+    name = given or _worker_name(None)
+    settings = dataclasses.replace(settings, name=name)
+    return name, settings, TakeTokens(settings)
 
 
 def _own_client(connection: object, name: str, concurrency: int) -> Any:

@@ -126,3 +126,30 @@ def test_a_closed_queue_gives_its_connection_back(
     # the caller's client keeps its pool; nothing of jobq's stays checked out
     assert len(pool._in_use_connections) == 0  # type: ignore[attr-defined]
     assert connections_named(client, name) >= 1
+
+
+def test_the_queues_of_one_client_share_its_connection(
+    named: tuple[redis.Redis, str], queue_name: str
+) -> None:
+    # one connection each would exhaust a pool (redis-py's default is 100):
+    # a dashboard, or a process with many queues, then failed every call
+    client, name = named
+    pool = client.connection_pool
+    count = pool.max_connections + 5
+    queues = [Queue(f"{queue_name}-{n}", connection=client) for n in range(count)]
+    try:
+        for queue in queues:
+            assert queue.add("x").id
+        assert len(pool._in_use_connections) == 1  # type: ignore[attr-defined]
+        for queue in queues[1:]:
+            queue.close()
+        assert queues[0].add("x").id  # the last user keeps it
+        assert len(pool._in_use_connections) == 1  # type: ignore[attr-defined]
+    finally:
+        for n, queue in enumerate(queues):
+            if n == 0:
+                queue.obliterate(force=True)
+            queue.close()
+        for n in range(1, len(queues)):
+            client.delete(*client.keys(f"jobq:{{{queue_name}-{n}}}:*"))
+    assert len(pool._in_use_connections) == 0  # type: ignore[attr-defined]

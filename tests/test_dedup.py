@@ -96,6 +96,33 @@ def test_adds_while_the_job_runs_are_deduplicated(queue: Queue, redis_url: str) 
         job.wait_until_finished(timeout=WAIT)
 
 
+@pytest.mark.parametrize("mode", [{"id": "k"}, {"id": "t", "ttl": 60}])
+def test_cancelling_a_running_job_releases_its_key_at_once(
+    queue: Queue, redis_url: str, mode: dict[str, object]
+) -> None:
+    # the cancelled run may go on for a while: an add after the cancel is new work
+    running, release = threading.Event(), threading.Event()
+
+    def processor(job: Job) -> object:
+        running.set()
+        assert release.wait(WAIT)
+        return job.data
+
+    first = queue.add("d", 1, dedup=mode)
+    with started(make_worker(queue.name, redis_url, processor)):
+        try:
+            assert running.wait(WAIT)
+            assert queue.cancel(first.id) is True
+            assert queue.get_dedup_job_id(str(mode["id"])) is None
+            second = queue.add("d", 2, dedup=mode)
+            assert second.id != first.id
+        finally:
+            release.set()
+        assert second.wait_until_finished(timeout=WAIT) == 2
+        # the cancelled run's end leaves the new owner's key alone
+        assert queue.get_dedup_job_id(str(mode["id"])) == (second.id if "ttl" in mode else None)
+
+
 @pytest.mark.parametrize(
     "how", ["remove", "cancel", "remove_dedup_key", "drain", "clean", "obliterate"]
 )

@@ -843,6 +843,32 @@ def test_pubsub_mode_end_to_end(queue_name: str, redis_url: str,
                 never.wait_until_finished(qe, timeout=0.2)
 
 
+@pytest.mark.parametrize("mode", ["pubsub", "stream"])
+def test_a_reader_started_before_the_queue_stores_its_mode_misses_nothing(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
+) -> None:
+    # the reader finds no mode stored and no event yet: whichever mode the
+    # queue's first use stores, every event after wait_until_ready comes
+    rec = Recorder()
+    with QueueEvents(queue_name, connection=redis_url) as qe:
+        qe.on_all_events(rec)
+        assert qe.wait_until_ready(WAIT)
+        with (
+            Queue(queue_name, connection=redis_url, event_mode=mode) as queue,
+            Worker(queue_name, echo, connection=redis_url),
+        ):
+            jobs = [queue.add("x", i) for i in range(3)]
+            assert [j.wait_until_finished(qe, timeout=WAIT) for j in jobs] == [0, 1, 2]
+            for job in jobs:
+                assert rec.wait_name("completed", job.id)
+                assert rec.names(job.id) == ["added", "waiting", "active", "completed"]
+            assert rec.first("added", jobs[0].id).id is None if mode == "pubsub" else True
+            # its one connection, once the mode is known (none kept aside)
+            name = f"jobq-events-{queue_name}".encode()
+            until(lambda: sum(c.get("name") == name.decode() for c in redis_client.client_list())
+                  == 1, timeout=WAIT)
+
+
 def test_pubsub_waiter_through_queue_events_shared(queue_name: str, redis_url: str) -> None:
     with (
         Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue,

@@ -160,7 +160,12 @@ def test_extension_tasks_follow_the_current_app(redis_url: str, queue_name: str)
     def shout(text: str) -> str:
         return text.upper()
 
+    @ext.task  # bare: the default queue
+    def whisper(text: str) -> str:
+        return text.lower()
+
     assert shout("here") == "HERE"  # a plain call runs here
+    assert whisper("HERE") == "here" and whisper.queue_name == "default"
     with pytest.raises(RuntimeError):
         shout.delay("x")  # no app yet
     apps = []

@@ -220,7 +220,15 @@ def _held_lock_cases(queue_name: str, redis_url: str) -> dict[str, tuple[Any, An
     JobQ(app)
     flask_state = app.extensions["jobq"]
     django_config = JobqConfig("jobq.contrib.django", django_app)
+    worker = Worker(queue_name, echo, connection=redis_url)  # its own client and pool
+    given = redis.Redis.from_url(redis_url)  # a client the application made
+    on_given = Queue(queue_name, connection=given)
+    on_given.count()
     return {
+        "worker pool": (worker, worker._context.client.connection_pool._lock,
+                        lambda: worker._context.client.ping()),
+        "given client": (on_given, given.connection_pool._lock,
+                         lambda: on_given.add("x").id),
         "scripts": (queue, scripts._coalescer_lock, lambda: queue.add("x").id),
         "dashboard cache": (cache, cache._read_lock, lambda: cache.get("k", lambda: 1)),
         "queue set": (queues, queues._lock, lambda: queues.get(queue_name).name),
@@ -230,7 +238,8 @@ def _held_lock_cases(queue_name: str, redis_url: str) -> dict[str, tuple[Any, An
 
 
 @pytest.mark.parametrize(
-    "case", ["scripts", "dashboard cache", "queue set", "flask", "django"]
+    "case",
+    ["scripts", "dashboard cache", "queue set", "flask", "django", "worker pool", "given client"],
 )
 def test_a_lock_held_by_a_parent_thread_at_the_fork_is_new_in_the_child(
     queue_name: str, redis_url: str, case: str
@@ -239,15 +248,54 @@ def test_a_lock_held_by_a_parent_thread_at_the_fork_is_new_in_the_child(
     lock taken at that instant would stay taken for ever in the child."""
     cases = _held_lock_cases(queue_name, redis_url)
     owner, lock, use = cases[case]
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:  # another thread: an RLock is not the child's to take
+        with lock:
+            held.set()
+            release.wait(WAIT)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
     try:
-        with lock:  # as a parent's thread would, at the fork
-            answer = in_child(lambda: use() is not None, timeout=5.0)
+        assert held.wait(WAIT)
+        answer = in_child(lambda: use() is not None, timeout=5.0)
         assert answer is True
     finally:
+        release.set()
+        thread.join(WAIT)
         for obj, _, _ in cases.values():
             close = getattr(obj, "close", None) or getattr(obj, "close_queues", None)
             if close is not None:
                 close()
+
+
+@pytest.mark.parametrize("parent", ["unstarted", "running"])
+def test_a_worker_started_in_a_child_is_a_worker_of_its_own(
+    queue_name: str, redis_url: str, parent: str
+) -> None:
+    """gunicorn-style prefork: the parent builds (or runs) a Worker, each
+    child starts it. Each child is a worker of its own: its own name in the
+    registry, and lock tokens no other process can hold (a stalled child's
+    late finish must never pass for the process that took its job over)."""
+    worker = Worker(queue_name, echo, connection=redis_url)
+    with Queue(queue_name, connection=redis_url) as queue, worker:
+        if parent == "unstarted":
+            worker.close()  # as a preloading master would leave it: never run
+            worker = Worker(queue_name, echo, connection=redis_url)
+        mine = worker._take_args().token
+
+        def child() -> Any:
+            with worker:  # starts it here, closes it at the end
+                assert queue.add("x", 7).wait_until_finished(timeout=WAIT) == 7
+                names = [w.name for w in queue.get_workers()]
+                return [worker.name, worker._take_args().token, names]
+
+        name, token, names = in_child(child)
+        assert name != worker.name and name in names
+        assert token[:16] != mine[:16]  # another random prefix
+        if parent == "running":  # the child's close left the parent's entry
+            assert [w.name for w in queue.get_workers()] == [worker.name]
 
 
 # -- multiprocessing with the fork start method ---------------------------------

@@ -651,6 +651,46 @@ def test_add_bulk_duplicate_custom_ids(queue: Queue, redis_client: redis.Redis) 
     assert names(stream(redis_client, queue.name, "dup-0")).count("duplicated") == 1
 
 
+class _GoneWhenRead(Queue):
+    """A queue whose next ``vanish`` reads of a job find it gone: as when
+    the job an add found existing completed and was removed (retention)
+    before the add read it back. With ``churn``, another producer adds the
+    id again right after each removal."""
+
+    vanish = 0
+    churn = False
+
+    def get_job(self, job_id: str) -> Any:
+        if not self.vanish:
+            return super().get_job(job_id)
+        self.vanish -= 1
+        self.remove(job_id)
+        if self.churn:
+            self._context.calls.add([self._prepare("x", "churned", {"job_id": job_id})[0]])
+        return None
+
+
+@pytest.mark.parametrize("churn", [False, True])
+def test_an_add_never_returns_a_job_that_was_not_added(
+    queue_name: str, redis_url: str, churn: bool
+) -> None:
+    # a made-up Job would carry the caller's data, and its wait would take
+    # another run's outcome
+    with _GoneWhenRead(queue_name, connection=redis_url) as queue:
+        queue.add("x", "old", job_id="k")
+        queue.churn, queue.vanish = churn, 1
+        job = queue.add("x", "new", job_id="k")
+        # gone: added again; else the job that is there now
+        assert job.data == ("churned" if churn else "new")
+        stored = Queue.get_job(queue, "k")
+        assert stored is not None and stored.data == job.data and queue.count() == 1
+        if churn:  # gone at every look, and back: an error, not a made-up job
+            queue.vanish = 10
+            with pytest.raises(JobqError, match="removed while it was added again"):
+                queue.add("x", "newer", job_id="k")
+            assert queue.vanish == 10 - 4  # a first look, then three tries
+
+
 # -- pause / resume ------------------------------------------------------------------
 
 
@@ -1107,7 +1147,10 @@ def test_pubsub_queue_writes_no_event_stream(
     with Queue(queue_name, connection=redis_url, event_mode="pubsub") as q:
         q.add("n")
         q.pause()
-    assert redis_client.exists(f"jobq:{{{queue_name}}}:events") == 0
+    # only the marker that moves readers begun on the stream, gone in a minute
+    key = f"jobq:{{{queue_name}}}:events"
+    assert [fields for _, fields in redis_client.xrange(key)] == [{b"ev": b"__jobq_mode__"}]
+    assert 0 < redis_client.pttl(key) <= 60_000
 
 
 def test_default_event_mode_is_stream(queue: Queue, queue_name: str, redis_url: str) -> None:

@@ -49,6 +49,24 @@ def sharded(queue_name: str, redis_url: str) -> Iterator[ShardedQueue]:
         q.obliterate(force=True)
 
 
+class Completed:
+    """A ``completed`` listener: the job ids it heard, and a bounded wait
+    for a number of them."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, event: Any) -> None:
+        with self._cond:
+            self.ids.append(event.job_id)
+            self._cond.notify_all()
+
+    def wait_for(self, count: int) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.ids) >= count, WAIT)
+
+
 def ids_on(shard: int, count: int, tag: str = "id") -> list[str]:
     """Custom ids that route to ``shard``."""
     found = []
@@ -370,6 +388,25 @@ def test_shards_drained_together_are_heard_once(
 
 
 @pytest.mark.parametrize("mode", ["stream", "pubsub"])
+def test_a_reader_started_before_the_shards_store_their_mode_misses_nothing(
+    queue_name: str, redis_url: str, mode: str
+) -> None:
+    completed = Completed()
+    with ShardedQueueEvents(queue_name, shards=SHARDS, connection=redis_url) as events:
+        events.on("completed", completed)
+        assert events.wait_until_ready(WAIT)
+        with (
+            ShardedQueue(queue_name, shards=SHARDS, connection=redis_url, event_mode=mode) as q,
+            Worker(queue_name, lambda job: job.data, connection=redis_url, shards=SHARDS),
+        ):
+            jobs = [q.add("x", i, job_id=ids_on(i % SHARDS, 1, f"m{i}")[0]) for i in range(8)]
+            assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(8))
+            assert completed.wait_for(8)
+            assert sorted(completed.ids) == sorted(job.id for job in jobs)
+            q.obliterate(force=True)
+
+
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
 def test_one_thread_and_connection_read_every_shard(
     queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
 ) -> None:
@@ -384,15 +421,8 @@ def test_one_thread_and_connection_read_every_shard(
         assert events.connections == 1
         named = [c for c in redis_client.client_list() if c["name"] == f"jobq-events-{queue_name}"]
         assert len(named) == 1
-        seen: list[str] = []
-        got = threading.Condition()
-
-        def on_completed(event: Any) -> None:
-            with got:
-                seen.append(event.job_id)
-                got.notify_all()
-
-        events.on("completed", on_completed)
+        completed = Completed()
+        events.on("completed", completed)
         jobs = [queue.add("x", i, job_id=f"order-{i}") for i in range(8)]
         jobs += queue.add_bulk([{"name": "x", "data": 10 + i} for i in range(16)])
         def handler(job: Job) -> Any:  # a worker's job names the sharded queue too
@@ -402,9 +432,8 @@ def test_one_thread_and_connection_read_every_shard(
             assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [
                 *range(8), *range(10, 26)
             ]
-            with got:
-                assert got.wait_for(lambda: len(seen) == len(jobs), WAIT)
-        assert sorted(seen) == sorted(j.id for j in jobs)
+            assert completed.wait_for(len(jobs))
+        assert sorted(completed.ids) == sorted(j.id for j in jobs)
         assert {shard_of(j.id, 8) for j in jobs} == set(range(8))
         # the waits went through it too: no reader of a shard was started
         now = sorted(t.name for t in threading.enumerate() if t.name not in before)

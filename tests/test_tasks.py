@@ -10,6 +10,7 @@ import pytest
 
 import jobq
 from jobq import Job, Queue, SerializationError, Worker
+from jobq.tasks import Task
 
 WAIT = 20.0
 
@@ -27,6 +28,19 @@ def test_a_task_is_added_run_by_a_worker_and_its_result_awaited(queue: Queue) ->
     assert job.data == {"args": ["you"], "kwargs": {"punctuation": "?"}}
     with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
         assert job.wait_until_finished(timeout=WAIT) == "hello you?"
+
+
+def test_the_decorator_works_bare_as_in_celery(queue: Queue) -> None:
+    @queue.task
+    def double(n: int) -> int:
+        return 2 * n
+
+    assert isinstance(double, Task)
+    assert double(2) == 4
+    assert double.name.endswith(".<locals>.double")
+    job = double.delay(5)
+    with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+        assert job.wait_until_finished(timeout=WAIT) == 10
 
 
 def test_enqueue_takes_job_options_over_the_task_defaults(queue: Queue) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, overload
 
 import click
 from flask import Flask, current_app
@@ -127,11 +127,18 @@ class JobQ:
         to ``JobQ(app)``."""
         return self._state().get(name)
 
+    @overload
+    def task(self, name: Callable[..., R], /) -> AppTask[R]: ...
+
+    @overload
     def task(
         self, name: str | None = None, *, queue: str = "default", **default_options: Any
-    ) -> Callable[[Callable[..., R]], AppTask[R]]:
+    ) -> Callable[[Callable[..., R]], AppTask[R]]: ...
+
+    def task(self, name: Any = None, *, queue: str = "default", **default_options: Any) -> Any:
         """Decorate a function as a task of the app's queue ``queue``, with no
-        app needed yet (an application factory calls ``init_app`` later).
+        app needed yet (an application factory calls ``init_app`` later):
+        ``@jobq_ext.task``, or ``@jobq_ext.task(name, queue=..., **options)``.
 
         As ``Queue.task`` (``name``, job options), but the task adds to the
         queue of the current app, or of the app given to ``JobQ(app)``;
@@ -153,6 +160,9 @@ class JobQ:
             self._declared.append(declared)
             return declared
 
+        if callable(name):  # used bare: the function itself, named by default
+            func, name = name, None
+            return decorate(func)
         return decorate
 
     def close(self) -> None:

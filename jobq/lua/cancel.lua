@@ -17,15 +17,19 @@
            attempt, metrics, cancelled=1) for a job not running; cancelled
            (prev active) only for a running one (its failed comes when the
            attempt ends)
+  Dedup    releases the job's dedup key, whatever its mode, at once (a
+           running job's too: an add after the cancel makes a new job)
   Pub/sub  SPUBLISH <base>cancels <job id>, for a running job
 ]]
 local id, reason = ARGV[1], ARGV[2]
 local jk = job_key(id)
-local f = redis.call('HMGET', jk, 'state', 'cx', 'atm')
+local f = redis.call('HMGET', jk, 'state', 'cx', 'atm', 'ddk', 'ddt')
 local state = f[1]
 if not state or state == 'completed' or state == 'failed' then return 0 end
 if state == 'active' then
   if f[2] then return 2 end  -- being cancelled already
+  -- its dedup key goes now: an add after the cancel makes a new job
+  release_dedup(id, f[4], f[5], true)
   redis.call('HSET', jk, 'cx', reason)
   emit('cancelled', id, { 'reason', reason, 'prev', 'active' })
   redis.call('SPUBLISH', base .. 'cancels', id)

@@ -23,12 +23,10 @@ imports::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jobq import Queue
-    from jobq.tasks import Task
 
 __all__ = ["close_queues", "get_queue", "task"]
 
@@ -62,8 +60,7 @@ def close_queues() -> None:
     _config().close_queues()
 
 
-def task(
-    name: str | None = None, *, queue: str = "default", **default_options: Any
-) -> Callable[[Callable[..., Any]], Task[Any]]:
-    """``get_queue(queue).task(name, **default_options)``."""
+def task(name: Any = None, *, queue: str = "default", **default_options: Any) -> Any:
+    """``get_queue(queue).task(name, **default_options)``; bare, ``@task``
+    makes the function a task of the default queue."""
     return get_queue(queue).task(name, **default_options)
