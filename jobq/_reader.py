@@ -152,6 +152,7 @@ class EventMode:
         self.undecided = False
         self.gap_batch = 1000  # a read this long may follow a trimmed gap
         self.standby: Any = None
+        self._standby_client: Any = None  # its client (a cluster's has more connections)
 
     def read(self, client: Client) -> str:
         """Read the queue's event mode (returned) and stream length."""
@@ -187,7 +188,7 @@ class EventMode:
             raise
         if self.undecided and self.read(client) == "stream":
             if self.undecided:
-                self.standby = pubsub
+                self.standby, self._standby_client = pubsub, own
             else:  # an event was written: the queue uses its stream
                 _connection.close_subscription(own, pubsub)
             return None
@@ -210,8 +211,8 @@ class EventMode:
         self.undecided = False
 
     def close(self) -> None:
-        _connection.close_subscription(None, self.standby)
-        self.standby = None
+        _connection.close_subscription(self._standby_client, self.standby)
+        self.standby = self._standby_client = None
 
 
 class EventReader:
