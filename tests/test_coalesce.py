@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -129,11 +130,12 @@ def test_a_closed_queue_gives_its_connection_back(
 
 
 def test_the_queues_of_one_client_share_its_connection(
-    named: tuple[redis.Redis, str], queue_name: str
+    redis_server: Any, queue_name: str
 ) -> None:
-    # one connection each would exhaust a pool (redis-py's default is 100):
+    # one connection each would exhaust a pool (redis-py 6's default is 100):
     # a dashboard, or a process with many queues, then failed every call
-    client, name = named
+    resp3 = {"protocol": 3} if os.environ.get("JOBQ_TEST_RESP3") == "1" else {}
+    client = redis_server.client(max_connections=20, **resp3)
     pool = client.connection_pool
     count = pool.max_connections + 5
     queues = [Queue(f"{queue_name}-{n}", connection=client) for n in range(count)]
@@ -153,3 +155,4 @@ def test_the_queues_of_one_client_share_its_connection(
         for n in range(1, len(queues)):
             client.delete(*client.keys(f"jobq:{{{queue_name}-{n}}}:*"))
     assert len(pool._in_use_connections) == 0  # type: ignore[attr-defined]
+    client.close()
