@@ -464,6 +464,7 @@ class Runner:
         record = dict(zip(flat[::2], flat[1::2], strict=False))
         try:
             job = Job.from_record(self._context, attempt.job_id, record)
+            job.data  # noqa: B018 - decoded here: data that cannot be fails the attempt
             timeout = job.opts.get("timeout")
             seconds = float(timeout) if timeout else None
         except Exception as exc:

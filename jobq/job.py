@@ -52,6 +52,41 @@ def _new_lock_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
+class _Stored:
+    """A value as stored (msgpack bytes), with what to call it in an error."""
+
+    __slots__ = ("packed", "what")
+
+    def __init__(self, packed: bytes, what: str) -> None:
+        self.packed, self.what = packed, what
+
+
+class _UserValue:
+    """A user's value of a job (data, result, progress) read from its record
+    and decoded when first read: one value this process cannot decode (an
+    extension type registered only where it was written) fails that read,
+    not the reading of the record, so a listing of jobs or the worker's
+    failing of the attempt still reach the job."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = "_" + name
+
+    def __get__(self, job: Any, owner: type | None = None) -> Any:
+        if job is None:
+            return self
+        value = job.__dict__[self._slot]
+        if type(value) is _Stored:  # raises SerializationError each time, until replaced
+            value = job.__dict__[self._slot] = serializer.decode(value.packed, value.what)
+        return value
+
+    def __set__(self, job: Any, value: Any) -> None:
+        job.__dict__[self._slot] = value
+
+
+def _stored(packed: bytes | None, what: str) -> Any:
+    return None if packed is None else _Stored(packed, what)
+
+
 class Job(JobFlow):
     """A job of a queue, as last read from Redis.
 
@@ -62,11 +97,17 @@ class Job(JobFlow):
     ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``,
     ``parent`` (``(queue, id)`` of its parent in a flow, or None).
     Times are epoch seconds (server clock); durations are seconds.
+    ``data``, ``return_value`` and ``progress`` are decoded when first read:
+    a value that cannot be decoded here raises ``SerializationError`` there.
 
     Inside a processor, ``cancelled`` is set when the job was cancelled
     (``Queue.cancel``), the attempt timed out or the worker lost the job's
     lock: a cooperative handler may stop early.
     """
+
+    data = _UserValue()
+    return_value = _UserValue()
+    progress = _UserValue()
 
     def __init__(
         self,
@@ -87,8 +128,8 @@ class Job(JobFlow):
         self.priority: int = int(self.opts.get("priority", 0))
         self.attempts_made = 0
         self.stalled_counter = 0
-        self.progress: Any = None
-        self.return_value: Any = None
+        self.progress = None
+        self.return_value = None
         self.failed_reason: str | None = None
         self.exc_type: str | None = None
         self.stacktrace: list[str] = []
@@ -122,7 +163,7 @@ class Job(JobFlow):
     def _load(self, record: Mapping[bytes, bytes]) -> None:
         get = record.get
         self.name = _s(get(b"name")) or self.name
-        self.data = serializer.decode(get(b"data"), f"data of job {self.id!r}")
+        self.data = _stored(get(b"data"), f"data of job {self.id!r}")
         opts = serializer.decode(get(b"opts"), f"options of job {self.id!r}")
         self.opts = from_stored(opts) if isinstance(opts, dict) else {}
         self.timestamp = _f(get(b"ts"))
@@ -130,8 +171,8 @@ class Job(JobFlow):
         self.priority = int(get(b"priority") or 0)
         self.attempts_made = int(get(b"atm") or 0)
         self.stalled_counter = int(get(b"stc") or 0)
-        self.progress = serializer.decode(get(b"prog"), "progress")
-        self.return_value = serializer.decode(get(b"rv"), "return value")
+        self.progress = _stored(get(b"prog"), f"progress of job {self.id!r}")
+        self.return_value = _stored(get(b"rv"), f"return value of job {self.id!r}")
         self.failed_reason = _s(get(b"fr"))
         self.exc_type = _s(get(b"et")) or None
         stacktrace = serializer.decode(get(b"st"), "stack trace")

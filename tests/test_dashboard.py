@@ -649,6 +649,13 @@ def test_a_sharded_queue_shows_as_one_queue(client: Any, queue_name: str, redis_
         assert all(f"id={job.id}" in listed for job in jobs)
         page = client.get(f"/job?q={sharded.name}&id={jobs[5].id}")
         assert page.status_code == 200 and jobs[5].id in text(page)
+        # one record that cannot be read hid every job of its list (500)
+        shard = sharded.shard_for(jobs[3].id)._context
+        shard.redis.hset(shard.keys.job(jobs[3].id), "data", b"\xc1")
+        response = client.get(f"/jobs?q={sharded.name}&state=waiting")
+        listed = text(response)
+        assert response.status_code == 200 and all(f"id={job.id}" in listed for job in jobs)
+        assert listed.count("record cannot be read") == 1
         act(client, sharded, "pause")  # type: ignore[arg-type]
         assert sharded.is_paused()
         sharded.obliterate()

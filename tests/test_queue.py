@@ -429,6 +429,33 @@ def test_get_jobs_returns_full_records(queue: Queue) -> None:
     assert job.opts["attempts"] == 3
 
 
+def test_a_value_that_cannot_be_decoded_here_hides_no_other_job(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A value written with an extension type this process does not
+    register (or not msgpack at all) made get_jobs raise: no job of the
+    list could be reached, the bad one not even to remove it."""
+    import msgpack
+
+    foreign = msgpack.packb(msgpack.ExtType(99, b"a type registered elsewhere"))
+    good = queue.add("good", {"k": 1})
+    bad = queue.add("bad", 2)
+    redis_client.hset(queue._context.keys.job(bad.id), mapping={"data": foreign, "prog": b"\xc1"})
+    jobs = {job.id: job for job in queue.get_jobs("waiting")}
+    assert set(jobs) == {good.id, bad.id}
+    assert jobs[good.id].data == {"k": 1}
+    for value in ("data", "progress"):
+        with pytest.raises(SerializationError, match=f"of job '{bad.id}' could not be decoded"):
+            getattr(jobs[bad.id], value)
+    assert jobs[bad.id].return_value is None
+    found = queue.get_job(bad.id)
+    assert found is not None and found.name == "bad"
+    found.update_data(3)  # a value set replaces the stored one
+    assert found.data == 3 and queue.get_job(bad.id).data == 3  # type: ignore[union-attr]
+    found.remove()
+    assert [job.id for job in queue.get_jobs("waiting")] == [good.id]
+
+
 # -- ordering ------------------------------------------------------------------
 
 

@@ -153,11 +153,26 @@ def read_job(context: QueueContext, job_id: str, record: dict[bytes, bytes]
              ) -> Job | UnreadableJob:
     """The job of a record, or an :class:`UnreadableJob` saying why it cannot be read."""
     try:
-        return Job.from_record(context, job_id, record)
+        return _decoded(Job.from_record(context, job_id, record))
     except Exception as exc:  # a record written by hand or another version can hold anything
         fields = {k.decode("utf-8", "backslashreplace"): v.decode("utf-8", "backslashreplace")
                   for k, v in record.items()}
         return UnreadableJob(job_id, fields, f"{type(exc).__name__}: {exc}")
+
+
+def _decoded(job: Job) -> Job:
+    """``job``, its values decoded now (a page shows them): raises when one cannot be."""
+    job.data, job.return_value, job.progress  # noqa: B018 - read to decode
+    return job
+
+
+def _checked(queue: ShardedQueue, job: Job) -> Job | UnreadableJob:
+    """A job of a sharded listing, or its record's :class:`UnreadableJob`."""
+    try:
+        return _decoded(job)
+    except Exception:
+        shard = queue.shard_for(job.id)._context
+        return read_job(shard, job.id, shard.redis.hgetall(shard.keys.job(job.id)))
 
 
 @dataclass(frozen=True)
@@ -186,7 +201,7 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
         total = queue.get_job_counts(state)[state]
         newest_first = state in ("completed", "failed")
         found = queue.get_jobs(state, start, start + PAGE_SIZE - 1, asc=not newest_first)
-        return JobPage(state, page, total, list(found))
+        return JobPage(state, page, total, [_checked(queue, job) for job in found])
     context = queue._context
     keys = context.keys
     client = context.redis
