@@ -789,3 +789,23 @@ def test_a_worker_closed_by_its_own_listener_closes_fully(
     assert [r.getMessage() for r in caplog.records] == []
     names = [c["name"] for c in redis_client.client_list()]
     assert not [n for n in names if "closes-itself" in n], names
+
+
+@pytest.mark.parametrize("state", ["completed", "failed", "active", "delayed"])
+def test_an_id_in_the_wait_list_whose_record_is_elsewhere_is_not_run_again(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, state: str
+) -> None:
+    """A take ran any listed id whose record existed: an id pushed twice (a
+    flow naming one job twice did) ran a finished job again, or one already
+    running a second time at once."""
+    job = queue.add("once", 1, job_id="once")
+    # the record as that state leaves it; its id listed as waiting all the same
+    redis_client.hset(queue._context.keys.job(job.id), "state", state)
+    queue.add("next", 2)
+    ran: list[str] = []
+    with make_worker(queue.name, redis_url, lambda j: ran.append(j.name)) as worker:
+        worker.start()
+        until(lambda: "next" in ran, WAIT)
+    assert ran == ["next"]  # the listed id came first
+    assert queue.get_job_state(job.id) == state
+    assert queue.get_job_counts("waiting")["waiting"] == 0

@@ -623,8 +623,10 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
     end
   end
 
-  -- the first listed id whose record exists (a removed job's id may linger)
-  local id, rec
+  -- the first listed id whose record exists and is waiting: a removed job's
+  -- id may linger, and one whose record says it is elsewhere (active,
+  -- finished, delayed, waiting for children) is not to run from here
+  local id, rec, atm, sch, slot
   for _ = 1, 100 do
     id = redis.call('RPOP', K_WAIT)
     if not id then
@@ -635,28 +637,30 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
       end
     end
     rec = redis.call('HGETALL', job_key(id))
-    if rec[1] then break end
+    local state
+    atm, sch, slot = 0, nil, nil
+    for i = 1, #rec, 2 do
+      local field = rec[i]
+      if field == 'state' then
+        state = rec[i + 1]
+      elseif field == 'atm' then
+        atm = tonumber(rec[i + 1]) or 0
+      elseif field == 'sch' then
+        sch = rec[i + 1]
+      elseif field == 'slot' then
+        slot = rec[i + 1]
+      end
+    end
+    if rec[1] and (state == nil or state == 'waiting') then break end
     rec = nil
   end
-  if not rec then  -- only ids of removed jobs so far: look again at once
+  if not rec then  -- only ids not to take so far: look again at once
     mark_ready()
     return { 0, 0 }
   end
 
   if limit_max > 0 and redis.call('INCR', K_LIMITER) == 1 then
     redis.call('PEXPIRE', K_LIMITER, limit_ms)
-  end
-
-  local atm, sch, slot = 0, nil, nil
-  for i = 1, #rec, 2 do
-    local field = rec[i]
-    if field == 'atm' then
-      atm = tonumber(rec[i + 1]) or 0
-    elseif field == 'sch' then
-      sch = rec[i + 1]
-    elseif field == 'slot' then
-      slot = rec[i + 1]
-    end
   end
   local pon = fmt(now)
   _took = true
