@@ -45,9 +45,9 @@ FOLLOWER_MARGIN = 30.0
 class _Call:
     __slots__ = ("packed", "done", "finished", "value", "error")
 
-    def __init__(self, packed: bytes) -> None:
+    def __init__(self, packed: bytes, done: threading.Event | None) -> None:
         self.packed = packed
-        self.done = threading.Event()
+        self.done = done  # a follower's; a leader needs none
         self.finished = False  # else, once done is set: lead the next batch
         self.value: Any = None
         self.error: BaseException | None = None
@@ -58,8 +58,9 @@ def _ready(connection: Any) -> None:
     idle (what a pool checks before it lends one): a call must not be sent
     on a socket that cannot answer, or a call that never ran would fail."""
     try:
-        connection.connect()
-        if connection.can_read():  # bytes nobody asked for
+        if connection._sock is None:  # redis-py's connect() costs a retry wrapper even then
+            connection.connect()
+        elif connection.can_read():  # bytes nobody asked for, or closed by the server
             raise ConnectionError("the connection has unread data")
     except (ConnectionError, TimeoutError, OSError):  # or closed by the server
         connection.disconnect()
@@ -113,12 +114,15 @@ class Coalescer:
 
     def call(self, packed: bytes) -> Any:
         """Send one packed command; return its reply (raise its error)."""
-        call = _Call(packed)
+        # an Event only for a call that will wait (a lone caller makes none)
+        call = _Call(packed, threading.Event() if self._leading else None)
         with self._lock:
             self._queued.append(call)
             lead = not self._leading
             self._leading = True
-        if not lead:
+            if not lead and call.done is None:
+                call.done = threading.Event()
+        if not lead and call.done is not None:  # a follower: woken by its batch's leader
             if not call.done.wait(self._wait):
                 raise TimeoutError("no reply from the server within the batch's time")
             lead = not call.finished  # woken to lead the next batch
@@ -153,12 +157,13 @@ class Coalescer:
                     call.error, call.finished = exc, True
         finally:
             for call in batch:
-                call.done.set()
+                if call.done is not None:
+                    call.done.set()
             with self._lock:
                 successor = self._queued[0] if self._queued else None
                 if successor is None:
                     self._leading = False
-            if successor is not None:  # it leads the next batch
+            if successor is not None and successor.done is not None:  # it leads the next batch
                 successor.done.set()
 
     def leave(self) -> None:

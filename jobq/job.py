@@ -66,25 +66,25 @@ class _UserValue:
     and decoded when first read: one value this process cannot decode (an
     extension type registered only where it was written) fails that read,
     not the reading of the record, so a listing of jobs or the worker's
-    failing of the attempt still reach the job."""
+    failing of the attempt still reach the job. Decoded, the value is the
+    instance's own attribute (as with functools.cached_property): reading
+    or setting it costs nothing more."""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self._slot = "_" + name
+        self._name, self._stored = name, "_stored_" + name
 
     def __get__(self, job: Any, owner: type | None = None) -> Any:
         if job is None:
             return self
-        value = job.__dict__[self._slot]
-        if type(value) is _Stored:  # raises SerializationError each time, until replaced
-            value = job.__dict__[self._slot] = serializer.decode(value.packed, value.what)
+        stored = job.__dict__.get(self._stored)
+        value = None if stored is None else serializer.decode(stored.packed, stored.what)
+        job.__dict__[self._name] = value  # raised above: decoded again at the next read
         return value
 
-    def __set__(self, job: Any, value: Any) -> None:
-        job.__dict__[self._slot] = value
-
-
-def _stored(packed: bytes | None, what: str) -> Any:
-    return None if packed is None else _Stored(packed, what)
+    def load(self, job: Any, packed: bytes | None, what: str) -> None:
+        """Give ``job`` the value as stored, to be decoded when first read."""
+        job.__dict__.pop(self._name, None)
+        job.__dict__[self._stored] = None if packed is None else _Stored(packed, what)
 
 
 class Job(JobFlow):
@@ -163,7 +163,7 @@ class Job(JobFlow):
     def _load(self, record: Mapping[bytes, bytes]) -> None:
         get = record.get
         self.name = _s(get(b"name")) or self.name
-        self.data = _stored(get(b"data"), f"data of job {self.id!r}")
+        Job.data.load(self, get(b"data"), f"data of job {self.id!r}")
         opts = serializer.decode(get(b"opts"), f"options of job {self.id!r}")
         self.opts = from_stored(opts) if isinstance(opts, dict) else {}
         self.timestamp = _f(get(b"ts"))
@@ -171,8 +171,8 @@ class Job(JobFlow):
         self.priority = int(get(b"priority") or 0)
         self.attempts_made = int(get(b"atm") or 0)
         self.stalled_counter = int(get(b"stc") or 0)
-        self.progress = _stored(get(b"prog"), f"progress of job {self.id!r}")
-        self.return_value = _stored(get(b"rv"), f"return value of job {self.id!r}")
+        Job.progress.load(self, get(b"prog"), f"progress of job {self.id!r}")
+        Job.return_value.load(self, get(b"rv"), f"return value of job {self.id!r}")
         self.failed_reason = _s(get(b"fr"))
         self.exc_type = _s(get(b"et")) or None
         stacktrace = serializer.decode(get(b"st"), "stack trace")

@@ -166,6 +166,7 @@ class Scripts:
     def __init__(self, client: Client) -> None:
         _library()  # a broken script fails here, not on first use
         self._client = client
+        self._plain = pooled(client)  # its calls go through the coalescer
         self._coalescer: Coalescer | None = None
         self._coalescer_lock = threading.Lock()
         self._refusing = False
@@ -226,7 +227,8 @@ class Scripts:
         """
         self._check_open()
         target = client or self._client
-        if isinstance(target, RedisCluster) and name not in RESENDABLE:
+        plain = self._plain if client is None else pooled(client)
+        if not plain and isinstance(target, RedisCluster) and name not in RESENDABLE:
             # the slot's node directly, so that the cluster client's own
             # retries cannot resend the script. When nothing was sent (MOVED,
             # ASK, a cluster going down, or no connection to the node) the
@@ -247,7 +249,7 @@ class Scripts:
                         pass
                     finally:
                         node_pool.release(node_connection)
-        if pooled(target):
+        if plain:
             pool = target.connection_pool
             if client is None:
                 command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
