@@ -255,11 +255,13 @@ local function delete_job(id, removed, resolved)
   end
 end
 
--- Add a finished job to its set and apply a retention rule:
+-- Add a finished job to its set (scored by the whole ms: a small sorted
+-- set keeps whole scores as integers, where it parses a fraction from text
+-- for every score an insert passes) and apply a retention rule:
 -- count < 0 keeps all, count > 0 keeps the newest `count`; age_ms > 0 also
 -- removes jobs finished more than age_ms ago. Removes at most 1000 per call.
 local function retain(set, id, finished, count, age_ms)
-  redis.call('ZADD', set, fmt(finished), id)
+  redis.call('ZADD', set, int(math.floor(finished)), id)
   if age_ms > 0 then
     local old = redis.call('ZRANGEBYSCORE', set, '-inf', finished - age_ms, 'LIMIT', '0', '1000')
     for _, oid in ipairs(old) do
@@ -664,7 +666,7 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   end
   local pon = fmt(now)
   _took = true
-  redis.call('ZADD', K_ACTIVE, pon, id)
+  redis.call('ZADD', K_ACTIVE, int(math.floor(now)), id)  -- whole ms: see retain
   redis.call('SET', lock_key(id), token, 'PX', lock_ms)
   redis.call('HSET', job_key(id), 'state', 'active', 'pon', pon, 'pb', worker, 'tok', token)
   emit('active', id, { 'attempt', int(atm + 1), 'worker', worker, 'prev', 'waiting' })
