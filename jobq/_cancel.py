@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._threads import BackgroundLoop
+from ._threads import BackgroundLoop, reached
 from .connection import (
     BLOCK_CAP,
     Client,
@@ -106,6 +106,7 @@ class CancelListener:
         try:
             if self._pubsub is None:
                 self._connect()
+                reached()
             message = self._pubsub.get_sharded_message(timeout=BLOCK_CAP)
             if message is None:
                 return 0.0

@@ -17,7 +17,7 @@ from typing import Any
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._checks import warn_if_evicting
 from ._context import QueueContext
-from ._threads import BackgroundLoop
+from ._threads import BackgroundLoop, reached
 from .calls import TakeArgs, WorkerScripts
 from .connection import (
     BLOCK_CAP,
@@ -134,6 +134,7 @@ class Fetcher:
             wait = self._fetch()
             if wait is not None:
                 return wait
+            reached()  # the take reached the server, whatever becomes of the block
         wait = min(BLOCK_CAP, self._drain_delay)
         if self._due_at is not None:
             wait = min(wait, self._due_at - time.monotonic())

@@ -20,7 +20,7 @@ from . import connection as _connection
 from . import events as _events
 from . import serializer
 from ._context import QueueContext
-from ._threads import BackgroundLoop
+from ._threads import BackgroundLoop, reached
 from ._waiters import (
     CHECKPOINT,
     MISSING,
@@ -328,6 +328,7 @@ class EventReader:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     OSError) as exc:
                 raise self.connect_failed(exc) from exc
+            reached()
         if self._pubsub is not None:
             self._read_pubsub(self._pubsub)
         else:

@@ -39,6 +39,7 @@ from ._cancel import check_marks
 from ._fetcher import Fetcher
 from ._shard_worker import ShardedContext
 from ._shards import store_count
+from ._threads import reached
 from .calls import TakeArgs, WorkerScripts
 from .connection import BLOCK_CAP, blocking_client, close_subscription, cut_client, ssubscribe
 
@@ -192,6 +193,7 @@ class ShardFetcher(Fetcher):
             return 0.0
         if not self._nodes:
             self._subscribe()
+            reached()
         now = time.monotonic()
         if now - self._looked >= self._drain_delay:
             self._signalled = set(range(self._context.count))

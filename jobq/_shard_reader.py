@@ -29,7 +29,7 @@ from redis.cluster import RedisCluster
 
 from . import connection as _connection
 from ._reader import READ_COUNT, EventReader, ModeChanged
-from ._threads import BackgroundLoop
+from ._threads import BackgroundLoop, reached
 from .connection import Client, blocking_client, close_subscription, ssubscribe
 
 logger = logging.getLogger("jobq.queue_events")
@@ -127,6 +127,7 @@ class ShardReader:
                     OSError) as exc:
                 errors = [reader.connect_failed(exc) for reader in self._readers]
                 raise errors[0] from exc
+            reached()
         if self._multi is not None:
             self._read_all(self._multi)
         else:

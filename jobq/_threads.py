@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import redis
+
 logger = logging.getLogger(__name__)
 
 
@@ -69,6 +71,25 @@ class RetryBackoff:
         return self._failures
 
 
+#: Failures that say a connection was lost (redis-py's ConnectionError and
+#: TimeoutError derive from none of them but their own base; OSError: a socket).
+DROPPED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+_running = threading.local()  # the BackgroundLoop of this thread, if any
+
+
+def reached() -> None:
+    """Tell the BackgroundLoop running this thread that its step has made
+    its connection and used it: if the connection drops later in the step,
+    that is the first failure in a row, retried after the shortest wait.
+    Without it, a connection dropped again and again while it waits (a
+    proxy's idle timeout, CLIENT KILL) would wait longer each time, as for
+    a server that cannot be reached."""
+    loop = getattr(_running, "loop", None)
+    if loop is not None:
+        loop._reached = True
+
+
 class BackgroundLoop:
     """A named daemon thread that runs ``step()`` until ``stop()``.
 
@@ -98,6 +119,7 @@ class BackgroundLoop:
         self._on_exit = on_exit
         self._log = log
         self._backoff = RetryBackoff(cap=cap)
+        self._reached = False  # see reached()
         # a stop Event of the owner's: the loop also ends when it is set
         # (then its waits are on it, and wake() has no effect)
         self._stop = stop or threading.Event()
@@ -132,9 +154,11 @@ class BackgroundLoop:
         self._run()
 
     def _run(self) -> None:
+        _running.loop = self
         try:
             self._loop()
         finally:
+            _running.loop = None
             if self._on_exit is not None:
                 self._on_exit()
 
@@ -142,12 +166,15 @@ class BackgroundLoop:
         while not self._stop.is_set():
             if self._wake is not self._stop:
                 self._wake.clear()  # before the step, so no wake-up is lost
+            self._reached = False
             try:
                 wait = self._step()
                 self._backoff.reset()
             except Exception as exc:
                 if self._stop.is_set():
                     break
+                if self._reached and isinstance(exc, DROPPED):
+                    self._backoff.reset()  # made again, then dropped: not in a row
                 wait = self._backoff.next()
                 failures = self._backoff.failures
                 if failures <= 3 or failures % 20 == 0:

@@ -349,21 +349,6 @@ class Job(JobFlow):
 
     # -- waiting ----------------------------------------------------------
 
-    def _events(self, queue_events: QueueEvents | None) -> QueueEvents:
-        if queue_events is None:
-            return self._context.shared_events()
-        reader_for = getattr(queue_events, "reader_for", None)
-        if reader_for is not None:  # a ShardedQueueEvents: the reader of the job's shard
-            queue_events = reader_for(self.id)
-        if (queue_events.name, queue_events.prefix) != (self._context.name, self._context.prefix):
-            # ids are per queue: another queue's reader would answer for its own job
-            raise ValueError(
-                f"job {self.id!r} of queue {self._context.name!r} (prefix "
-                f"{self._context.prefix!r}) cannot be waited for through the QueueEvents of "
-                f"queue {queue_events.name!r} (prefix {queue_events.prefix!r})"
-            )
-        return queue_events
-
     def wait_until_finished(
         self, queue_events: QueueEvents | None = None, *, timeout: float | None = None
     ) -> Any:
@@ -385,13 +370,31 @@ class Job(JobFlow):
                 reached the server (its last attempt failed); the message
                 names the server, password hidden.
         """
-        events = self._events(queue_events)
+        events = _events_for(self, queue_events)
         fresh, self._fresh = self._fresh, False
         return events.wait_for(self.id, timeout, self._run, fresh=fresh)
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
         """A Future resolved with the job's result (or its failure) by the reader."""
-        events = self._events(queue_events)
+        events = _events_for(self, queue_events)
         self._fresh = False
         return events.future_for(self.id, self._run)
 
+
+def _events_for(job: Job, queue_events: QueueEvents | None) -> QueueEvents:
+    """The reader a wait on ``job`` goes through: ``queue_events``, else its
+    queue's shared one (of a ShardedQueueEvents: the reader of its shard)."""
+    context = job._context
+    if queue_events is None:
+        return context.shared_events()
+    reader_for = getattr(queue_events, "reader_for", None)
+    if reader_for is not None:  # a ShardedQueueEvents: the reader of the job's shard
+        queue_events = reader_for(job.id)
+    if (queue_events.name, queue_events.prefix) != (context.name, context.prefix):
+        # ids are per queue: another queue's reader would answer for its own job
+        raise ValueError(
+            f"job {job.id!r} of queue {context.name!r} (prefix "
+            f"{context.prefix!r}) cannot be waited for through the QueueEvents of "
+            f"queue {queue_events.name!r} (prefix {queue_events.prefix!r})"
+        )
+    return queue_events

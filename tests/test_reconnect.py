@@ -1,0 +1,112 @@
+"""A background loop whose connection is dropped after it was made again
+retries at once: the backoff is for a server that cannot be reached, not
+for one that accepted the loop and later closed its connection (a proxy's
+idle timeout, CLIENT KILL, a failover). Each loop used to count every
+drop during its blocking read as one more failure in a row, so that a
+connection dropped a few times while idle left the reader (or the worker's
+fetch or cancel loop) waiting seconds before it read again."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+import redis
+
+from jobq import Queue, QueueEvents, Worker
+from tests.polling import until
+
+WAIT = 20.0
+DROPS = 6
+
+
+def _blocked(admin: redis.Redis, name: str, command: str) -> dict[str, Any] | None:
+    """The connection named ``name`` once it is back in its blocking read."""
+    for client in admin.client_list():
+        if client["name"] == name and client["cmd"] == command:
+            return client
+    return None
+
+
+def _in_a_row(records: list[logging.LogRecord], who: str) -> list[int]:
+    counts = []
+    for record in records:
+        message = record.getMessage()
+        found = re.search(r"\((\d+) in a row\)", message)
+        if who in message and found:
+            counts.append(int(found.group(1)))
+    return counts
+
+
+@pytest.fixture
+def admin(redis_server: Any) -> Iterator[redis.Redis]:
+    client = redis_server.client(decode_responses=True)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _component(case: str, queue: Queue, redis_url: str) -> tuple[
+        AbstractContextManager[Any], Callable[[], Any], str, str, str]:
+    """What to open and how to start it, the name its connection carries,
+    the command it blocks in, and the name its failures are logged under."""
+    if case == "events reader":
+        events = QueueEvents(queue.name, connection=redis_url)
+        return (events, lambda: events.wait_until_ready(WAIT), f"jobq-events-{queue.name}",
+                "xread", f"events reader of {queue.name!r}")
+    worker = Worker(queue.name, lambda job: None, connection=redis_url)
+    if case == "worker fetch":
+        return (worker, worker.start, f"jobq-fetch-{worker.name}", "bzpopmin",
+                f"jobq-fetch-{queue.name}")
+    return (worker, worker.start, f"jobq-cancel-{queue.name}", "ssubscribe",
+            f"jobq-cancel-{queue.name}")
+
+
+@pytest.mark.parametrize("case", ["events reader", "worker fetch", "worker cancel"])
+def test_a_connection_dropped_after_it_was_made_again_is_retried_at_once(
+    case: str, queue: Queue, redis_url: str, admin: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if case == "worker fetch" and "+cluster://" in redis_url:
+        pytest.skip("a cluster client sends a dropped blocking pop again itself")
+    queue.add("x")  # a queue in stream mode (see test_events for one not yet used)
+    component, start, name, command, who = _component(case, queue, redis_url)
+    with caplog.at_level(logging.WARNING, logger="jobq"), component:
+        start()
+        for drop in range(1, DROPS + 1):
+            client = until(lambda: _blocked(admin, name, command), WAIT)
+            assert admin.client_kill_filter(_id=client["id"]) == 1
+            until(lambda d=drop: len(_in_a_row(caplog.records, who)) >= d, WAIT)
+        until(lambda: _blocked(admin, name, command), WAIT)  # and back once more
+        counts = _in_a_row(caplog.records, who)
+    assert len(counts) == DROPS
+    assert counts == [1] * DROPS  # each drop the first failure in a row
+
+
+def test_a_read_refused_after_connecting_still_backs_off(
+    queue: Queue, redis_server: Any, redis_url: str, admin: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only a dropped connection starts the count again: a read the server
+    refuses each time (an ACL without XREAD) waits longer each time, as
+    before, instead of logging a warning per attempt."""
+    if "+cluster://" in redis_url:
+        pytest.skip("one node's ACL")
+    admin.acl_setuser("jobq-no-xread", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all", "-xread"])
+    try:
+        queue.add("x")
+        url = f"redis://jobq-no-xread@127.0.0.1:{redis_server.port}/0"
+        who = f"events reader of {queue.name!r}"
+        with caplog.at_level(logging.WARNING, logger="jobq"), \
+                QueueEvents(queue.name, connection=url) as events:
+            events.wait_until_ready(WAIT)
+            counts = until(lambda: [n for n in _in_a_row(caplog.records, who) if n == 3], WAIT)
+        assert counts and _in_a_row(caplog.records, who)[:3] == [1, 2, 3]
+    finally:
+        admin.acl_deluser("jobq-no-xread")
