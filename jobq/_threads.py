@@ -72,7 +72,7 @@ class RetryBackoff:
 
 
 #: Failures that say a connection was lost (redis-py's ConnectionError and
-#: TimeoutError derive from none of them but their own base; OSError: a socket).
+#: TimeoutError are not OSErrors; a socket's own errors are).
 DROPPED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 _running = threading.local()  # the BackgroundLoop of this thread, if any

@@ -78,7 +78,7 @@ class _UserValue:
             return self
         stored = job.__dict__.get(self._stored)
         value = None if stored is None else serializer.decode(stored.packed, stored.what)
-        job.__dict__[self._name] = value  # raised above: decoded again at the next read
+        job.__dict__[self._name] = value  # kept; a value that raised is decoded again next time
         return value
 
     def load(self, job: Any, packed: bytes | None, what: str) -> None:
