@@ -43,6 +43,7 @@ from croniter import CroniterBadDateError, croniter
 
 from . import _tracing, serializer
 from .errors import JobqError, ScriptCode
+from .job import record_number
 from .keys import validate_job_id
 from .options import JobOptions
 
@@ -155,10 +156,10 @@ def _text(value: bytes | None) -> str | None:
 
 def _from_record(sid: str, record: dict[bytes, bytes]) -> Scheduler:
     def num(key: bytes) -> float | None:
-        raw = record.get(key)
-        return float(raw) / 1000.0 if raw else None
+        number = record_number(record.get(key))
+        return None if number is None else number / 1000.0
 
-    limit = record.get(b"limit")
+    limit = record_number(record.get(b"limit"))
     opts = serializer.decode(record.get(b"opts"), f"options of scheduler {sid!r}")
     return Scheduler(
         id=sid,
@@ -166,8 +167,8 @@ def _from_record(sid: str, record: dict[bytes, bytes]) -> Scheduler:
         cron=_text(record.get(b"cron")),
         tz=_text(record.get(b"tz")),
         next_run=num(b"next"),
-        count=int(record.get(b"count") or 0),
-        limit=int(limit) if limit else None,
+        count=int(record_number(record.get(b"count")) or 0),
+        limit=None if limit is None else int(limit),
         start=num(b"start"),
         end=num(b"end"),
         name=_text(record.get(b"name")) or sid,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -30,8 +31,29 @@ def _s(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", "replace")
 
 
+def record_number(value: bytes | None) -> float | None:
+    """A number field of a stored record, read as the scripts read it (Lua's
+    ``tonumber``): None when absent, empty or not a finite number. A record
+    written by hand or by another version may hold anything there, and one
+    such field must not make a whole listing raise."""
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _f(value: bytes | None) -> float | None:
-    return None if value is None else float(value) / 1000.0
+    """A time in ms of a record, in seconds."""
+    number = record_number(value)
+    return None if number is None else number / 1000.0
+
+
+def _i(value: bytes | None) -> int:
+    number = record_number(value)
+    return 0 if number is None else int(number)
 
 
 def _queue_of_base(base: str) -> str:
@@ -99,6 +121,8 @@ class Job(JobFlow):
     Times are epoch seconds (server clock); durations are seconds.
     ``data``, ``return_value`` and ``progress`` are decoded when first read:
     a value that cannot be decoded here raises ``SerializationError`` there.
+    A number field that is not a number (a record written by hand or by
+    another version) reads as absent, as the scripts read it.
 
     Inside a processor, ``cancelled`` is set when the job was cancelled
     (``Queue.cancel``), the attempt timed out or the worker lost the job's
@@ -168,9 +192,9 @@ class Job(JobFlow):
         self.opts = from_stored(opts) if isinstance(opts, dict) else {}
         self.timestamp = _f(get(b"ts"))
         self.delay = _f(get(b"delay")) or 0.0
-        self.priority = int(get(b"priority") or 0)
-        self.attempts_made = int(get(b"atm") or 0)
-        self.stalled_counter = int(get(b"stc") or 0)
+        self.priority = _i(get(b"priority"))
+        self.attempts_made = _i(get(b"atm"))
+        self.stalled_counter = _i(get(b"stc"))
         Job.progress.load(self, get(b"prog"), f"progress of job {self.id!r}")
         Job.return_value.load(self, get(b"rv"), f"return value of job {self.id!r}")
         self.failed_reason = _s(get(b"fr"))

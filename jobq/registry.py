@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
+from .job import record_number
 from .keys import queues_key
 
 if TYPE_CHECKING:
@@ -99,8 +100,8 @@ def _info(name: str, flat: list[bytes]) -> WorkerInfo:
     def text(key: bytes) -> str:
         return record.get(key, b"").decode("utf-8", "replace")
 
-    def number(key: bytes) -> Any:
-        return float(record.get(key) or 0)
+    def number(key: bytes) -> float:
+        return record_number(record.get(key)) or 0.0
 
     try:
         queues = serializer.decode(record.get(b"queues"), "queue names")

@@ -114,6 +114,19 @@ def test_registry_lists_live_workers_and_forgets_closed_ones(
     assert queue.get_workers() == []
 
 
+def test_a_worker_record_with_a_field_that_is_not_a_number_is_still_listed(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """get_workers (and the dashboard's and CLI's lists) raised ValueError
+    on one such field; it reads as 0, as the scripts read it."""
+    with Worker(queue.name, lambda job: 1, connection=redis_url, name="odd-w"):
+        until(queue.get_workers)
+        # written at the first beat only: the next ones leave it as it is
+        redis_client.hset(queue._context.keys.worker("odd-w"), "started", "yesterday")
+        (info,) = queue.get_workers()
+        assert (info.name, info.started) == ("odd-w", 0.0) and info.last_heartbeat > 0
+
+
 def test_obliterate_removes_metrics_and_registry(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:

@@ -456,6 +456,31 @@ def test_a_value_that_cannot_be_decoded_here_hides_no_other_job(
     assert [job.id for job in queue.get_jobs("waiting")] == [good.id]
 
 
+def test_a_number_field_that_is_not_a_number_hides_no_other_job(
+    queue: Queue, redis_client: redis.Redis, redis_url: str
+) -> None:
+    """A number field written by hand or another version ("abc", "nan")
+    made get_jobs and get_job raise ValueError. It reads as the scripts
+    read it (Lua's tonumber): as absent; and the job runs as they run it."""
+    good = queue.add("good", 1, priority=3)
+    bad = queue.add("bad", 2)
+    redis_client.hset(queue._context.keys.job(bad.id), mapping={
+        "priority": "abc", "atm": "x", "stc": "nan", "ts": "inf", "delay": "1.5.2",
+    })
+    jobs = {job.id: job for job in queue.get_jobs("waiting")}
+    assert set(jobs) == {good.id, bad.id}
+    read = jobs[bad.id]
+    assert (read.priority, read.attempts_made, read.stalled_counter) == (0, 0, 0)
+    assert (read.timestamp, read.delay, read.data) == (None, 0.0, 2)
+    assert jobs[good.id].priority == 3 and jobs[good.id].timestamp is not None
+    found = queue.get_job(bad.id)
+    assert found is not None and found.attempts_made == 0
+    with Worker(queue.name, lambda job: job.data * 10, connection=redis_url):
+        assert bad.wait_until_finished(timeout=WAIT) == 20
+    done = queue.get_job(bad.id)
+    assert done is not None and done.attempts_made == 1 and done.finished_on is not None
+
+
 # -- ordering ------------------------------------------------------------------
 
 

@@ -294,6 +294,22 @@ def test_scheduler_fields_and_listing(queue: Queue) -> None:
     assert [x.id for x in queue.get_schedulers()] == ["a", "report"]
 
 
+def test_a_scheduler_record_with_a_field_that_is_not_a_number_is_still_listed(
+    queue: Queue,
+) -> None:
+    """A hand-edited count or limit made get_schedulers raise ValueError."""
+    queue.upsert_scheduler("a", every=3600, limit=5)
+    queue.upsert_scheduler("b", every=60)
+    key = queue._context.keys.scheduler("a")
+    client = queue._context.redis
+    assert client.exists(key)
+    client.hset(key, mapping={"count": "many", "limit": "x", "end": "soon"})
+    listed = {s.id: s for s in queue.get_schedulers()}
+    assert set(listed) == {"a", "b"}
+    assert (listed["a"].count, listed["a"].limit, listed["a"].end) == (0, None, None)
+    assert listed["a"].every == 3600
+
+
 def test_bad_scheduler_arguments(queue: Queue) -> None:
     for kwargs in ({}, {"every": 1, "cron": "* * * * *"}, {"every": 0}, {"cron": "* * *"},
                    {"cron": "61 * * * *"}, {"cron": "* * * * *", "tz": "Mars/Base"},

@@ -233,6 +233,19 @@ def test_the_limiter_holds_across_shards(sharded: ShardedQueue, redis_url: str) 
     check_the_limiter(sharded, redis_url)
 
 
+def test_a_record_with_a_field_that_is_not_a_number_hides_no_job_of_the_listing(
+    sharded: ShardedQueue,
+) -> None:
+    """One such record made the sharded listing (and the dashboard's page
+    built on it) raise ValueError: every shard's jobs hidden."""
+    jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(8)])
+    shard = sharded.shard_for(jobs[2].id)._context
+    shard.redis.hset(shard.keys.job(jobs[2].id), mapping={"priority": "abc", "atm": "-"})
+    listed = {job.id: job for job in sharded.get_jobs("waiting")}
+    assert set(listed) == {job.id for job in jobs}
+    assert (listed[jobs[2].id].priority, listed[jobs[2].id].attempts_made) == (0, 0)
+
+
 def test_pause_and_resume_the_whole_queue(sharded: ShardedQueue, redis_url: str) -> None:
     ran = threading.Event()
     sharded.pause()
