@@ -464,6 +464,8 @@ class Runner:
         record = dict(zip(flat[::2], flat[1::2], strict=False))
         try:
             job = Job.from_record(self._context, attempt.job_id, record)
+            if job._unreadable:  # a listing shows such a job; a worker does not run it
+                raise ValueError("; ".join(job._unreadable))
             job.data  # noqa: B018 - decoded here: data that cannot be fails the attempt
             timeout = job.opts.get("timeout")
             seconds = float(timeout) if timeout else None

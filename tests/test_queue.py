@@ -461,7 +461,8 @@ def test_a_number_field_that_is_not_a_number_hides_no_other_job(
 ) -> None:
     """A number field written by hand or another version ("abc", "nan")
     made get_jobs and get_job raise ValueError. It reads as the scripts
-    read it (Lua's tonumber): as absent; and the job runs as they run it."""
+    read it (Lua's tonumber): as absent; a worker still fails the job with
+    the reason rather than run it (tests/test_worker_regressions.py)."""
     good = queue.add("good", 1, priority=3)
     bad = queue.add("bad", 2)
     redis_client.hset(queue._context.keys.job(bad.id), mapping={
@@ -476,9 +477,11 @@ def test_a_number_field_that_is_not_a_number_hides_no_other_job(
     found = queue.get_job(bad.id)
     assert found is not None and found.attempts_made == 0
     with Worker(queue.name, lambda job: job.data * 10, connection=redis_url):
-        assert bad.wait_until_finished(timeout=WAIT) == 20
+        assert good.wait_until_finished(timeout=WAIT) == 10
+        with pytest.raises(jobq.JobFailedError, match="priority b'abc' is not a number"):
+            bad.wait_until_finished(timeout=WAIT)
     done = queue.get_job(bad.id)
-    assert done is not None and done.attempts_made == 1 and done.finished_on is not None
+    assert done is not None and done.get_state() == "failed" and done.finished_on is not None
 
 
 # -- ordering ------------------------------------------------------------------
