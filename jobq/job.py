@@ -45,6 +45,22 @@ def record_number(value: bytes | None) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _number(record: Mapping[bytes, bytes], key: bytes, bad: list[str]) -> float | None:
+    """Field ``key`` of a job's record as a number; one that is not is
+    noted in ``bad`` (a worker does not run its job: Runner._prepare)."""
+    raw = record.get(key)
+    value = record_number(raw)
+    if value is None and raw:
+        bad.append(f"{key.decode()} {raw[:40]!r} is not a number")
+    return value
+
+
+def _ms(record: Mapping[bytes, bytes], key: bytes, bad: list[str]) -> float | None:
+    """A time in ms of a job's record, in seconds (see ``_number``)."""
+    value = _number(record, key, bad)
+    return None if value is None else value / 1000.0
+
+
 def _queue_of_base(base: str) -> str:
     """The queue name in a queue's base key ``<prefix>:{<queue>}:``."""
     return base[base.rindex("{") + 1 : -2]
@@ -110,10 +126,9 @@ class Job(JobFlow):
     Times are epoch seconds (server clock); durations are seconds.
     ``data``, ``return_value`` and ``progress`` are decoded when first read:
     a value that cannot be decoded here raises ``SerializationError`` there.
-    A number field that is not a number (a record written by hand or by
-    another version) reads as absent, as the scripts read it, so that a
-    listing still shows the job; a worker fails such a job with the reason
-    rather than run it.
+    A number field that is not a number (a record written by hand, or by
+    another version) reads as absent, as the scripts read it; a worker
+    fails such a job with the reason rather than run it.
 
     Inside a processor, ``cancelled`` is set when the job was cancelled
     (``Queue.cancel``), the attempt timed out or the worker lost the job's
@@ -182,40 +197,27 @@ class Job(JobFlow):
         Job.data.load(self, get(b"data"), f"data of job {self.id!r}")
         opts = serializer.decode(get(b"opts"), f"options of job {self.id!r}")
         self.opts = from_stored(opts) if isinstance(opts, dict) else {}
-        unreadable: list[str] = []
-
-        def number(key: bytes) -> float | None:
-            raw = get(key)
-            value = record_number(raw)
-            if value is None and raw:
-                unreadable.append(f"{key.decode()} {raw[:40]!r} is not a number")
-            return value
-
-        def ms(key: bytes) -> float | None:
-            value = number(key)
-            return None if value is None else value / 1000.0
-
-        self.timestamp = ms(b"ts")
-        self.delay = ms(b"delay") or 0.0
-        self.priority = int(number(b"priority") or 0)
-        self.attempts_made = int(number(b"atm") or 0)
-        self.stalled_counter = int(number(b"stc") or 0)
+        bad: list[str] = []
+        self.timestamp = _ms(record, b"ts", bad)
+        self.delay = _ms(record, b"delay", bad) or 0.0
+        self.priority = int(_number(record, b"priority", bad) or 0)
+        self.attempts_made = int(_number(record, b"atm", bad) or 0)
+        self.stalled_counter = int(_number(record, b"stc", bad) or 0)
         Job.progress.load(self, get(b"prog"), f"progress of job {self.id!r}")
         Job.return_value.load(self, get(b"rv"), f"return value of job {self.id!r}")
         self.failed_reason = _s(get(b"fr"))
         self.exc_type = _s(get(b"et")) or None
         stacktrace = serializer.decode(get(b"st"), "stack trace")
         self.stacktrace = list(stacktrace) if isinstance(stacktrace, list) else []
-        self.processed_on = ms(b"pon")
-        self.finished_on = ms(b"fon")
+        self.processed_on = _ms(record, b"pon", bad)
+        self.finished_on = _ms(record, b"fon", bad)
         self.processed_by = _s(get(b"pb"))
         pid, pqb = get(b"pid"), get(b"pqb")
         self.parent = None
         if pid is not None and pqb is not None:
             self.parent = (_queue_of_base(pqb.decode()), pid.decode())
         self._run = _s(get(b"run")) or self._run
-        # what a worker refuses to run the job on (see Runner._prepare)
-        self._unreadable = tuple(unreadable)
+        self._unreadable = tuple(bad)
 
     def __repr__(self) -> str:
         return f"<Job {self.id!r} name={self.name!r} queue={self.queue_name!r}>"
