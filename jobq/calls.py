@@ -229,6 +229,14 @@ class OutcomeReply(NamedTuple):
     run: str | None = None
 
 
+def _settings(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """add.lua's 13 settings of a job from ``NewJob[4:]``."""
+    (delay_ms, priority, lifo, attempts, keep_completed, keep_completed_ms, keep_failed,
+     keep_failed_ms, dedup, trace) = values
+    return (delay_ms, priority, "1" if lifo else "0", attempts, keep_completed,
+            keep_completed_ms, keep_failed, keep_failed_ms, *dedup, trace)
+
+
 class QueueScripts:
     """The scripts of adding, reading and administering a queue."""
 
@@ -239,13 +247,19 @@ class QueueScripts:
 
     def add(self, jobs: Sequence[NewJob]) -> tuple[float, list[Added]]:
         """add.lua: add jobs atomically; (the server's time, s; each job)."""
-        argv: list[Any] = [len(jobs)]
-        # each job unpacked by name: 0.1-0.2 us a job less than slicing it (bulk adds)
-        for (job_id, name, data, opts, delay_ms, priority, lifo, attempts, keep_completed,
-             keep_completed_ms, keep_failed, keep_failed_ms, dedup, trace) in jobs:
-            argv += (job_id, name, data, opts, delay_ms, priority, "1" if lifo else "0",
-                     attempts, keep_completed, keep_completed_ms, keep_failed, keep_failed_ms,
-                     *dedup, trace)
+        argv: list[Any]
+        settings = jobs[0][4:]
+        if all(job[4:] == settings for job in jobs):
+            # the usual bulk add: settings sent once, 4 values a job, not 17
+            # (a tenth less of the server's work per job of a bulk)
+            argv = [len(jobs), "1", *_settings(settings)]
+            for job in jobs:
+                argv += job[:4]
+        else:
+            argv = [len(jobs), "0"]
+            for job in jobs:
+                argv += job[:4]
+                argv += _settings(job[4:])
         reply = self._run("add", *argv)
         added = [
             Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)

@@ -636,6 +636,29 @@ def test_add_bulk_mixed_options(queue: Queue, redis_url: str) -> None:
     assert run_order(queue.name, redis_url, 4) == ["plain", "custom", "nodata", "urgent"]
 
 
+def test_add_bulk_of_jobs_alike(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:
+    """Jobs whose settings are all alike go with the settings sent once:
+    each record still has them all, and plain jobs run in the order added,
+    across the 1000-id pushes of the wait list."""
+    alike = queue.add_bulk([{"name": f"p{i}", "data": i, "priority": 2, "attempts": 4,
+                             "remove_on_complete": 5, "remove_on_fail": 7, "lifo": True}
+                            for i in range(3)])
+    for job in alike:
+        record = redis_client.hgetall(f"jobq:{{{queue.name}}}:job:{job.id}")
+        assert {k: record.get(k) for k in (b"priority", b"lifo", b"atts", b"kc", b"kfc")} == {
+            b"priority": b"2", b"lifo": b"1", b"atts": b"4", b"kc": b"5", b"kfc": b"7"}
+        stored = queue.get_job(job.id)
+        assert stored is not None and stored.opts["attempts"] == 4 and stored.priority == 2
+    delayed = queue.add_bulk([{"name": "d", "data": i, "delay": 60} for i in range(3)])
+    assert [queue.get_job_state(j.id) for j in delayed] == ["delayed"] * 3
+    queue.remove(delayed[0].id), queue.remove(delayed[1].id), queue.remove(delayed[2].id)
+    plain = queue.add_bulk([{"name": f"n{i}"} for i in range(2500)])
+    assert len({j.id for j in plain}) == 2500
+    order = run_order(queue.name, redis_url, 2503)
+    assert order[:2500] == [f"n{i}" for i in range(2500)]  # the wait list before priorities
+    assert sorted(order[2500:]) == ["p0", "p1", "p2"]
+
+
 def test_add_bulk_options_shared_by_jobs_stay_each_jobs_own(
     queue: Queue, redis_client: redis.Redis
 ) -> None:

@@ -214,6 +214,17 @@ local function push_ready(id, priority, front)
   mark_ready()
 end
 
+-- Make plain jobs (no priority, not lifo) ready, in order, as push_ready
+-- would one by one: one LPUSH per 1000 ids, not one per job (a bulk add).
+local function push_waiting(ids)
+  if #ids == 0 then return end
+  for i = 1, #ids, 1000 do
+    redis.call('LPUSH', K_WAIT, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+  _none_waiting = false
+  mark_ready()
+end
+
 -- Tell the parent of job `id` (of this queue) that the job ended (see
 -- "Flows" below; defined there).
 local notify_parent

@@ -3,9 +3,13 @@
   Add one or more jobs, atomically.
 
   KEYS[1]  queue base prefix
-  ARGV[1]  N, the number of jobs; then 17 values per job:
-           job_id ('' to generate one), name, data (msgpack), opts (msgpack),
-           delay_ms, priority, lifo ('1' | '0'), attempts,
+  ARGV[1]  N, the number of jobs
+  ARGV[2]  '1': the jobs share their settings, ARGV[3..15] hold them once
+           and each job is 4 values from ARGV[16] (job_id, name, data,
+           opts); '0': each job is those 4 values and its 13 settings, 17
+           values per job from ARGV[3]. A job's values:
+           job_id ('' to generate one), name, data (msgpack), opts (msgpack);
+           its settings: delay_ms, priority, lifo ('1' | '0'), attempts,
            keep_completed_count, keep_completed_age_ms,
            keep_failed_count, keep_failed_age_ms,
            dedup id ('' for none), dedup ttl ms (0: simple mode, the key
@@ -34,10 +38,10 @@
   of different calls whose delays end on the same microsecond of TIME) are
   promoted in the order they were added: see add_delayed in _common.lua.
 ]]
--- attempts and retention (ARGV a+7 .. a+11), stored only when not the default
+-- attempts and retention (settings 4..8), stored only when not the default
 local SETTINGS = { 'atts', 'kc', 'ka', 'kfc', 'kfa' }
 local DEFAULTS = { '1', '-1', '0', '-1', '0' }
-local n = tonumber(ARGV[1])
+local n, shared = tonumber(ARGV[1]), ARGV[2] == '1'
 local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
 local out = { fmt(now) }
@@ -45,8 +49,9 @@ local out = { fmt(now) }
 local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
 -- The owner of a dedup key if the key holds: 2 deduplicated, 3 debounced
 -- (the owner, delayed, takes the add's content and delay), or nil.
-local function dedup_hit(a, now)
-  local ddk, ttl = ARGV[a + 12], tonumber(ARGV[a + 13])
+-- `a`: the job's first value in ARGV; `st`: its settings.
+local function dedup_hit(a, st, now)
+  local ddk, ttl = st[9], tonumber(st[10])
   if ddk == '' then return nil end
   local key = base .. 'dedup:' .. ddk
   local owner = redis.call('GET', key)
@@ -58,32 +63,38 @@ local function dedup_hit(a, now)
   if not throttled and (not state or state == 'completed' or state == 'failed') then
     return nil  -- a simple key whose owner is finished or gone: stale
   end
-  if throttled and ttl > 0 and (ARGV[a + 14] == '1' or ARGV[a + 15] == '1') then
+  if throttled and ttl > 0 and (st[11] == '1' or st[12] == '1') then
     redis.call('PEXPIRE', key, ttl)
   end
   emit('deduplicated', owner, { 'dedup_id', ddk, 'existing_job_id', owner })
-  local delay = tonumber(ARGV[a + 4])
-  if ARGV[a + 15] ~= '1' or state ~= 'delayed' or delay <= 0 then return owner, 2 end
+  local delay = tonumber(st[1])
+  if st[12] ~= '1' or state ~= 'delayed' or delay <= 0 then return owner, 2 end
   local run_at = now + delay
   local jk = job_key(owner)
   redis.call('HDEL', jk, unpack(REPLACED))
   local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3],
     'rdy', run_at, 'delay', delay }
-  if tonumber(ARGV[a + 5]) ~= 0 then append(fields, { 'priority', ARGV[a + 5] }) end
-  if ARGV[a + 6] == '1' then append(fields, { 'lifo', '1' }) end
+  if tonumber(st[2]) ~= 0 then append(fields, { 'priority', st[2] }) end
+  if st[3] == '1' then append(fields, { 'lifo', '1' }) end
   for i, name in ipairs(SETTINGS) do
-    if ARGV[a + 6 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[a + 6 + i] }) end
+    if st[3 + i] ~= DEFAULTS[i] then append(fields, { name, st[3 + i] }) end
   end
   redis.call('HSET', jk, unpack(fields))
   add_delayed(owner, run_at)
   emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
   return owner, 3
 end
+-- plain jobs made ready by this call, pushed together at the end (nothing
+-- in between reads the wait list)
+local ready = {}
+local st, first, stride = nil, 3, 17
+if shared then st, first, stride = { unpack(ARGV, 3, 15) }, 16, 4 end
 for j = 0, n - 1 do
-  local a = 2 + j * 17
+  local a = first + j * stride
+  if not shared then st = { unpack(ARGV, a + 4, a + 16) } end
   local id = ARGV[a]
   local added = ''
-  local owner, dup = dedup_hit(a, now)
+  local owner, dup = dedup_hit(a, st, now)
   if owner then
     id = owner
   elseif id == '' then
@@ -96,46 +107,48 @@ for j = 0, n - 1 do
     dup = 0
   end
   if dup == 0 then
-    local delay = tonumber(ARGV[a + 4])
-    local priority = tonumber(ARGV[a + 5])
-    local lifo = ARGV[a + 6]
+    local delay = tonumber(st[1])
+    local priority = tonumber(st[2])
+    local lifo = st[3]
     -- the event first: its entry id is the run's token, stored in the
     -- record's one HSET; a job ready now is one entry, `added` + `waiting`
-    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', ARGV[a + 4],
-      'priority', ARGV[a + 5] }, delay <= 0 and 'waiting' or nil, true)
+    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', st[1], 'priority', st[2] },
+      delay <= 0 and 'waiting' or nil, true)
     local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', fmt(now),
       'run', added }
     local run_at = now
     if delay > 0 then
       run_at = now + delay
-      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', ARGV[a + 4] })
+      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', st[1] })
     else
       append(fields, { 'state', 'waiting', 'rdy', fmt(now) })
     end
     -- settings at their default are left out: readers take a missing field
     -- as its default (fewer fields: less memory and work per job)
-    if priority ~= 0 then append(fields, { 'priority', ARGV[a + 5] }) end
+    if priority ~= 0 then append(fields, { 'priority', st[2] }) end
     if lifo == '1' then append(fields, { 'lifo', lifo }) end
     for i, name in ipairs(SETTINGS) do
-      local value = ARGV[a + 6 + i]
+      local value = st[3 + i]
       if value ~= DEFAULTS[i] then append(fields, { name, value }) end
     end
-    local ddk = ARGV[a + 12]
+    local ddk = st[9]
     if ddk ~= '' then
-      local ttl = tonumber(ARGV[a + 13])
+      local ttl = tonumber(st[10])
       if ttl > 0 then
-        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', ARGV[a + 13])
+        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', st[10])
         append(fields, { 'ddk', ddk, 'ddt', '1' })
       else
         redis.call('SET', base .. 'dedup:' .. ddk, id)
         append(fields, { 'ddk', ddk })
       end
     end
-    if ARGV[a + 16] ~= '' then append(fields, { 'tc', ARGV[a + 16] }) end
+    if st[13] ~= '' then append(fields, { 'tc', st[13] }) end
     redis.call('HSET', job_key(id), unpack(fields))
     if delay > 0 then
       add_delayed(id, run_at)
-      emit('delayed', id, { 'delay', ARGV[a + 4], 'run_at', run_at })
+      emit('delayed', id, { 'delay', st[1], 'run_at', run_at })
+    elseif priority == 0 and lifo ~= '1' then
+      ready[#ready + 1] = id
     else
       push_ready(id, priority, lifo == '1')
     end
@@ -144,4 +157,5 @@ for j = 0, n - 1 do
   out[#out + 1] = dup
   out[#out + 1] = added
 end
+push_waiting(ready)
 return out
