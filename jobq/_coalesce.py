@@ -28,6 +28,8 @@ together.
 from __future__ import annotations
 
 import os
+import select
+import socket
 import threading
 import weakref
 from typing import Any
@@ -53,18 +55,44 @@ class _Call:
         self.error: BaseException | None = None
 
 
-def _ready(connection: Any) -> None:
-    """Connect, or reconnect a connection the server closed while it was
-    idle (what a pool checks before it lends one): a call must not be sent
-    on a socket that cannot answer, or a call that never ran would fail."""
-    try:
-        if connection._sock is None:  # redis-py's connect() costs a retry wrapper even then
+class _Idle:
+    """Whether a connection is still as its last batch left it: nothing to
+    read, not closed by the server. One ``poll`` of a plain socket answers
+    (a system call, where redis-py's ``can_read`` makes three and some
+    Python: a tenth of a lone caller's add); anything else, or a socket
+    that has something to read, gets ``can_read``'s full look."""
+
+    __slots__ = ("_sock", "_poller")
+
+    def __init__(self) -> None:
+        self._sock: Any = None
+        self._poller: Any = None
+
+    def ready(self, connection: Any) -> None:
+        """Connect, or reconnect a connection the server closed while it was
+        idle (what a pool checks before it lends one): a call must not be
+        sent on a socket that cannot answer, or a call that never ran would
+        fail."""
+        try:
+            sock = connection._sock
+            if sock is None:  # redis-py's connect() costs a retry wrapper even then
+                connection.connect()
+                return
+            if type(sock) is socket.socket and _POLL:  # not TLS: no bytes buffered above it
+                if sock is not self._sock:
+                    self._poller = select.poll()
+                    self._poller.register(sock, select.POLLIN)
+                    self._sock = sock
+                if not self._poller.poll(0):
+                    return
+            if connection.can_read():  # bytes nobody asked for, or closed by the server
+                raise ConnectionError("the connection has unread data")
+        except (ConnectionError, TimeoutError, OSError):  # or closed by the server
+            connection.disconnect()
             connection.connect()
-        elif connection.can_read():  # bytes nobody asked for, or closed by the server
-            raise ConnectionError("the connection has unread data")
-    except (ConnectionError, TimeoutError, OSError):  # or closed by the server
-        connection.disconnect()
-        connection.connect()
+
+
+_POLL = hasattr(select, "poll")
 
 
 #: The coalescer of each connection pool (by its id: a coalescer keeps its
@@ -111,6 +139,7 @@ class Coalescer:
         self._queued: list[_Call] = []
         self._leading = False
         self._connection: Any = None
+        self._idle = _Idle()
 
     def call(self, packed: bytes) -> Any:
         """Send one packed command; return its reply (raise its error)."""
@@ -141,7 +170,7 @@ class Coalescer:
             if connection is None:
                 connection = self._connection = take_connection(self._pool)
             else:
-                _ready(connection)
+                self._idle.ready(connection)
             connection.send_packed_command([call.packed for call in batch], check_health=False)
             for call in batch:
                 try:

@@ -154,6 +154,7 @@ def _library() -> tuple[str, str]:
     return f"#!lua name={library}\n{body}\n{functions}", library
 
 
+@functools.cache
 def function_name(name: str) -> str:
     """The server-side name of script ``name`` (its function in the library)."""
     return f"{_library()[1]}_{name}"
