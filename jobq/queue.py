@@ -328,7 +328,7 @@ class Queue(
             TypeError: an unknown option.  ValueError: a bad option value.
         """
         depends_on = options.pop("depends_on", None)
-        if depends_on is not None or any(options.get(p) for p in FAILURE_POLICIES):
+        if depends_on is not None or (options and any(options.get(p) for p in FAILURE_POLICIES)):
             from .flow import add_with_dependencies
 
             return add_with_dependencies(self, name, data, options, depends_on or ())

@@ -49,9 +49,9 @@ local out = { fmt(now) }
 local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
 -- The owner of a dedup key if the key holds: 2 deduplicated, 3 debounced
 -- (the owner, delayed, takes the add's content and delay), or nil.
--- `a`: the job's first value in ARGV; `st`: its settings.
-local function dedup_hit(a, st, now)
-  local ddk, ttl = st[9], tonumber(st[10])
+-- `a`: the job's first value in ARGV; its settings from ARGV[s + 1].
+local function dedup_hit(a, s, now)
+  local ddk, ttl = ARGV[s + 9], tonumber(ARGV[s + 10])
   if ddk == '' then return nil end
   local key = base .. 'dedup:' .. ddk
   local owner = redis.call('GET', key)
@@ -63,21 +63,21 @@ local function dedup_hit(a, st, now)
   if not throttled and (not state or state == 'completed' or state == 'failed') then
     return nil  -- a simple key whose owner is finished or gone: stale
   end
-  if throttled and ttl > 0 and (st[11] == '1' or st[12] == '1') then
+  if throttled and ttl > 0 and (ARGV[s + 11] == '1' or ARGV[s + 12] == '1') then
     redis.call('PEXPIRE', key, ttl)
   end
   emit('deduplicated', owner, { 'dedup_id', ddk, 'existing_job_id', owner })
-  local delay = tonumber(st[1])
-  if st[12] ~= '1' or state ~= 'delayed' or delay <= 0 then return owner, 2 end
+  local delay = tonumber(ARGV[s + 1])
+  if ARGV[s + 12] ~= '1' or state ~= 'delayed' or delay <= 0 then return owner, 2 end
   local run_at = now + delay
   local jk = job_key(owner)
   redis.call('HDEL', jk, unpack(REPLACED))
   local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3],
     'rdy', run_at, 'delay', delay }
-  if tonumber(st[2]) ~= 0 then append(fields, { 'priority', st[2] }) end
-  if st[3] == '1' then append(fields, { 'lifo', '1' }) end
+  if tonumber(ARGV[s + 2]) ~= 0 then append(fields, { 'priority', ARGV[s + 2] }) end
+  if ARGV[s + 3] == '1' then append(fields, { 'lifo', '1' }) end
   for i, name in ipairs(SETTINGS) do
-    if st[3 + i] ~= DEFAULTS[i] then append(fields, { name, st[3 + i] }) end
+    if ARGV[s + 3 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[s + 3 + i] }) end
   end
   redis.call('HSET', jk, unpack(fields))
   add_delayed(owner, run_at)
@@ -87,14 +87,14 @@ end
 -- plain jobs made ready by this call, pushed together at the end (nothing
 -- in between reads the wait list)
 local ready = {}
-local st, first, stride = nil, 3, 17
-if shared then st, first, stride = { unpack(ARGV, 3, 15) }, 16, 4 end
+local first, stride = 3, 17
+if shared then first, stride = 16, 4 end
 for j = 0, n - 1 do
   local a = first + j * stride
-  if not shared then st = { unpack(ARGV, a + 4, a + 16) } end
+  local s = shared and 2 or a + 3  -- the job's settings: ARGV[s + 1 .. s + 13]
   local id = ARGV[a]
   local added = ''
-  local owner, dup = dedup_hit(a, st, now)
+  local owner, dup = dedup_hit(a, s, now)
   if owner then
     id = owner
   elseif id == '' then
@@ -107,46 +107,46 @@ for j = 0, n - 1 do
     dup = 0
   end
   if dup == 0 then
-    local delay = tonumber(st[1])
-    local priority = tonumber(st[2])
-    local lifo = st[3]
+    local delay = tonumber(ARGV[s + 1])
+    local priority = tonumber(ARGV[s + 2])
+    local lifo = ARGV[s + 3]
     -- the event first: its entry id is the run's token, stored in the
     -- record's one HSET; a job ready now is one entry, `added` + `waiting`
-    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', st[1], 'priority', st[2] },
-      delay <= 0 and 'waiting' or nil, true)
+    added = emit('added', id, { 'job_name', ARGV[a + 1], 'delay', ARGV[s + 1],
+      'priority', ARGV[s + 2] }, delay <= 0 and 'waiting' or nil, true)
     local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3], 'ts', fmt(now),
       'run', added }
     local run_at = now
     if delay > 0 then
       run_at = now + delay
-      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', st[1] })
+      append(fields, { 'state', 'delayed', 'rdy', run_at, 'delay', ARGV[s + 1] })
     else
       append(fields, { 'state', 'waiting', 'rdy', fmt(now) })
     end
     -- settings at their default are left out: readers take a missing field
     -- as its default (fewer fields: less memory and work per job)
-    if priority ~= 0 then append(fields, { 'priority', st[2] }) end
+    if priority ~= 0 then append(fields, { 'priority', ARGV[s + 2] }) end
     if lifo == '1' then append(fields, { 'lifo', lifo }) end
     for i, name in ipairs(SETTINGS) do
-      local value = st[3 + i]
+      local value = ARGV[s + 3 + i]
       if value ~= DEFAULTS[i] then append(fields, { name, value }) end
     end
-    local ddk = st[9]
+    local ddk = ARGV[s + 9]
     if ddk ~= '' then
-      local ttl = tonumber(st[10])
+      local ttl = tonumber(ARGV[s + 10])
       if ttl > 0 then
-        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', st[10])
+        redis.call('SET', base .. 'dedup:' .. ddk, id, 'PX', ARGV[s + 10])
         append(fields, { 'ddk', ddk, 'ddt', '1' })
       else
         redis.call('SET', base .. 'dedup:' .. ddk, id)
         append(fields, { 'ddk', ddk })
       end
     end
-    if st[13] ~= '' then append(fields, { 'tc', st[13] }) end
+    if ARGV[s + 13] ~= '' then append(fields, { 'tc', ARGV[s + 13] }) end
     redis.call('HSET', job_key(id), unpack(fields))
     if delay > 0 then
       add_delayed(id, run_at)
-      emit('delayed', id, { 'delay', st[1], 'run_at', run_at })
+      emit('delayed', id, { 'delay', ARGV[s + 1], 'run_at', run_at })
     elseif priority == 0 and lifo ~= '1' then
       ready[#ready + 1] = id
     else
