@@ -84,8 +84,8 @@ local function dedup_hit(a, s, now)
   emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
   return owner, 3
 end
--- plain jobs made ready by this call, pushed together at the end (nothing
--- in between reads the wait list)
+-- plain jobs made ready by a bulk, pushed together at the end (nothing in
+-- between reads the wait list)
 local ready = {}
 local first, stride = 3, 17
 if shared then first, stride = 16, 4 end
@@ -147,7 +147,7 @@ for j = 0, n - 1 do
     if delay > 0 then
       add_delayed(id, run_at)
       emit('delayed', id, { 'delay', ARGV[s + 1], 'run_at', run_at })
-    elseif priority == 0 and lifo ~= '1' then
+    elseif n > 1 and priority == 0 and lifo ~= '1' then
       ready[#ready + 1] = id
     else
       push_ready(id, priority, lifo == '1')
