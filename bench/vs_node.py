@@ -1,8 +1,10 @@
 """jobq beside BullMQ on Node.js, run in interleaved pairs on one private
 server: the drain at concurrency 8 and W4 (16 callers adding and waiting),
 each pair's ratio beside the medians, and for W4 each process's CPU per
-round trip. On a shared machine whose speed drifts by the minute, a ratio
-of runs made seconds apart says more than two medians taken minutes apart.
+round trip; with ``--workload w1``, W1 (single and bulk adds) of jobq,
+BullMQ Node, Huey and the redis-py floor in rounds, in turn. On a shared
+machine whose speed drifts by the minute, a ratio of runs made seconds
+apart says more than two medians taken minutes apart.
 
     .venv/bin/python bench/vs_node.py                     # both, 4 pairs each
     .venv/bin/python bench/vs_node.py --workload w4 --pairs 3 --seconds 10
@@ -11,6 +13,12 @@ of runs made seconds apart says more than two medians taken minutes apart.
 ``drain``: the harness's own W2 (bench/adapters/peer_*.py ``--workload
 w2``, 20,000 jobs, concurrency 8): jobs/s, the worker's CPU per 1,000
 jobs and the server's CPU per job, as ``make bench`` reports them.
+
+``w1``: the harness's W1 (``--jobs`` jobs, single adds then bulk adds in
+chunks of 1,000) by each peer's adapter, Huey in its bench environment
+(bench/install.py), and the floor's SET round trips and pipelined SETs;
+each round starts with the next peer, and jobq's ratio to each peer is
+taken within a round (not part of ``both``).
 
 ``w4``: the worker as ``make bench`` starts it (bench/adapters/peer_jobq.py
 ``worker``, bench/node ``worker``; concurrency 8) and a caller process: for
@@ -51,6 +59,8 @@ NODE_DIR = ROOT / "bench" / "node"
 ADAPTERS = ROOT / "bench" / "adapters"
 ADAPTER = ADAPTERS / "peer_jobq.py"
 PEERS = ("jobq", "bullmq-node")
+#: ``--workload w1``: jobq, then the peers it is compared with, in turn
+W1_PEERS = ("jobq", "bullmq-node", "huey", "floor")
 CALLERS = 16
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -121,6 +131,33 @@ def drain_run(peer: str, url: str, jobs: int) -> dict[str, float]:
             "server_us": result["w2_c8_server_us_per_job"]}
 
 
+def w1_run(peer: str, url: str, jobs: int) -> dict[str, float]:
+    """The harness's W1 by ``peer``'s adapter (single adds, then bulk adds in
+    chunks of 1,000: jobs/s), in the peer's own environment; for ``floor``,
+    redis-py's SET round trips and pipelined SETs (bench/adapters/floor.py,
+    its ping-pong rows cut short)."""
+    redis.Redis.from_url(url).flushall()
+    python = sys.executable
+    if peer == "huey":
+        python = str(ROOT / "bench" / ".venvs" / "huey" / "bin" / "python")
+    if peer == "floor":
+        command = [python, str(ADAPTERS / "floor.py"), "--url", url, "--workload", "w1",
+                   "--n", str(jobs), "--w3-n", "50", "--w4-seconds", "0.5"]
+    else:
+        command = [python, str(ADAPTERS / f"peer_{peer.replace('-', '_')}.py"), "--url", url,
+                   "--workload", "w1", "--n", str(jobs)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=str(ROOT),
+                          env=dict(os.environ, NODE_NO_WARNINGS="1"))
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {"error": proc.stderr[-400:]}
+    if peer == "floor":
+        # a SET/GET loop: each command one round trip, as each add is
+        return {"single": result["floor_single_ops_s"], "bulk": result["floor_pipeline_ops_s"]}
+    if "w1_single_jobs_s" not in result:
+        raise RuntimeError(f"{peer} W1 failed: {result}")
+    return {"single": result["w1_single_jobs_s"], "bulk": result.get("w1_bulk_jobs_s", 0.0)}
+
+
 def w4_run(peer: str, url: str, server_pid: int, seconds: float) -> dict[str, float]:
     """One W4 run of ``peer``: its rate and each process's CPU per trip."""
     redis.Redis.from_url(url).flushall()
@@ -181,7 +218,7 @@ def report(title: str, runs: dict[str, list[dict[str, float]]], ratio_keys: list
     keys = list(runs["jobq"][0])
     print("| peer | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
-    for peer in PEERS:
+    for peer in runs:
         cells = []
         for key in keys:
             values = [run[key] for run in runs[peer]]
@@ -189,9 +226,12 @@ def report(title: str, runs: dict[str, list[dict[str, float]]], ratio_keys: list
             cells.append(f"{statistics.median(values):,.{places}f} "
                          f"({min(values):,.{places}f}-{max(values):,.{places}f})")
         print(f"| {peer} | " + " | ".join(cells) + " |")
+    other = list(runs)[1]
     for key in ratio_keys:
-        ratios = [a[key] / b[key] for a, b in zip(runs["jobq"], runs["bullmq-node"], strict=True)]
-        print(f"jobq / BullMQ Node, {key}, pair by pair: "
+        if not all(run[key] for run in runs[other]):
+            continue  # not measured for that peer (Huey has no bulk add)
+        ratios = [a[key] / b[key] for a, b in zip(runs["jobq"], runs[other], strict=True)]
+        print(f"jobq / {other}, {key}, pair by pair: "
               + ", ".join(f"{r:.2f}" for r in ratios)
               + f" (median {statistics.median(ratios):.2f})")
 
@@ -199,9 +239,9 @@ def report(title: str, runs: dict[str, list[dict[str, float]]], ratio_keys: list
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("drain", "w4", "both"), default="both")
+    parser.add_argument("--workload", choices=("drain", "w4", "both", "w1"), default="both")
     parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (per W1 run)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per W4 run")
     parser.add_argument("--server", default=None, help="redis-server or valkey-server binary")
     args = parser.parse_args()
@@ -216,10 +256,13 @@ def main() -> int:
               f"drain: {args.jobs:,} jobs at concurrency 8; W4: {CALLERS} callers, "
               f"worker concurrency 8, {args.seconds:g} s per run")
         for workload in workloads:
-            runs: dict[str, list[dict[str, float]]] = {peer: [] for peer in PEERS}
+            peers = W1_PEERS if workload == "w1" else PEERS
+            runs: dict[str, list[dict[str, float]]] = {peer: [] for peer in peers}
             for pair in range(args.pairs):
-                for peer in (PEERS if pair % 2 == 0 else PEERS[::-1]):
-                    if workload == "drain":
+                for peer in peers[pair % len(peers):] + peers[:pair % len(peers)]:
+                    if workload == "w1":
+                        figures = w1_run(peer, server.url, args.jobs)
+                    elif workload == "drain":
                         figures = drain_run(peer, server.url, args.jobs)
                     else:
                         figures = w4_run(peer, server.url, server.pid, args.seconds)
@@ -227,7 +270,11 @@ def main() -> int:
                     print(f"  {workload} {peer:12s} " + "  ".join(
                         f"{k} {v:.2f}" if k == "busy" else f"{k} {v:,.0f}"
                         for k, v in figures.items()), flush=True)
-            if workload == "drain":
+            if workload == "w1":
+                for other in peers[1:]:
+                    report(f"W1 (jobs/s: single adds, bulk adds), jobq beside {other}",
+                           {"jobq": runs["jobq"], other: runs[other]}, ["single", "bulk"])
+            elif workload == "drain":
                 report("drain c=8 (jobs/s; worker CPU ms per 1,000 jobs; server CPU µs per job)",
                        runs, ["jobs_s", "server_us"])
             else:
