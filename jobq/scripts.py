@@ -85,6 +85,15 @@ _PER_CALL = re.compile(r"\b(?:KEYS|ARGV|base|K_\w+)\b")
 _MISSING = "Function not found"
 
 
+#: The globals the scripts use, bound to locals of the library on its first
+#: call. In a function library every global lookup misses the (empty) global
+#: table and goes through its metatable; an upvalue is one step. Measured
+#: with bench/server_cost.py: 9k fewer server instructions per job drained
+#: (of 395k). While the library loads they are nil: its load-time constants
+#: use none of them.
+_GLOBALS = "redis, tonumber, ipairs, unpack, string, math, tostring, type, table"
+
+
 def _units(common: str) -> list[str]:
     """The top-level definitions of _common.lua, in order, each with the
     comment lines just above it (a definition starts at a line "local")."""
@@ -101,15 +110,17 @@ def _units(common: str) -> list[str]:
 
 def _register(name: str, function: str) -> str:
     """One script as a function of the library: ``lua/<name>.lua``'s body
-    run with the call's keys and arguments, its shebang's flags kept."""
+    run with the call's keys and arguments, its shebang's flags kept (the
+    first call of any binds _GLOBALS)."""
     shebang, _, body = _read(f"{name}.lua").partition("\n")
     if not shebang.startswith("#!lua"):
         raise RuntimeError(f"lua/{name}.lua must start with a #!lua line")
     flags = _FLAGS.search(shebang)
     listed = ", ".join(f"'{flag}'" for flag in flags.group(1).split(",")) if flags else ""
     return (
-        f"redis.register_function{{function_name = '{function}', flags = {{{listed}}},\n"
-        f"callback = function(keys, args)\nKEYS, ARGV = keys, args\n_per_call()\n"
+        f"_register_function{{function_name = '{function}', flags = {{{listed}}},\n"
+        f"callback = function(keys, args)\nKEYS, ARGV = keys, args\n"
+        f"if not redis then {_GLOBALS} = _globals() end\n_per_call()\n"
         f"{body}\nend}}\n"
     )
 
@@ -143,7 +154,10 @@ def _library() -> tuple[str, str]:
         else:
             per_call.append(assignment)
     body = "\n".join(
-        ["local " + ", ".join(declared), *helpers, "_per_call = function()",
+        ["local _register_function = redis.register_function",  # the loading API's
+         f"local function _globals() return {_GLOBALS} end",  # the globals of a call
+         f"local {_GLOBALS}",
+         "local " + ", ".join(declared), *helpers, "_per_call = function()",
          *per_call, "end"]
     )
     tag = hashlib.sha1(

@@ -300,24 +300,14 @@ local function owns(id, token)
   return f[1] == token and f[2] == 'active'
 end
 
--- The metrics fields of a finished attempt.
-local function metrics(f_pon, f_rdy, f_delay, attempt, now)
-  local pon = tonumber(f_pon) or now
-  local rdy = tonumber(f_rdy) or pon
-  return { 'attempt', int(attempt), 'waited_for', math.max(0, pon - rdy),
-           'ran_for', math.max(0, now - pon), 'expected_delay', f_delay or '0' }
-end
-
 -- Per-minute metrics of finished jobs, one hash per kind ('completed',
 -- 'failed') with totals (count; wait and run, ms), the minute being counted
 -- (min) and the count at its start (mbase); finished minutes go to the list
 -- <hash>:data, newest first, at most METRICS_MINUTES long. One HMGET and one
 -- HSET per job; one more LPUSH + LTRIM when the minute changes.
 local METRICS_MINUTES = 1440
-local function record_metric(kind, now, f_pon, f_rdy)
+local function record_metric(kind, now, waited, ran)
   local key = base .. 'metrics:' .. kind
-  local pon = tonumber(f_pon) or now
-  local rdy = tonumber(f_rdy) or pon
   local minute = math.floor(now / 60000)
   local m = redis.call('HMGET', key, 'min', 'mbase', 'count', 'wait', 'run')
   local last = tonumber(m[1])
@@ -333,8 +323,20 @@ local function record_metric(kind, now, f_pon, f_rdy)
     redis.call('HSET', key, 'min', int(minute), 'mbase', int(count))  -- a new minute
   end
   redis.call('HSET', key, 'count', int(count + 1),
-    'wait', int((tonumber(m[4]) or 0) + math.floor(math.max(0, pon - rdy) + 0.5)),
-    'run', int((tonumber(m[5]) or 0) + math.floor(math.max(0, now - pon) + 0.5)))
+    'wait', int((tonumber(m[4]) or 0) + math.floor(waited + 0.5)),
+    'run', int((tonumber(m[5]) or 0) + math.floor(ran + 0.5)))
+end
+
+-- A finished attempt's metrics: counted in the per-minute metrics of `kind`
+-- (record_metric), and returned as the fields of its event. The record's
+-- times (pon, rdy) are read once for both.
+local function finish_metrics(kind, f_pon, f_rdy, f_delay, attempt, now)
+  local pon = tonumber(f_pon) or now
+  local rdy = tonumber(f_rdy) or pon
+  local waited, ran = math.max(0, pon - rdy), math.max(0, now - pon)
+  record_metric(kind, now, waited, ran)
+  return { 'attempt', int(attempt), 'waited_for', waited, 'ran_for', ran,
+           'expected_delay', f_delay or '0' }
 end
 
 -- Fail a job for good (its lock and active entry already gone): record it
@@ -350,9 +352,8 @@ local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type
   release_dedup(id, f[7], f[8], cancelled)
   local fields = { 'prev', prev or 'active', 'failed_reason', reason }
   if exc_type and exc_type ~= '' then append(fields, { 'exc_type', exc_type }) end
-  append(fields, metrics(f[1], f[2], f[3], attempt, now))
+  append(fields, finish_metrics('failed', f[1], f[2], f[3], attempt, now))
   if cancelled then append(fields, { 'cancelled', '1' }) end
-  record_metric('failed', now, f[1], f[2])
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
     delete_job(id, false, true)

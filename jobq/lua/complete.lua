@@ -55,8 +55,8 @@ local run = f[7]
 if run then _runs[id] = run end
 redis.call('DEL', lock_key(id))
 redis.call('ZREM', K_ACTIVE, id)
-local fields = append({ 'prev', 'active' }, metrics(f[2], f[3], f[4], atm, now))
-record_metric('completed', now, f[2], f[3])
+local fields = append({ 'prev', 'active' },
+  finish_metrics('completed', f[2], f[3], f[4], atm, now))
 local keep = tonumber(f[5]) or -1
 local removable = keep ~= -1 or (tonumber(f[6]) or 0) > 0
 if keep == 0 then
