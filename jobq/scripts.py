@@ -133,13 +133,15 @@ def _library() -> tuple[str, str]:
     Loaded once per server (FUNCTION LOAD), it defines the helpers of
     _common.lua once; a call runs only its own function. Each top-level
     value of _common.lua (the keys derived from KEYS[1], the per-call caches)
-    is declared at the top of the library and assigned afresh by
-    ``_per_call()`` at the start of every call, in the order written (a
-    helper may call it too: ``in_queue`` runs a step with another queue's
-    keys, as flows do for a parent in another queue).
+    is declared at the top of the library and assigned by ``_per_call()`` at
+    the start of every call, in the order written: the keys only when
+    KEYS[1] differs from the last call's (they depend on it alone), the
+    caches always (a helper may call it too: ``in_queue`` runs a step with
+    another queue's keys, as flows do for a parent in another queue).
     """
     declared = ["KEYS", "ARGV", "_per_call"]
     per_call: list[str] = []
+    of_base: list[str] = []  # base and the keys derived from it alone
     helpers: list[str] = []
     for unit in _units(_read("_common.lua")):
         found = _LOCAL.search(unit)
@@ -149,8 +151,12 @@ def _library() -> tuple[str, str]:
         names = [n.strip() for n in found.group(1).split(",")]
         declared += names
         assignment = unit[: found.start()] + unit[found.start() + len("local "):]
-        if all(n.isupper() for n in names) and not _PER_CALL.search(unit[found.end():]):
+        value = unit[found.end():]
+        if all(n.isupper() for n in names) and not _PER_CALL.search(value):
             helpers.append(assignment)  # a constant: set once, when loaded
+        elif names == ["base"] or (all(n.isupper() for n in names)
+                                   and not re.search(r"\b(?:KEYS|ARGV)\b", value)):
+            of_base.append(assignment)
         else:
             per_call.append(assignment)
     body = "\n".join(
@@ -158,7 +164,7 @@ def _library() -> tuple[str, str]:
          f"local function _globals() return {_GLOBALS} end",  # the globals of a call
          f"local {_GLOBALS}",
          "local " + ", ".join(declared), *helpers, "_per_call = function()",
-         *per_call, "end"]
+         "if base ~= KEYS[1] then", *of_base, "end", *per_call, "end"]
     )
     tag = hashlib.sha1(
         (body + "".join(_read(f"{n}.lua") for n in _SCRIPT_NAMES)).encode("utf-8")

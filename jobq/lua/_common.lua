@@ -2,10 +2,11 @@
   Helpers shared by the scripts. All scripts make one library of functions
   (scripts.py), loaded once per server: the helpers below are defined once,
   when it loads. Every other top-level value (a line "local NAME = ...")
-  is assigned afresh at the start of each call, in the order written,
-  unless it is a constant (an upper-case name whose value uses neither KEYS,
-  ARGV, base nor a K_ key), which is set once. Each script's body runs with
-  KEYS and ARGV as in a script.
+  is assigned at the start of each call, in the order written, unless it
+  is a constant (an upper-case name whose value uses neither KEYS, ARGV,
+  base nor a K_ key), which is set once; base and the upper-case keys
+  derived from it alone are assigned only when KEYS[1] is not the last
+  call's. Each script's body runs with KEYS and ARGV as in a script.
 
   KEYS[1] is always the queue's base prefix
   "<prefix>:{<queue>}:", and every other key is derived from it, so all keys
