@@ -83,6 +83,8 @@ _PER_CALL = re.compile(r"\b(?:KEYS|ARGV|base|K_\w+)\b")
 #: or new server, or FUNCTION FLUSH): the library is loaded, and the call sent
 #: again.
 _MISSING = "Function not found"
+#: The value of a key named after the queue's base alone (``base .. 'wait'``).
+_OF_BASE = re.compile(r"\s*base \.\. '[^']*'\s*$")
 
 
 #: The globals the scripts use, bound to locals of the library on its first
@@ -154,8 +156,7 @@ def _library() -> tuple[str, str]:
         value = unit[found.end():]
         if all(n.isupper() for n in names) and not _PER_CALL.search(value):
             helpers.append(assignment)  # a constant: set once, when loaded
-        elif names == ["base"] or (all(n.isupper() for n in names)
-                                   and not re.search(r"\b(?:KEYS|ARGV)\b", value)):
+        elif names == ["base"] or _OF_BASE.match(value):
             of_base.append(assignment)
         else:
             per_call.append(assignment)
