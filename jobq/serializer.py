@@ -162,7 +162,27 @@ def _check(packed: bytes, what: str) -> None:
     try:
         msgpack.unpackb(packed, raw=False, strict_map_key=True)
     except (TypeError, ValueError) as exc:
-        raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
+        reason = str(exc)
+        if "map key" in reason:  # msgpack: "int is not allowed for map key when ..."
+            read = msgpack.unpackb(packed, raw=False, strict_map_key=False, use_list=False)
+            reason = (f"a dict has the key {_bad_key(read)!r}; keys must be str or bytes "
+                      "(convert them, e.g. {str(k): v for k, v in d.items()})")
+        raise SerializationError(f"{what} is not msgpack-encodable: {reason}") from exc
+
+
+def _bad_key(value: Any) -> Any:
+    """The first map key in ``value`` (as read back) that is not str or bytes."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, (str, bytes)):
+                    return key
+            stack.extend(item.values())
+        elif isinstance(item, tuple):  # arrays, read back as tuples
+            stack.extend(item)
+    return None
 
 
 def decode(data: bytes | None, what: str = "value") -> Any:

@@ -107,3 +107,12 @@ def test_an_integer_out_of_range_says_so(queue: Queue) -> None:
             queue.add("big", value)
     assert serializer.decode(serializer.encode(2**64 - 1, "data"), "data") == 2**64 - 1
     assert serializer.decode(serializer.encode(-(2**63), "data"), "data") == -(2**63)
+
+
+def test_a_non_string_map_key_says_what_to_do(queue: Queue) -> None:
+    for value in ({1: "a"}, {"nested": {(1, 2): "b"}}, [{None: 0}], {1.5: "c"}):
+        with pytest.raises(SerializationError, match=r"a dict has the key .*; keys must be str "
+                           r"or bytes"):
+            queue.add("keys", value)
+    assert queue.get_job_counts("waiting")["waiting"] == 0
+    assert serializer.decode(serializer.encode({b"k": 1, "s": 2})) == {b"k": 1, "s": 2}
