@@ -218,6 +218,7 @@ class Pausing:
         if roles is not None:
             if first:
                 roles.gate.set_paused(True)
+                roles.fetcher.wake()  # a take sent behind a block ends now
             roles.gate.wait_idle(deadline)
             if wait:
                 self._wait_jobs(roles, deadline, closed)

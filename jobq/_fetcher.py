@@ -4,10 +4,18 @@ It blocks on the queue's marker key (BZPOPMIN, at most ``BLOCK_CAP`` at a
 time) on a connection of its own, takes a job when one may be ready and a
 pool slot is free, puts it under lock renewal (the AttemptTable) before
 anything else, and hands it over.
+
+While jobs come (one was taken within the last ``drain_delay``) and a slot
+is free, the take is sent with the BZPOPMIN, in one write: the server runs
+it as soon as the block ends, and the job comes back with the marker, with
+no round trip between the two. The take then counts as under way for the
+whole block, so ``pause()`` and ``close()`` wake the block (``wake``). An
+idle worker blocks on the marker alone, as before.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -33,6 +41,10 @@ from .connection import (
 )
 
 logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
+
+#: ``Fetcher._fetch``'s answer when a take to send behind a block finds no
+#: free slot: the fetcher blocks on the marker alone.
+_NO_SLOT = -1.0
 
 
 class Fetcher:
@@ -78,8 +90,10 @@ class Fetcher:
         self._held: Any = None  # the blocker's one connection (a plain client's)
         self._blocked_id: Blocked | None = None
         self._unsure: TakeArgs | None = None  # a take whose reply was lost
+        self._blocking_take = False  # a take waits behind a BZPOPMIN
         self._due_at: float | None = None
         self._last_fetch = 0.0
+        self._hot_until = 0.0  # a take sent with each block until then
         self._need_fetch = True
         self._ready = False
         self._loop = BackgroundLoop(
@@ -100,6 +114,12 @@ class Fetcher:
         """Stop taking; wake a blocked read so that the thread ends at once."""
         self._loop.stop()
         unblock(self._context.client, self._blocked_id)
+
+    def wake(self) -> None:
+        """End a block that has a take sent with it (the gate has just been
+        closed: its take, under way, must end now, not when the block does)."""
+        if self._blocking_take:
+            unblock(self._context.client, self._blocked_id)
 
     def interrupt(self) -> None:
         """Cut the fetch connection under a call that does not return (from
@@ -141,23 +161,32 @@ class Fetcher:
         if wait <= 0:
             self._need_fetch = True
             return 0.0
+        if self._held is not None and time.monotonic() < self._hot_until:
+            after = self._fetch(pop=wait)
+            if after != _NO_SLOT:
+                return after or 0.0
         popped = self._pop(wait)
         self._need_fetch = popped is not None or (
             self._due_at is not None and time.monotonic() >= self._due_at
         )
         return 0.0
 
-    def _fetch(self) -> float | None:
+    def _fetch(self, pop: float | None = None) -> float | None:
         """One take: seconds to wait before the next step, or None to block
-        on the marker."""
-        if not self._slots.acquire(timeout=BLOCK_CAP):
+        on the marker. With ``pop``, the take is sent behind a BZPOPMIN of
+        that many seconds, if a slot is free now (else ``_NO_SLOT``)."""
+        if pop is not None:
+            if not self._slots.acquire(blocking=False):
+                return _NO_SLOT
+        elif not self._slots.acquire(timeout=BLOCK_CAP):
             return 0.0
         if not self._gate.begin():  # paused or closing since the slot came
             self._slots.release()
             return 0.0
         held = False
         try:
-            scripts = WorkerScripts(self._run)
+            run = self._run if pop is None else functools.partial(self._pop_then_run, pop)
+            scripts = WorkerScripts(run)
             retried = self._unsure is not None
             take = self._unsure or self._take_args()
             self._unsure = take  # until its reply is read
@@ -165,6 +194,7 @@ class Fetcher:
             self._unsure = None
             self._last_fetch = time.monotonic()
             if reply.taken is not None:
+                self._hot_until = self._last_fetch + self._drain_delay
                 job_id, token, record = reply.taken
                 attempt = Attempt(job_id, token, record)
                 self._table.add(attempt)  # under lock renewal from now on
@@ -201,6 +231,19 @@ class Fetcher:
             return blocker.bzpopmin(self._context.keys.marker, wait)
         return call_on(self._held, "BZPOPMIN", self._context.keys.marker, wait,
                        check_health=False)
+
+    def _pop_then_run(self, wait: float, script: str, *argv: Any) -> Any:
+        """BZPOPMIN on the marker for at most ``wait`` seconds, then script
+        ``script``, in one write (see the module's docstring)."""
+        self._blocking_take = True
+        try:
+            _, reply = self._context.scripts.run_after(
+                self._held, ("BZPOPMIN", self._context.keys.marker, wait), script,
+                self._context.keys.base, *argv,
+            )
+        finally:
+            self._blocking_take = False
+        return reply
 
     def _run(self, script: str, *argv: Any) -> Any:
         blocker = self._connect()

@@ -342,6 +342,40 @@ class Scripts:
             connection.disconnect()
             raise
 
+    def run_after(
+        self, connection: Any, first: tuple[Any, ...], name: str, base: str, *args: Any
+    ) -> tuple[Any, Any]:
+        """Send command ``first`` and script ``name`` in one write on one
+        connection; return both replies. The server runs the script once
+        ``first`` has returned: after a blocking ``first`` (BZPOPMIN), as
+        soon as its block ends, with no round trip between the two.
+
+        An error reply of the script leaves the connection usable (a script
+        missing from the server is loaded and the script run again, as by
+        ``run_on``); any other failure drops it and is raised.
+        """
+        self._check_open()
+        command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
+        try:
+            connection.send_packed_command([_pack(first), _pack(command)], check_health=False)
+            try:
+                reply = connection.read_response()
+            except ResponseError:  # the script's reply is left unread
+                connection.disconnect()
+                raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        try:
+            return reply, read_by(connection, None)
+        except ResponseError as exc:
+            if not function_missing(exc):
+                raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        return reply, self.run_on(connection, name, base, *args)
+
 
 #: Calls a cluster client makes for one script when the slot's node answers
 #: that nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, the library missing).
