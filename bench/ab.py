@@ -14,7 +14,8 @@ measuring code is the head revision's ``bench/adapters`` (``_common.py``,
 Workloads (as in bench/README.md): W1 single and bulk add (jobs/s); W2 drain
 of --jobs pre-loaded jobs at concurrency 1 and 8 (jobs/s, worker CPU s per
 1,000 jobs); W3 add + wait_until_finished round trips of one caller against
-a worker of concurrency 8 (p50/p99 ms). Runs are interleaved (each workload
+a worker of concurrency 8 (p50/p99 ms); W4 the same with 16 callers for 5 s
+(round trips/s, p50 ms). ``--workloads w3,w4`` runs a subset. Runs are interleaved (each workload
 runs base and head back to back, the order alternating per repeat) against
 one private loopback server that is flushed before every run. Prints a table
 and writes bench/results/ab-<stamp>.json (git-ignored).
@@ -56,6 +57,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "w2_c1": {"concurrency": 1},
     "w2_c8": {"concurrency": 8},
     "w3": {"concurrency": RR_CONCURRENCY},
+    "w4": {"concurrency": RR_CONCURRENCY},
 }
 # (label, workload, key, higher is better)
 ROWS: list[tuple[str, str, str, bool]] = [
@@ -67,7 +69,11 @@ ROWS: list[tuple[str, str, str, bool]] = [
     ("W2 drain c=8, worker CPU s / 1k jobs ↓", "w2_c8", "w2_c8_cpu_s_per_1k", False),
     ("W3 round trip p50, ms ↓", "w3", "w3_p50_ms", False),
     ("W3 round trip p99, ms ↓", "w3", "w3_p99_ms", False),
+    ("W4 16 callers, round trips/s ↑", "w4", "w4_trips_s", True),
+    ("W4 16 callers, p50 ms ↓", "w4", "w4_p50_ms", False),
 ]
+W4_SECONDS = 5.0
+W4_THREADS = 16
 
 
 def log(msg: str) -> None:
@@ -131,8 +137,10 @@ def child_main(argv: list[str]) -> int:
             key = f"w2_c{args.concurrency}"
             if out.get(f"{key}_left") or out.get(f"{key}_sampled_missing"):
                 raise RuntimeError(f"drain incomplete: {out}")
-        else:
+        elif args.workload == "w3":
             out.update(_w3(common, peer, args.n))
+        else:
+            out.update(_w4(common, peer))
         rc = 0
     except BaseException as exc:  # reported as one JSON line, never hidden
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -164,6 +172,41 @@ def _w3(common: Any, peer: Any, trips: int) -> dict[str, Any]:
     for k, v in common.latency_summary(samples).items():
         out[f"w3_{k}"] = v
     return out
+
+
+def _w4(common: Any, peer: Any) -> dict[str, Any]:
+    """W4 alone: W4_THREADS callers adding and waiting for W4_SECONDS, as
+    bench's rr runs it after W3."""
+    proc = common.start_ready_worker(peer, RR_CONCURRENCY)
+    lat: list[list[float]] = [[] for _ in range(W4_THREADS)]
+    errors: list[str] = []
+    try:
+        stop_at = time.monotonic() + W4_SECONDS
+
+        def caller(t: int) -> None:
+            j = 1_000_000 * (t + 1)
+            try:
+                while time.monotonic() < stop_at:
+                    lat[t].append(common.round_trip(peer, j))
+                    j += 1
+            except Exception as exc:  # reported, not hidden
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=caller, args=(t,), daemon=True)
+                   for t in range(W4_THREADS)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(W4_SECONDS + common.RESULT_TIMEOUT + 5)
+        elapsed = time.perf_counter() - t0
+    finally:
+        proc.stop()
+    if errors:
+        raise RuntimeError(f"{len(errors)} caller(s) failed: {errors[0]}")
+    samples = [x for row in lat for x in row]
+    return {"w4_trips_s": len(samples) / elapsed,
+            "w4_p50_ms": common.latency_summary(samples)["p50_ms"]}
 
 
 def worker_main(argv: list[str]) -> int:
@@ -300,6 +343,8 @@ def build_table(agg: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|---|---|"]
     for label, _, key, _higher in ROWS:
         b, h = agg["base"].get(key), agg["head"].get(key)
+        if b is None and h is None:
+            continue  # a workload not chosen
         ratio = f"{h['median'] / b['median']:.2f}×" if b and h and b["median"] else "—"
         lines.append(f"| {label} | {cell(b)} | {cell(h)} | {ratio} | "
                      f"{spread(b)} / {spread(h)} |")
@@ -313,6 +358,8 @@ def main() -> int:
     ap.add_argument("--head", default="HEAD", help="git revision measured as 'head'; its "
                     "bench/adapters is the measuring code of both sides")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)")
     ap.add_argument("--jobs", type=int, default=10_000, help="jobs of W1 and W2")
     ap.add_argument("--server", help="server binary (default: find_server_binary())")
     ap.add_argument("--repo", default=str(ROOT), help="git repository (default: this one)")
@@ -323,6 +370,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.repeats < 1 or args.jobs < 1000:
         ap.error("--repeats must be >= 1 and --jobs >= 1000")
+    chosen = set(args.workloads.split(","))
+    if not chosen <= set(WORKLOADS):
+        ap.error(f"--workloads: unknown {', '.join(sorted(chosen - set(WORKLOADS)))}")
 
     signal.signal(signal.SIGTERM, _raise_exit)  # `timeout` and kill clean up as Ctrl-C does
     started = time.monotonic()
@@ -371,6 +421,8 @@ def main() -> int:
         for r in range(args.repeats):
             order = ("base", "head") if r % 2 == 0 else ("head", "base")
             for workload, params in WORKLOADS.items():
+                if workload not in chosen:
+                    continue
                 for side in order:
                     admin.flushall()
                     admin.script_flush()
@@ -420,7 +472,8 @@ def main() -> int:
         f"base {labels['base']} ({revs['base']['rev']}): {revs['base']['subject']}",
         f"head {labels['head']} ({revs['head']['rev']}): {revs['head']['subject']}",
         f"Server: {server_desc}. W1/W2 {args.jobs:,} jobs; W3 {W3_TRIPS:,} trips, one "
-        f"caller, worker concurrency {RR_CONCURRENCY}. Machine: {os.cpu_count()} cores, "
+        f"caller; W4 {W4_THREADS} callers for {W4_SECONDS:g} s; worker concurrency "
+        f"{RR_CONCURRENCY}. Machine: {os.cpu_count()} cores, "
         f"{platform.platform()}, load average during the run "
         f"{min(loads):.2f}–{max(loads):.2f}." if loads else "",
         "Spread: (max − min) ÷ median over the repeats.",

@@ -33,13 +33,16 @@ from jobq import (
     Worker,
 )
 from jobq.calls import TakeArgs, WorkerScripts
+from jobq.keys import QueueKeys
 from tests import worker_proc
+from tests.polling import until
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Bound for waits that should end much sooner; a hang fails, it does not stall the suite.
 WAIT = 10.0
 LOCK = 1.0
 INTERVAL = 0.5
+CLUSTER = os.environ.get("JOBQ_TEST_CLUSTER") == "1"
 #: Server timestamps are whole milliseconds in stream ids: allow for rounding.
 MS = 0.0015
 
@@ -1139,10 +1142,63 @@ def test_pause_during_a_job_takes_no_next_job(queue: Queue, redis_url: str) -> N
         assert queue.get_job_state(first.id) == "active"
         release.set()
         assert first.wait_until_finished(timeout=WAIT) == "first"
-        assert not rec.wait("active", 2, timeout=0.5), "a paused worker took a job"
-        assert queue.get_job_state(second.id) == "waiting"
-        worker.resume()
-        assert second.wait_until_finished(timeout=WAIT) == "second"
+        takes_only_once_resumed(worker, queue, rec, second, 2)
+
+
+def takes_only_once_resumed(
+    worker: Worker, queue: Queue, rec: Recorder, job: Job, nth_active: int
+) -> None:
+    """``job``, added to the paused ``worker``'s queue, is not taken (no
+    ``nth_active`` active event) until the worker resumes; then it runs."""
+    assert not rec.wait("active", nth_active, timeout=0.5), "a paused worker took a job"
+    assert queue.get_job_state(job.id) == "waiting"
+    worker.resume()
+    assert job.wait_until_finished(timeout=WAIT) == job.name
+
+
+@pytest.mark.skipif(CLUSTER, reason="with a cluster client the fetcher blocks on the marker alone")
+def test_a_busy_worker_sends_its_next_take_with_its_block(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # While jobs come, the fetcher's take waits in the server behind its
+    # BZPOPMIN (the FCALL's bytes in its query buffer): the next job comes
+    # back with the marker, no round trip between them.
+    with make_worker(queue.name, redis_url, lambda job: job.name, concurrency=2) as worker:
+        rec = Recorder().attach(worker, "active")
+        name = f"jobq-fetch-{worker.name}"
+
+        def blocked_with_a_take() -> bool:
+            return any(c["name"] == name and c["cmd"] == "bzpopmin" and "b" in c["flags"]
+                       and int(c["qbuf"]) > 0 for c in redis_client.client_list())
+
+        assert queue.add("first").wait_until_finished(timeout=WAIT) == "first"
+        until(blocked_with_a_take, timeout=WAIT)
+        assert queue.add("second").wait_until_finished(timeout=WAIT) == "second"
+        until(blocked_with_a_take, timeout=WAIT)
+        # pause() ends the block; the take sent with it is over when it returns
+        worker.pause()
+        assert not blocked_with_a_take()
+        takes_only_once_resumed(worker, queue, rec, queue.add("third"), 3)
+
+
+@pytest.mark.skipif(CLUSTER, reason="with a cluster client the fetcher blocks on the marker alone")
+def test_a_busy_worker_whose_server_lost_the_scripts_loads_them_again(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # the take sent with a block finds the library gone (a restarted server,
+    # FUNCTION FLUSH): it is loaded again and the take made, as by any call
+    with make_worker(queue.name, redis_url, lambda job: job.name) as worker:
+        errors = Recorder().attach(worker, "error")
+        name = f"jobq-fetch-{worker.name}"
+        assert queue.add("first").wait_until_finished(timeout=WAIT) == "first"
+        until(lambda: any(c["name"] == name and int(c["qbuf"]) > 0
+                          for c in redis_client.client_list()), timeout=WAIT)
+        redis_client.function_flush()
+        # a marker alone (no add, which would load the library first) ends the block
+        redis_client.zadd(QueueKeys("jobq", queue.name).marker, {"0": 0})
+        until(redis_client.function_list, timeout=WAIT)  # loaded by the take
+        assert queue.add("second").wait_until_finished(timeout=WAIT) == "second"
+        assert errors.of("error") == []
 
 
 # -- listeners -------------------------------------------------------------------
