@@ -429,9 +429,11 @@ class EventReader:
         # the waiters answered by this read go to the gate, which wakes a
         # batch at a time (see WakeGate)
         answered: list[tuple[Waiter, Outcome]] = []
+        obliterated = False
         for entry_id, raw in entries:
             entry = _text(entry_id)
             name = raw.get(b"ev")
+            obliterated = obliterated or name == b"obliterated"
             if name == _MODE_STORED:
                 self.read_id = sid(entry)
                 self._release_held(client)  # the look runs on it
@@ -461,9 +463,11 @@ class EventReader:
         # stopped, starved or far behind): the stream's first id can. Trimming
         # keeps at least max_events entries, so a loss shows as a read of
         # min(1000, max_events) entries or more; a manual trim_events to less
-        # is caught by a look every few seconds.
+        # is caught by a look every few seconds. An obliterate empties the
+        # stream and writes ``obliterated`` first in it: what went with the
+        # queue is no loss, and every waiter is re-checked for it already.
         now = time.monotonic()
-        if entries and self._pubsub is None and (
+        if entries and self._pubsub is None and not obliterated and (
                 len(entries) >= self.event_mode.gap_batch or now >= self._next_gap_check):
             self._next_gap_check = now + GAP_CHECK_INTERVAL
             self._detect_gap(client, since)

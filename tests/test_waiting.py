@@ -8,6 +8,7 @@ Real server, bounded waits, no sleep as synchronisation.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from jobq import (
     ShardedQueue,
     WaitUntilFinishedTimeoutError,
     Worker,
+    _reader,
     queue_events,
 )
 from jobq.testing import RedisServer, find_server_binary
@@ -660,6 +662,27 @@ def test_obliterate_ends_waits_promptly(queue: Queue, qe: QueueEvents) -> None:
         thread.join(WAIT)
     assert all(isinstance(out[0], JobNotFoundError) for out in outcomes), outcomes
     assert time.monotonic() - start < 5
+
+
+def test_obliterate_is_no_loss_of_events_to_warn_of(
+    queue: Queue, qe: QueueEvents, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the obliterate empties the stream (unread events go with the queue)
+    # and writes `obliterated` first in it: the reader re-checks its waiters
+    # for that event, and warns of no events trimmed before it read them
+    monkeypatch.setattr(_reader, "GAP_CHECK_INTERVAL", 0.0)  # a look after every read
+    added: list[str] = []
+    qe.on("added", lambda event: added.append(event.job_name))
+    queue.add("read")
+    until(lambda: added, timeout=WAIT)  # the reader has a position in the stream
+    for _ in range(3):
+        queue.add("unread")
+    with caplog.at_level(logging.WARNING, logger="jobq.queue_events"):
+        queue.obliterate()
+        queue.add("after")
+        until(lambda: "after" in added, timeout=WAIT)  # read after `obliterated`
+    assert "trimmed before they were read" not in caplog.text
 
 
 # -- waits and close under an outage, whatever the client's retries -------------
