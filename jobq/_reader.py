@@ -429,11 +429,9 @@ class EventReader:
         # the waiters answered by this read go to the gate, which wakes a
         # batch at a time (see WakeGate)
         answered: list[tuple[Waiter, Outcome]] = []
-        obliterated = False
         for entry_id, raw in entries:
             entry = _text(entry_id)
             name = raw.get(b"ev")
-            obliterated = obliterated or name == b"obliterated"
             if name == _MODE_STORED:
                 self.read_id = sid(entry)
                 self._release_held(client)  # the look runs on it
@@ -463,11 +461,9 @@ class EventReader:
         # stopped, starved or far behind): the stream's first id can. Trimming
         # keeps at least max_events entries, so a loss shows as a read of
         # min(1000, max_events) entries or more; a manual trim_events to less
-        # is caught by a look every few seconds. An obliterate empties the
-        # stream and writes ``obliterated`` first in it: what went with the
-        # queue is no loss, and every waiter is re-checked for it already.
+        # is caught by a look every few seconds.
         now = time.monotonic()
-        if entries and self._pubsub is None and not obliterated and (
+        if entries and self._pubsub is None and (
                 len(entries) >= self.event_mode.gap_batch or now >= self._next_gap_check):
             self._next_gap_check = now + GAP_CHECK_INTERVAL
             self._detect_gap(client, since)
@@ -571,7 +567,23 @@ def trimmed(client: Client, key: str, since: StreamId | None) -> bool:
     # and maybe more after it. Re-checking waiters is harmless if not.
     first = info.get("first-entry")
     # (0, 0) is "before everything" (a "$" resolved on an empty stream, or
-    # "0"), not an entry read: only an XDEL past it shows a loss then
-    marks = [info.get("max-deleted-entry-id"), first[0] if first and since != (0, 0) else None]
+    # "0"), not an entry read: only an XDEL past it shows a loss then. An
+    # `obliterated` event first in the stream is an obliterate's (it empties
+    # the stream, then writes it): what went before it went with the queue,
+    # and the reader re-checks every waiter when it reads that event.
+    if first and (since == (0, 0) or _first_is_obliterated(first)):
+        first = None
+    marks = [info.get("max-deleted-entry-id"), first[0] if first else None]
     texts = [_text(m) for m in marks if m]
     return any(sid(t) > since for t in texts if valid_id(t))
+
+
+def _first_is_obliterated(first: Any) -> bool:
+    """Whether XINFO STREAM's first entry (id, fields) is an `obliterated` event."""
+    fields = first[1] if len(first) > 1 else None
+    if isinstance(fields, dict):
+        return fields.get(b"ev", fields.get("ev")) in (b"obliterated", "obliterated")
+    if isinstance(fields, (list, tuple)):  # a flat field/value list
+        return any(k in (b"ev", "ev") and v in (b"obliterated", "obliterated")
+                   for k, v in zip(fields[::2], fields[1::2], strict=False))
+    return False
