@@ -26,16 +26,6 @@ class JobMetrics:
     """The delay the job was added with."""
 
 
-#: The events jobq itself writes; ``Queue.emit`` refuses these names (a
-#: custom ``obliterated`` would make every reader re-check its waiters, a
-#: custom ``drained`` would reach workers' listeners as the queue's own).
-OWN_EVENTS = frozenset({
-    "added", "waiting", "waiting-children", "delayed", "active", "progress", "completed",
-    "retrying", "failed", "stalled", "removed", "duplicated", "deduplicated", "cancelled",
-    "drained", "paused", "resumed", "cleaned", "obliterated",
-})
-
-
 @dataclass(frozen=True)
 class Event:
     """One event of a queue; its fields are also readable as attributes.

@@ -25,7 +25,6 @@ from .errors import (
     RedisOOMError,
     SerializationError,
 )
-from .events import OWN_EVENTS
 from .job import Job
 from .keys import queues_key, validate_job_id
 from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_form
@@ -391,14 +390,9 @@ class Queue(
 
         Raises:
             SerializationError: a field value is not msgpack-encodable.
-            ValueError: the name is empty, holds ':', or is one of jobq's
-                own events (``completed``, ``drained``, ...).
         """
         if not isinstance(event, str) or not event or ":" in event:
             raise ValueError(f"event name must be a non-empty str without ':', not {event!r}")
-        if event in OWN_EVENTS or event.startswith("__jobq"):
-            raise ValueError(f"event name {event!r} is one of jobq's own events; "
-                             "give a custom event a name of its own")
         packed: list[tuple[str, bytes]] = []
         for key, value in fields.items():
             if key in ("ev", "jid", "c", "ts"):

@@ -758,19 +758,6 @@ def test_emit_custom_event_with_msgpack_fields(queue: Queue, qe: QueueEvents,
         _ = first.missing_field
 
 
-def test_emit_refuses_the_names_of_jobqs_own_events(queue: Queue, qe: QueueEvents) -> None:
-    # a custom `obliterated` would make every reader re-check its waiters, a
-    # custom `drained` reach workers' listeners as the queue's own
-    rec = Recorder()
-    qe.on_all_events(rec)
-    for name in ("obliterated", "drained", "completed", "waiting-children", "__jobq_mode__"):
-        with pytest.raises(ValueError, match="one of jobq's own events"):
-            queue.emit(name)
-    queue.emit("obliterated-by-me")  # a name of its own
-    assert rec.wait_count(1)
-    assert [e.name for e in rec.snapshot()] == ["obliterated-by-me"]
-
-
 def test_emit_fields_colliding_with_event_attributes(queue: Queue, qe: QueueEvents) -> None:
     rec = Recorder()
     qe.on("clash", rec)
