@@ -508,7 +508,7 @@ class EventReader:
             at = sid(event.id) if event.id else (0, 0)
             waiters = self.table.record(job_id, run, outcome, at)
             answered += ((waiter, outcome) for waiter in waiters)
-        elif event.name == "obliterated":
+        elif event.name == "obliterated" and not event._custom:
             # every record is gone: each waiter learns it from its own check
             self._lost()
         if self._listeners.has_any():
@@ -579,11 +579,12 @@ def trimmed(client: Client, key: str, since: StreamId | None) -> bool:
 
 
 def _first_is_obliterated(first: Any) -> bool:
-    """Whether XINFO STREAM's first entry (id, fields) is an `obliterated` event."""
+    """Whether XINFO STREAM's first entry (id, fields) is an obliterate's
+    `obliterated` event (not a custom event of that name)."""
     fields = first[1] if len(first) > 1 else None
-    if isinstance(fields, dict):
-        return fields.get(b"ev", fields.get("ev")) in (b"obliterated", "obliterated")
     if isinstance(fields, (list, tuple)):  # a flat field/value list
-        return any(k in (b"ev", "ev") and v in (b"obliterated", "obliterated")
-                   for k, v in zip(fields[::2], fields[1::2], strict=False))
-    return False
+        fields = dict(zip(fields[::2], fields[1::2], strict=False))
+    if not isinstance(fields, dict):
+        return False
+    fields = {_text(k): v for k, v in fields.items()}
+    return fields.get("ev") in (b"obliterated", "obliterated") and "c" not in fields

@@ -48,6 +48,9 @@ class Event:
     _more: bool = field(default=False, repr=False, compare=False)
     """More events of the same stream entry follow: a reader resuming at
     this id would miss them, so it is not yet a position to resume from."""
+    _custom: bool = field(default=False, repr=False, compare=False)
+    """Written by ``Queue.emit``: whatever its name, it reaches listeners of
+    that name and nothing else (a custom ``obliterated`` is no obliterate)."""
 
     def __getattr__(self, item: str) -> Any:
         # Only reached when normal lookup fails: expose the event's fields.
@@ -86,7 +89,7 @@ def build(raw: Mapping[str, bytes], entry_id: str | None, timestamp: float) -> E
         for key, value in raw.items():
             if key not in ("ev", "jid", "c", "ts"):
                 fields[key] = serializer.decode(value, f"event field {key!r}")
-        return Event(name, None, entry_id, timestamp, None, fields)
+        return Event(name, None, entry_id, timestamp, None, fields, _custom=True)
     for key, value in raw.items():
         if key in ("ev", "jid", "prev", "ts", "big"):
             continue

@@ -507,6 +507,8 @@ def _channel_events(
         events = QueueEvents(context.name, connection=context.client, prefix=context.prefix)
 
     def forward(event: Event) -> None:
+        if event._custom:  # Queue.emit's: for QueueEvents listeners only
+            return
         if event.name == "drained":
             emit("drained")
         else:

@@ -787,6 +787,25 @@ def test_custom_event_named_like_a_job_event(queue: Queue, qe: QueueEvents,
     assert [(e.job_id, e.result) for e in rec.snapshot()] == [(None, "fake"), (job.id, "real")]
 
 
+def test_a_custom_obliterated_event_is_no_obliterate(
+    queue: Queue, qe: QueueEvents, redis_client: redis.Redis
+) -> None:
+    # an obliterate makes the reader re-check every waiter (their jobs are
+    # gone); a custom event of that name reaches its listeners, nothing more
+    rec = Recorder()
+    qe.on("obliterated", rec)
+    job = queue.add("x")
+    waiter = job.as_future(qe)
+    redis_client.delete(f"jobq:{{{queue.name}}}:job:{job.id}")  # gone, with no event
+    queue.emit("obliterated", by="me")
+    assert rec.wait_count(1)
+    assert [(e.job_id, e.by) for e in rec.snapshot()] == [(None, "me")]
+    # the waiter was not re-checked: it waits on (a real obliterate would
+    # have answered it with JobNotFoundError at once)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        waiter.result(timeout=1.0)
+
+
 # -- pub/sub mode ------------------------------------------------------------
 
 

@@ -1314,6 +1314,37 @@ def test_drained_listener_opens_queue_events_and_is_called(queue: Queue, redis_u
         assert drained.is_set()
 
 
+def test_custom_events_named_drained_or_stalled_are_not_the_workers(
+    queue: Queue, redis_url: str
+) -> None:
+    # Queue.emit's events reach QueueEvents listeners of their name; a
+    # worker's `drained` and `stalled` are the queue's own only
+    drained: list[tuple[Any, ...]] = []
+    stalled: list[tuple[Any, ...]] = []
+    worker = make_worker(queue.name, redis_url, lambda job: "x")
+    worker.on("drained", lambda *args: drained.append(args))
+    worker.on("stalled", lambda *args: stalled.append(args))
+    done = Recorder().attach(worker, "completed")
+    with worker:
+        # the worker's reader becomes ready asynchronously: a drain it missed
+        # is followed by another one, a bounded number of times
+        for n in range(1, 6):
+            queue.add("x")
+            assert done.wait("completed", n)
+            with contextlib.suppress(AssertionError):
+                until(lambda: drained, timeout=1.0)
+                break
+        assert drained
+        drained.clear()
+        queue.emit("stalled", job_id="fake")
+        queue.emit("drained", by="me")
+        queue.add("x")  # its drain is read after the custom events
+        assert done.wait("completed", n + 1)
+        until(lambda: drained, timeout=WAIT)
+        # the custom `stalled` was read first: forwarded, it would be here now
+        assert stalled == [] and drained == [()]
+
+
 def test_stalled_listener_added_after_start_opens_queue_events(
     queue: Queue, redis_url: str
 ) -> None:
