@@ -301,7 +301,7 @@ class _ShardedDispatcher(Dispatcher):
         self._reported: tuple[object, ...] | None = None  # the last drained state told
 
     def put(self, event: Event) -> None:
-        if event.name == "drained":
+        if event.name == "drained" and not event._custom:  # a custom one is passed on as is
             self.call_soon(functools.partial(self._drained, event))
         else:
             super().put(event)

@@ -372,6 +372,19 @@ def test_drained_is_heard_only_when_every_shard_is_drained(
         assert heard.wait(WAIT) and local.wait(WAIT)
 
 
+def test_a_custom_drained_event_is_passed_on_as_is(sharded: ShardedQueue) -> None:
+    # the sharded queue's own drained is heard only when every shard is
+    # drained; a custom event of that name (Queue.emit) is no drain
+    events = sharded.events
+    assert events.wait_until_ready(WAIT)
+    heard: list[Any] = []
+    events.on("drained", heard.append)
+    sharded.add("x")  # waiting: the queue is not drained
+    sharded.emit("drained", by="me")
+    until(lambda: heard, timeout=WAIT)
+    assert [(e.job_id, e.by) for e in heard] == [(None, "me")]
+
+
 def test_shards_drained_together_are_heard_once(
     sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
 ) -> None:
