@@ -120,7 +120,8 @@ class Dispatcher:
             if not isinstance(item, Event):
                 self._run(item)
                 continue
-            channels = (item.name, f"{item.name}:{item.job_id}", ALL)
+            channels = ((item.name, ALL) if item.job_id is None  # not the job "None"'s
+                        else (item.name, f"{item.name}:{item.job_id}", ALL))
             for channel, callback in self._listeners.take_many(channels):
                 call_safely(callback, channel, item)
             if item.id is not None and not item._more:

@@ -315,7 +315,7 @@ class _ShardedDispatcher(Dispatcher):
                 state = ()
             if state is not None and (state == () or state != self._reported):
                 self._reported = state
-                channels = (event.name, f"{event.name}:{event.job_id}", ALL)
+                channels = (event.name, ALL)  # the queue's: no job id
                 for channel, callback in self._listeners.take_many(channels):
                     call_safely(callback, channel, event)
         if event.id is not None and not event._more:

@@ -787,6 +787,26 @@ def test_custom_event_named_like_a_job_event(queue: Queue, qe: QueueEvents,
     assert [(e.job_id, e.result) for e in rec.snapshot()] == [(None, "fake"), (job.id, "real")]
 
 
+def test_the_channel_of_a_job_named_none_hears_only_its_job(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    # an event without a job (custom, drained) has no per-job channel: it
+    # is not the job "None"'s (a custom id made of str(None))
+    mine = Recorder()
+    qe.on("completed:None", mine)
+    qe.on("drained:None", mine)
+    queue.emit("completed", result="fake")
+    with Worker(queue.name, echo, connection=redis_url):
+        job = queue.add("x", "real", job_id="None")
+        assert job.wait_until_finished(qe, timeout=WAIT) == "real"
+    done = threading.Event()
+    qe.on("after", lambda event: done.set())
+    queue.emit("after")  # read after the job's events and the drain
+    assert done.wait(WAIT)
+    assert [(e.name, e.job_id, e.result) for e in mine.snapshot()] == [
+        ("completed", "None", "real")]
+
+
 def test_a_custom_obliterated_event_is_no_obliterate(
     queue: Queue, qe: QueueEvents, redis_client: redis.Redis
 ) -> None:
