@@ -278,7 +278,8 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     def run(self) -> None:
         """Run until ``close()``. In the main thread, SIGINT / SIGTERM close
-        gracefully and a second one forces."""
+        gracefully and a second one forces. After ``start()``, it waits for
+        the close the same way (the worker is not started twice)."""
         if threading.current_thread() is not threading.main_thread():
             self.start()
             with self._cond:
