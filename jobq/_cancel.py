@@ -23,6 +23,7 @@ from .connection import (
     cut_client,
     ssubscribe,
 )
+from .keys import lookup_id
 
 if TYPE_CHECKING:
     from ._attempt import AttemptTable
@@ -63,7 +64,7 @@ class QueueCancel:
             True when cancelled, or being cancelled (a second cancel of a
             running job writes nothing); False for a job finished or unknown.
         """
-        return cancel_job(self._context, job_id, reason)
+        return cancel_job(self._context, lookup_id(job_id), reason)
 
 
 def cancel_channel(context: QueueContext) -> str:

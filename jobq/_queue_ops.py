@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from . import serializer
 from .errors import ACTIVE_JOBS, LOCK_LOST, JobqError, script_error
 from .job import STATES, Job
-from .keys import queues_key
+from .keys import lookup_id, queues_key
 from .metrics import Metrics, read_metrics
 from .options import list_index, seconds
 from .registry import WorkerInfo, live_workers
@@ -28,7 +28,13 @@ class QueueReading:
     _context: QueueContext
 
     def get_job(self, job_id: str) -> Job | None:
-        """The job with that id, or None."""
+        """The job with that id, or None.
+
+        Raises:
+            TypeError: ``job_id`` is not a str (or an int, for a generated
+                id), as for every method that looks a job up by its id.
+        """
+        job_id = lookup_id(job_id)
         record = self._context.redis.hgetall(self._context.keys.job(job_id))
         if not record:
             return None
@@ -36,12 +42,13 @@ class QueueReading:
 
     def get_job_state(self, job_id: str) -> str:
         """One of waiting, delayed, active, completed, failed, waiting-children, or unknown."""
-        state = self._context.redis.hget(self._context.keys.job(job_id), "state")
+        state = self._context.redis.hget(self._context.keys.job(lookup_id(job_id)), "state")
         return state.decode() if state else "unknown"
 
     def get_job_result(self, job_id: str, default: Any = None) -> Any:
         """The return value of a completed job, else ``default``."""
-        state, value = self._context.redis.hmget(self._context.keys.job(job_id), ["state", "rv"])
+        key = self._context.keys.job(lookup_id(job_id))
+        state, value = self._context.redis.hmget(key, ["state", "rv"])
         if state != b"completed":
             return default
         return serializer.decode(value, "return value")
@@ -131,7 +138,7 @@ class QueueAdmin:
         Raises:
             JobqError: the job is active with its lock held (cancel it).
         """
-        return remove_job(self._context, job_id)
+        return remove_job(self._context, lookup_id(job_id))
 
     def drain(self, delayed: bool = False) -> int:
         """Remove every waiting job (and delayed ones when asked); return how many."""

@@ -37,7 +37,7 @@ from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
 from .events import Event
-from .keys import validate_name
+from .keys import lookup_id, validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .options import blocking_seconds, wait_timeout
 from .queue_events import CUT_GRACE, RECHECK_INTERVAL, QueueEvents, Shared, logger, wake_loop
@@ -146,7 +146,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         given this object waits through it)."""
         if self.closed:
             raise ClosedError(f"QueueEvents {self._name!r} is closed")
-        return self._readers[shard_of(job_id, self._count)]
+        return self._readers[shard_of(lookup_id(job_id), self._count)]
 
     def run(self) -> ShardedQueueEvents:
         """Start reading (when ``autorun=False``); return self."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._shards import COUNT_FIELD, shard_of
 from .errors import JobqError
 from .job import STATES, Job
-from .keys import queues_key
+from .keys import lookup_id, queues_key
 from .metrics import Metrics
 from .options import list_index
 from .registry import WorkerInfo, live_workers
@@ -29,7 +29,7 @@ class ShardedReading:
 
     def _shard(self, job_id: str) -> Queue:
         self._context.ensure_ready()
-        return self._shards[shard_of(job_id, self._count)]
+        return self._shards[shard_of(lookup_id(job_id), self._count)]
 
     def _every(self) -> tuple[Queue, ...]:
         self._context.ensure_ready()

@@ -59,6 +59,21 @@ def validate_job_id(value: object) -> str:
     return value
 
 
+def lookup_id(value: object) -> str:
+    """A job id given to look a job up (``get_job``, ``remove``, ``cancel``,
+    ...): a str, or an int for a generated id (``get_job(7)`` is job "7").
+
+    Raises:
+        TypeError: anything else; ``None`` would otherwise name the job
+            whose custom id is ``"None"``.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    raise TypeError(f"job_id must be a str (or an int >= 0, a generated id), not {value!r}")
+
+
 #: Every key of a queue but the families below, after its base
 #: ``<prefix>:{<queue>}:``, and what it holds.
 QUEUE_KEYS: dict[str, str] = {

@@ -24,6 +24,7 @@ from ._threads import BackgroundLoop, join_or_cut, start_thread
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
+from .keys import lookup_id
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .options import blocking_seconds, wait_timeout
 
@@ -272,6 +273,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         than time out; once the reader was ready, a lost connection only
         delays the wait (the reader reconnects and re-checks).
         """
+        job_id = lookup_id(job_id)
         timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -332,7 +334,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         future only once a check of the record, made at once (or when the
         reader is first ready), has brought it up to date.
         """
-        return _future(self, job_id, run)
+        return _future(self, lookup_id(job_id), run)
 
     def _result(self, waiter: Waiter, deadline: float | None = None) -> Any:
         return waited_result(self._context, waiter, f"QueueEvents {self.name!r}", deadline)

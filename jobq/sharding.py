@@ -40,7 +40,7 @@ from .calls import NewJob
 from .connection import unreachable
 from .errors import JobqError
 from .job import Job
-from .keys import queues_key, validate_job_id
+from .keys import lookup_id, queues_key, validate_job_id
 from .options import FAILURE_POLICIES
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
 from .tasks import QueueTasks, Task
@@ -161,7 +161,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
 
     def shard_for(self, job_id: str) -> Queue:
         """The shard that holds (or would hold) the job with this id."""
-        return self._shards[shard_of(job_id, self._count)]
+        return self._shards[shard_of(lookup_id(job_id), self._count)]
 
     def __repr__(self) -> str:
         state = "closed" if self._context.closed else "open"

@@ -319,6 +319,23 @@ def test_get_job_missing_returns_none(queue: Queue) -> None:
     assert queue.get_job("999999") is None
 
 
+def test_a_job_id_to_look_up_is_a_str_or_a_generated_int(queue: Queue) -> None:
+    # None would name the job whose custom id is "None" (str(None) slips in)
+    named_none = queue.add("x", 1, job_id="None")
+    generated = queue.add("x", 2)
+    for bad in (None, b"None", True, -1, 1.0):
+        for look in (queue.get_job, queue.get_job_state, queue.get_job_result, queue.remove,
+                     queue.cancel, queue.events.future_for):
+            with pytest.raises(TypeError, match="job_id must be a str"):
+                look(bad)
+        with pytest.raises(TypeError, match="job_id must be a str"):
+            queue.events.wait_for(bad, timeout=0)
+    job = queue.get_job(int(generated.id))  # a generated id may be given as an int
+    assert job is not None and job.id == generated.id and job.data == 2
+    assert queue.get_job_state(int(generated.id)) == "waiting"
+    assert queue.get_job_state("None") == "waiting" and named_none.id == "None"
+
+
 def test_get_job_result(queue: Queue, redis_url: str) -> None:
     sentinel = object()
     job = queue.add("n", 20)

@@ -372,6 +372,15 @@ def test_drained_is_heard_only_when_every_shard_is_drained(
         assert heard.wait(WAIT) and local.wait(WAIT)
 
 
+def test_a_job_id_to_look_up_on_a_sharded_queue_is_a_str(sharded: ShardedQueue) -> None:
+    job = sharded.add("x", 1, job_id="None")
+    for look in (sharded.get_job, sharded.get_job_state, sharded.remove, sharded.cancel,
+                 sharded.shard_for, sharded.events.future_for):
+        with pytest.raises(TypeError, match="job_id must be a str"):
+            look(None)
+    assert sharded.get_job_state("None") == "waiting" and job.id == "None"
+
+
 def test_a_custom_drained_event_is_passed_on_as_is(sharded: ShardedQueue) -> None:
     # the sharded queue's own drained is heard only when every shard is
     # drained; a custom event of that name (Queue.emit) is no drain
