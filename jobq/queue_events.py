@@ -273,8 +273,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         than time out; once the reader was ready, a lost connection only
         delays the wait (the reader reconnects and re-checks).
         """
-        job_id = lookup_id(job_id)
-        timeout = wait_timeout(timeout)
+        job_id, timeout = lookup_id(job_id), wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def remaining() -> float | None:
