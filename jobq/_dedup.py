@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .keys import lookup_key
+
 if TYPE_CHECKING:
     from ._context import QueueContext
 
@@ -24,10 +26,11 @@ class QueueDedup:
         A simple-mode key whose job finished is released by then; a
         throttle key names its job until its ttl ends.
         """
-        owner = self._context.redis.get(self._context.keys.dedup(key))
+        owner = self._context.redis.get(self._context.keys.dedup(lookup_key(key, "dedup key")))
         return None if owner is None else owner.decode()
 
     def remove_dedup_key(self, key: str) -> bool:
         """Release dedup key ``key`` now (the next add with it makes a new
         job); True when it existed."""
-        return bool(self._context.redis.delete(self._context.keys.dedup(key)))
+        name = self._context.keys.dedup(lookup_key(key, "dedup key"))
+        return bool(self._context.redis.delete(name))

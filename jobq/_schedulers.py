@@ -44,7 +44,7 @@ from croniter import CroniterBadDateError, croniter
 from . import _tracing, serializer
 from .errors import JobqError, ScriptCode
 from .job import record_number
-from .keys import validate_job_id
+from .keys import lookup_key, validate_job_id
 from .options import JobOptions
 
 if TYPE_CHECKING:
@@ -327,14 +327,15 @@ class QueueSchedulers:
 
     def remove_scheduler(self, scheduler_id: str) -> bool:
         """Remove a scheduler and its pending delayed job; False when unknown."""
-        return self._context.calls.remove_scheduler(scheduler_id) == 1
+        return self._context.calls.remove_scheduler(lookup_key(scheduler_id, "scheduler_id")) == 1
 
     def get_scheduler(self, scheduler_id: str) -> Scheduler | None:
         """The scheduler with that id, or None."""
-        record = self._context.redis.hgetall(self._context.keys.scheduler(scheduler_id))
+        sid = lookup_key(scheduler_id, "scheduler_id")
+        record = self._context.redis.hgetall(self._context.keys.scheduler(sid))
         if not record:
             return None
-        return _from_record(scheduler_id, record)
+        return _from_record(sid, record)
 
     def get_schedulers(self) -> list[Scheduler]:
         """Every scheduler of the queue, soonest next run first."""

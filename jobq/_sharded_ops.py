@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._shards import COUNT_FIELD, shard_of
 from .errors import JobqError
 from .job import STATES, Job
-from .keys import lookup_id, queues_key
+from .keys import lookup_id, lookup_key, queues_key
 from .metrics import Metrics
 from .options import list_index
 from .registry import WorkerInfo, live_workers
@@ -94,19 +94,21 @@ class ShardedReading:
 
     def get_scheduler(self, scheduler_id: str) -> Scheduler | None:
         """None: job schedulers are not supported on a sharded queue."""
+        lookup_key(scheduler_id, "scheduler_id")
         return None
 
     def remove_scheduler(self, scheduler_id: str) -> bool:
         """False: job schedulers are not supported on a sharded queue."""
+        lookup_key(scheduler_id, "scheduler_id")
         return False
 
     def get_dedup_job_id(self, key: str) -> str | None:
         """The id of the job that owns a dedup key (on the key's shard), or None."""
-        return self._shard(key).get_dedup_job_id(key)
+        return self._shard(lookup_key(key, "dedup key")).get_dedup_job_id(key)
 
     def remove_dedup_key(self, key: str) -> bool:
         """Release a dedup key (on the key's shard)."""
-        return self._shard(key).remove_dedup_key(key)
+        return self._shard(lookup_key(key, "dedup key")).remove_dedup_key(key)
 
 
 class ShardedAdmin:

@@ -74,6 +74,18 @@ def lookup_id(value: object) -> str:
     raise TypeError(f"job_id must be a str (or an int >= 0, a generated id), not {value!r}")
 
 
+def lookup_key(value: object, what: str) -> str:
+    """A scheduler id or dedup key given to look one up or release it: a str.
+
+    Raises:
+        TypeError: anything else; ``None`` would otherwise name the
+            scheduler (or dedup key) ``"None"``.
+    """
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"{what} must be a str, not {value!r}")
+
+
 #: Every key of a queue but the families below, after its base
 #: ``<prefix>:{<queue>}:``, and what it holds.
 QUEUE_KEYS: dict[str, str] = {

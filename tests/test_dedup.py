@@ -46,6 +46,17 @@ def test_deduplicated_add_returns_the_existing_job(queue: Queue) -> None:
     }
 
 
+def test_a_dedup_key_to_look_up_is_a_str(queue: Queue) -> None:
+    # None would name the dedup key "None" (str(None) slips in)
+    job = queue.add("x", 1, dedup={"id": "None"})
+    for bad in (None, b"None", 7):
+        for look in (queue.get_dedup_job_id, queue.remove_dedup_key):
+            with pytest.raises(TypeError, match="dedup key must be a str"):
+                look(bad)  # type: ignore[arg-type]
+    assert queue.get_dedup_job_id("None") == job.id
+    assert queue.remove_dedup_key("None") and queue.get_dedup_job_id("None") is None
+
+
 def test_add_bulk_deduplicates(queue: Queue) -> None:
     jobs = queue.add_bulk([
         {"name": "a", "data": 1, "dedup": {"id": "x"}},

@@ -320,6 +320,18 @@ def test_bad_scheduler_arguments(queue: Queue) -> None:
         queue.upsert_scheduler("bad", every=1, delay=3)
 
 
+def test_a_scheduler_id_to_look_up_is_a_str(queue: Queue) -> None:
+    # None would name the scheduler whose id is "None" (str(None) slips in)
+    queue.upsert_scheduler("None", every=60)
+    for bad in (None, b"None", 7):
+        for look in (queue.get_scheduler, queue.remove_scheduler):
+            with pytest.raises(TypeError, match="scheduler_id must be a str"):
+                look(bad)  # type: ignore[arg-type]
+    found = queue.get_scheduler("None")
+    assert found is not None and found.id == "None"
+    assert queue.remove_scheduler("None") and queue.get_scheduler("None") is None
+
+
 def test_infinite_times_and_a_cron_that_never_matches_are_value_errors(
     queue: Queue, redis_client: redis.Redis
 ) -> None:

@@ -379,6 +379,14 @@ def test_a_job_id_to_look_up_on_a_sharded_queue_is_a_str(sharded: ShardedQueue) 
         with pytest.raises(TypeError, match="job_id must be a str"):
             look(None)
     assert sharded.get_job_state("None") == "waiting" and job.id == "None"
+    keyed = sharded.add("x", 2, dedup={"id": "None"})
+    for by_key in (sharded.get_dedup_job_id, sharded.remove_dedup_key):
+        with pytest.raises(TypeError, match="dedup key must be a str"):
+            by_key(None)  # type: ignore[arg-type]
+    for by_id in (sharded.get_scheduler, sharded.remove_scheduler):
+        with pytest.raises(TypeError, match="scheduler_id must be a str"):
+            by_id(None)  # type: ignore[arg-type]
+    assert sharded.get_dedup_job_id("None") == keyed.id
 
 
 def test_a_custom_drained_event_is_passed_on_as_is(sharded: ShardedQueue) -> None:
