@@ -169,8 +169,12 @@ class Task(Generic[R]):
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
         """As ``delay``, once the current Django transaction commits (nothing
-        is added when it rolls back). The arguments are checked now."""
+        is added when it rolls back). The arguments are checked now: against
+        the signature, and encoded, so that bad data fails here and not after
+        the commit, when the job would be lost."""
         data = self._data(args, kwargs)
+        queue: Any = self.queue
+        queue._prepare(self.name, data, self.options)
         _on_commit(lambda: self.queue.add(self.name, data, **self.options), None)
 
     def process(self, job: Job) -> R:

@@ -17,7 +17,7 @@ from typing import Any
 import django
 import pytest
 
-from jobq import Queue
+from jobq import Queue, SerializationError
 from tests.test_forking_servers import _get, gunicorn_with_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +87,13 @@ def test_delay_on_commit_adds_after_commit_and_nothing_on_rollback(shop: Any) ->
     assert queue.get_job_counts("waiting") == {"waiting": 2}
     with pytest.raises(TypeError):  # the arguments are checked at once
         shop.send_welcome.delay_on_commit()
+    # and encoded at once: after the commit, the job would be lost
+    with transaction.atomic():
+        with pytest.raises(SerializationError):
+            shop.send_welcome.delay_on_commit(object())
+        with pytest.raises(SerializationError):
+            queue.add_on_commit("audit", {1: "a"})
+    assert queue.get_job_counts("waiting") == {"waiting": 2}
 
 
 def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(
