@@ -54,6 +54,9 @@ def _reset_client(client: Any) -> None:
                 _reset_pool(node.redis_connection.connection_pool)
     else:
         _reset_pool(client.connection_pool)
+        manager = getattr(client.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):  # it asks them for the master
+            _reset_pool(sentinel.connection_pool)
 
 
 def _in_child() -> None:

@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-from . import _fork
+from . import _fork, _sentinel
 
 # A redis.Redis or a RedisCluster. redis-py types every reply as a union of
 # bytes and str (it depends on decode_responses, which jobq refuses), so
@@ -71,6 +71,8 @@ def resolve(connection: object) -> tuple[Client, bool]:
         client: Client
         if sep and scheme in CLUSTER_SCHEMES:
             client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+        elif sep and scheme in _sentinel.SENTINEL_SCHEMES:
+            client = _sentinel.sentinel_client(connection)
         else:
             client = redis.Redis.from_url(connection)
         if client.get_encoder().decode_responses:  # e.g. ?decode_responses=True
@@ -84,8 +86,8 @@ def resolve(connection: object) -> tuple[Client, bool]:
         _fork.track_client(connection)  # jobq's threads use its pool too
         return connection, False
     raise TypeError(
-        "connection must be None, a redis://, rediss://, unix://, redis+cluster:// or "
-        "rediss+cluster:// URL, a redis.Redis "
+        "connection must be None, a redis://, rediss://, unix://, redis+cluster://, "
+        "rediss+cluster://, redis+sentinel:// or rediss+sentinel:// URL, a redis.Redis "
         f"or a redis.cluster.RedisCluster, not {type(connection).__name__}"
     )
 
@@ -98,6 +100,8 @@ def describe(client: Client) -> str:
             first = nodes[0] if nodes else None
             where = f"{first.host}:{first.port}" if first is not None else "?"
             return f"redis+cluster://{where}"
+        if _sentinel.is_sentinel(client):
+            return _sentinel.describe(client)
         kwargs = client.connection_pool.connection_kwargs
         if "path" in kwargs:
             return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
@@ -159,10 +163,14 @@ def clone_client(
         kwargs["socket_timeout"] = socket_timeout
     kwargs.pop("retry_on_timeout", None)
     kwargs.pop("retry_on_error", None)
-    pool = redis.ConnectionPool(
-        connection_class=client.connection_pool.connection_class,
-        max_connections=max_connections, **kwargs,
-    )
+    pool: redis.ConnectionPool
+    if _sentinel.is_sentinel(client):  # its own pool, finding the master as the caller's does
+        pool = _sentinel.clone_pool(client.connection_pool, max_connections, kwargs)
+    else:
+        pool = redis.ConnectionPool(
+            connection_class=client.connection_pool.connection_class,
+            max_connections=max_connections, **kwargs,
+        )
     return _fork.track_client(redis.Redis(connection_pool=pool))
 
 
@@ -243,6 +251,7 @@ def close_client(client: Client) -> None:
         else:
             client.close()
             client.connection_pool.disconnect()
+            _sentinel.close_own(client)
     except Exception:  # closing is best effort
         pass
 
@@ -425,11 +434,21 @@ def take_connection(pool: Any) -> Any:
         return pool.get_connection("EVALSHA")
 
 
+def connected(connection: Any) -> Any:
+    """``connection``, connected. A connection that a thread keeps is
+    connected again by redis-py's send methods to the address it had last,
+    where ``connect()`` asks a Sentinel-managed connection's Sentinels for
+    the master's: after a failover, the new master's."""
+    if connection._sock is None:
+        connection.connect()
+    return connection
+
+
 def call_on(connection: Any, *args: Any, check_health: bool = True) -> Any:
     """Send one command on ``connection`` and read its reply. Any failure
     disconnects it (a reply may be left unread: it is never reused)."""
     try:
-        connection.send_command(*args, check_health=check_health)
+        connected(connection).send_command(*args, check_health=check_health)
         return connection.read_response()
     except BaseException:
         connection.disconnect()
@@ -510,7 +529,7 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
         kwargs.pop("retry_on_error", None)
         connection = client.connection_pool.connection_class(**kwargs)
         try:
-            connection.send_command("CLIENT", "UNBLOCK", blocked_id)
+            connected(connection).send_command("CLIENT", "UNBLOCK", blocked_id)
             connection.read_response()
         finally:
             connection.disconnect()

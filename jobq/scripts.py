@@ -29,7 +29,7 @@ from redis.exceptions import (
 
 from . import _fork
 from ._coalesce import Coalescer, shared
-from .connection import Client, pooled, read_by, take_connection
+from .connection import Client, connected, pooled, read_by, take_connection
 
 _SCRIPT_NAMES = (
     "add",
@@ -322,7 +322,7 @@ class Scripts:
         try:
             try:
                 # the same bytes as send_command, without its per-argument pass
-                connection.send_packed_command([_pack(command)])
+                connected(connection).send_packed_command([_pack(command)])
                 return read_by(connection, deadline)
             except ResponseError as exc:
                 if not function_missing(exc):
@@ -357,7 +357,8 @@ class Scripts:
         self._check_open()
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
-            connection.send_packed_command([_pack(first), _pack(command)], check_health=False)
+            connected(connection).send_packed_command([_pack(first), _pack(command)],
+                                                      check_health=False)
             try:
                 reply = connection.read_response()
             except ResponseError:  # the script's reply is left unread

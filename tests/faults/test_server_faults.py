@@ -20,6 +20,7 @@ from redis.retry import Retry
 
 from jobq import (
     Event,
+    Job,
     JobNotFoundError,
     Queue,
     QueueEvents,
@@ -62,6 +63,7 @@ class _Producer:
         self.q = q
         self.data = data
         self.acked: list[str] = []
+        self.jobs: list[tuple[float, Job]] = []  # (when acknowledged, job)
         self.errors: list[BaseException] = []
         self.latencies: list[float] = []
         self._stop = threading.Event()
@@ -79,6 +81,7 @@ class _Producer:
                 continue
             self.latencies.append(time.monotonic() - started)
             self.acked.append(job.id)
+            self.jobs.append((time.monotonic(), job))
             if self._interval:
                 self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
 

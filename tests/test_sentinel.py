@@ -1,0 +1,96 @@
+"""Redis Sentinel: a ``redis+sentinel://`` URL or a ``Sentinel.master_for``
+client, on a private master, replica and Sentinel (tests/sentinels.py);
+failovers under load are in tests/faults/test_sentinel_failover.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from jobq import Queue, QueueEvents, Worker
+from jobq.cli import main
+from jobq.connection import describe, resolve
+from tests.sentinels import SERVICE, SentinelSet, running
+
+pytestmark = pytest.mark.sentinel
+WAIT = 20.0
+
+
+@pytest.fixture(scope="module")
+def sentinels() -> Iterator[SentinelSet]:
+    """One set for the tests that do not fail it over."""
+    with running() as group:
+        yield group
+
+
+def names_on(port: int) -> list[str]:
+    with redis.Redis(port=port) as client:
+        return [c["name"] for c in client.client_list() if c["name"].startswith("jobq")]
+
+
+def test_a_sentinel_url_runs_jobs_and_waits_on_the_master(
+    sentinels: SentinelSet, queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Queue(queue_name, connection=sentinels.url) as q, \
+            Worker(queue_name, lambda job: job.data * 2, connection=sentinels.url) as worker:
+        worker.start()
+        assert q.add("double", 21).wait_until_finished(timeout=WAIT) == 42
+        assert isinstance(q._context.redis.connection_pool, SentinelConnectionPool)
+        # the worker's own connections (fetch, reader) are the master's
+        master = sentinels.master_port()
+        assert any(name.startswith("jobq-worker") for name in names_on(master))
+        assert not names_on(next(s.port for s in sentinels.servers if s.port != master))
+    assert main(["info", "--url", sentinels.url, "--json", queue_name]) == 0
+    assert '"completed": 1' in capsys.readouterr().out
+
+
+def test_a_client_from_sentinel_master_for_is_accepted(
+    sentinels: SentinelSet, queue_name: str
+) -> None:
+    manager = Sentinel([("127.0.0.1", sentinels.port)], socket_timeout=5)
+    client = manager.master_for(SERVICE, socket_timeout=5)
+    try:
+        with Queue(queue_name, connection=client) as q, \
+                QueueEvents(queue_name, connection=client) as events, \
+                Worker(queue_name, lambda job: job.data + 1, connection=client) as worker:
+            worker.start()
+            assert q.add("inc", 1).wait_until_finished(events, timeout=WAIT) == 2
+            where = describe(client)
+            assert where == f"redis+sentinel://127.0.0.1:{sentinels.port}/{SERVICE}/0"
+        assert client.ping()  # the caller's client stays usable
+    finally:
+        client.close()
+        for sentinel in manager.sentinels:
+            sentinel.close()
+
+
+def test_sentinel_urls_are_parsed_without_connecting() -> None:
+    client, owned = resolve(
+        "rediss+sentinel://app:s%40cret@10.0.0.1:26380,[::1],sentinel-2/orders/3"
+        "?socket_timeout=2.5&sentinel_password=watch&ssl_cert_reqs=none")
+    try:
+        pool = client.connection_pool
+        assert owned and isinstance(pool, SentinelConnectionPool)
+        assert pool.service_name == "orders"
+        assert "SSL" in pool.connection_class.__name__
+        kwargs = pool.connection_kwargs
+        assert (kwargs["username"], kwargs["password"], kwargs["db"]) == ("app", "s@cret", 3)
+        assert kwargs["socket_timeout"] == 2.5
+        watchers = [s.connection_pool.connection_kwargs for s in pool.sentinel_manager.sentinels]
+        assert [(w["host"], w["port"]) for w in watchers] == [
+            ("10.0.0.1", 26380), ("::1", 26379), ("sentinel-2", 26379)]
+        assert {w.get("password") for w in watchers} == {"watch"}
+        assert {w.get("socket_timeout") for w in watchers} == {2.5}
+        assert describe(client) == (
+            "rediss+sentinel://10.0.0.1:26380,[::1]:26379,sentinel-2:26379/orders/3")
+    finally:
+        client.close()
+    for bad in ("redis+sentinel://h:26379", "redis+sentinel://h:port/svc",
+                "redis+sentinel://h/svc/db", "redis+sentinel:///svc", "redis+sentinel://h/a/1/2"):
+        with pytest.raises(ValueError, match="form is redis\\+sentinel://"):
+            resolve(bad)
+    with pytest.raises(ValueError, match="decode"):
+        resolve("redis+sentinel://h/svc?decode_responses=True")
