@@ -13,6 +13,7 @@ from typing import Any
 
 from ._context import QueueContext
 from ._schedulers import due_schedulers, sync_scheduler
+from ._sentinel import brief
 from ._threads import BackgroundLoop
 from .calls import WorkerScripts
 from .errors import JobqError
@@ -109,7 +110,7 @@ class Maintenance:
         try:
             announce(self._context, self._name, self._ttl, first=self._first_beat, **status)
         except Exception as exc:  # the announcement expires by itself; try next time
-            logger.warning("heartbeat of worker %r failed: %s", self._name, exc)
+            logger.warning("heartbeat of worker %r failed: %s", self._name, brief(exc))
             return
         self._first_beat = False
 

@@ -21,6 +21,7 @@ from typing import Any
 from . import _tracing, serializer
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
+from ._sentinel import brief
 from ._threads import RetryBackoff, start_thread
 from .calls import FinishReply, TakeArgs, WorkerScripts
 from .connection import is_transient
@@ -274,7 +275,7 @@ class Finisher:
                     # to stall (a client library's own failure during a slot
                     # migration, a desynchronised reply, are seen here)
                     if time.monotonic() >= deadline:
-                        logger.error("could not finish job %r: %s", attempt.job_id, exc)
+                        logger.error("could not finish job %r: %s", attempt.job_id, brief(exc))
                         self._emit("error", exc)
                         return None, None
                     if not is_transient(exc):

@@ -14,8 +14,10 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
 import redis
+from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 #: URL schemes that name a master by its Sentinels, and the scheme of its
 #: own connections (``rediss``: TLS to the master and to the Sentinels).
@@ -90,11 +92,24 @@ def is_sentinel(client: Any) -> bool:
 
 def clone_pool(pool: SentinelConnectionPool, max_connections: int,
                kwargs: dict[str, Any]) -> SentinelConnectionPool:
-    """A pool of its own with ``pool``'s Sentinels and service, and the
-    connection settings ``kwargs`` (from ``pool.connection_kwargs``)."""
+    """A pool of its own for ``pool``'s service, with the connection
+    settings ``kwargs`` (from ``pool.connection_kwargs``), asking the same
+    Sentinels through clients of its own without client-level retries:
+    redis-py's default retries a Sentinel that does not answer for about 4
+    s, which would hold a thread past ``close()``; jobq's loops retry."""
     kwargs = {key: value for key, value in kwargs.items() if key != "connection_pool"}
+    theirs = pool.sentinel_manager
+    addresses = [(s.connection_pool.connection_kwargs.get("host", "localhost"),
+                  s.connection_pool.connection_kwargs.get("port", DEFAULT_PORT))
+                 for s in theirs.sentinels]
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        addresses, min_other_sentinels=theirs.min_other_sentinels,
+        sentinel_kwargs={**theirs.sentinel_kwargs, "retry": Retry(NoBackoff(), 0)},
+        force_master_ip=getattr(theirs, "_force_master_ip", None),
+    )
+    _own.add(manager)
     return SentinelConnectionPool(  # type: ignore[no-untyped-call]
-        pool.service_name, pool.sentinel_manager, is_master=pool.is_master,
+        pool.service_name, manager, is_master=pool.is_master,
         check_connection=pool.check_connection, connection_class=pool.connection_class,
         max_connections=max_connections, **kwargs,
     )
@@ -106,12 +121,17 @@ def sentinel_clients(client: Any) -> list[redis.Redis]:
     return list(getattr(manager, "sentinels", ()))
 
 
-def close_own(client: Any) -> None:
-    """Close the connections to the Sentinels of a client jobq made from a URL."""
+def own_sentinels(client: Any) -> list[redis.Redis]:
+    """The clients of the Sentinels ``client`` asks, when jobq made them (for
+    a URL, or a clone), else none."""
     manager = getattr(client.connection_pool, "sentinel_manager", None)
-    if manager is not None and manager in _own:
-        for sentinel in manager.sentinels:
-            sentinel.close()
+    return list(manager.sentinels) if manager is not None and manager in _own else []
+
+
+def close_own(client: Any) -> None:
+    """Close the connections to the Sentinels of a client jobq made."""
+    for sentinel in own_sentinels(client):
+        sentinel.close()
 
 
 def describe(client: Any) -> str:
@@ -125,3 +145,11 @@ def describe(client: Any) -> str:
     scheme = "rediss+sentinel" if "SSL" in pool.connection_class.__name__ else "redis+sentinel"
     db = pool.connection_kwargs.get("db", 0)
     return f"{scheme}://{','.join(hosts)}/{pool.service_name}/{db}"
+
+
+def brief(exc: BaseException) -> str:
+    """An error's text for a log line: a MasterNotFoundError's without the
+    repr of each Sentinel's client that redis-py appends to it (over a
+    thousand characters each)."""
+    text = str(exc)
+    return text.split(" : ", 1)[0] if isinstance(exc, MasterNotFoundError) else text

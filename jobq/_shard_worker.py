@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from ._context import QueueContext
+from ._sentinel import brief
 from ._shards import shard_keys, shard_of, stored_count
 from .errors import JobqError
 from .keys import QueueKeys
@@ -168,7 +169,7 @@ def worker_context(context: QueueContext, shards: int | None) -> QueueContext:
         # a worker may start while the server is away (its loops retry);
         # a sharded queue's worker must then be started again once it is back
         logger.warning("worker of %r: cannot read whether the queue is sharded (%s); "
-                       "serving it as a plain queue", context.name, exc)
+                       "serving it as a plain queue", context.name, brief(exc))
         return context
     if count is None:
         return context

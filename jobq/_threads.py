@@ -12,6 +12,8 @@ from typing import Any
 
 import redis
 
+from ._sentinel import brief
+
 logger = logging.getLogger(__name__)
 
 
@@ -180,7 +182,7 @@ class BackgroundLoop:
                 if failures <= 3 or failures % 20 == 0:
                     self._log.warning(
                         "%s: %s: %s (%d in a row); again in %.2f s",
-                        self.name, type(exc).__name__, exc, failures, wait,
+                        self.name, type(exc).__name__, brief(exc), failures, wait,
                     )
                 if self._on_error is not None:
                     self._on_error(exc)

@@ -119,7 +119,7 @@ def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server."""
     cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \
         else redis.exceptions.ConnectionError
-    return cls(f"cannot reach the Redis server at {describe(client)}: {exc}")
+    return cls(f"cannot reach the Redis server at {describe(client)}: {_sentinel.brief(exc)}")
 
 
 _KEEP: Any = object()
@@ -279,6 +279,7 @@ def cut_client(client: Client | None) -> None:
                 pools.append(node.redis_connection.connection_pool)
     else:
         pools.append(client.connection_pool)
+        pools.extend(s.connection_pool for s in _sentinel.own_sentinels(client))
     for pool in pools:
         pool.connection_kwargs.update(timeouts)
         with getattr(pool, "_lock", None) or contextlib.nullcontext():

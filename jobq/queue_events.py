@@ -20,6 +20,7 @@ from . import connection as _connection
 from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
+from ._sentinel import brief
 from ._threads import BackgroundLoop, join_or_cut, start_thread
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
 from .connection import BLOCK_CAP
@@ -449,7 +450,7 @@ def _check_futures(events: QueueEvents, waiters: list[Waiter]) -> None:
             events._table.check(waiter)
         except _TRANSIENT as exc:
             # one line per round, not one per waiter: the server is away
-            logger.warning("re-checking waited-on jobs of %r failed: %s", events.name, exc)
+            logger.warning("re-checking waited-on jobs of %r failed: %s", events.name, brief(exc))
             return
         except Exception:
             logger.exception("re-checking job %r failed", waiter.job_id)

@@ -26,7 +26,7 @@ DOWN_AFTER_MS = 1000
 START_TIMEOUT = 20.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -54,7 +54,7 @@ class SentinelSet:
         self.servers = [RedisServer(binary)]
         self._binary = binary
         self._dir = Path(tempfile.mkdtemp(prefix="jobq-sentinel-"))
-        self.port = _free_port()
+        self.port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
         self._log = self._dir / "sentinel.log"
 

@@ -13,7 +13,8 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 from jobq import Queue, QueueEvents, Worker
 from jobq.cli import main
 from jobq.connection import describe, resolve
-from tests.sentinels import SERVICE, SentinelSet, running
+from tests.polling import until
+from tests.sentinels import SERVICE, SentinelSet, free_port, running
 
 pytestmark = pytest.mark.sentinel
 WAIT = 20.0
@@ -94,3 +95,27 @@ def test_sentinel_urls_are_parsed_without_connecting() -> None:
             resolve(bad)
     with pytest.raises(ValueError, match="decode"):
         resolve("redis+sentinel://h/svc?decode_responses=True")
+
+
+def test_no_master_is_said_in_one_short_line(
+    queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # with no Sentinel answering, redis-py appends each Sentinel client's
+    # repr (over a thousand characters) to MasterNotFoundError's message
+    port = free_port()  # nothing listens there
+    url = f"redis+sentinel://127.0.0.1:{port}/orders"
+    with Queue(queue_name, connection=url) as q, pytest.raises(redis.ConnectionError) as caught:
+        q.add("x", 1)
+    assert str(caught.value) == (
+        f"cannot reach the Redis server at redis+sentinel://127.0.0.1:{port}/orders/0: "
+        "No master found for 'orders'")
+    # a worker's threads retry, in short lines, and end with close() (a
+    # Sentinel that does not answer is not retried inside redis-py for
+    # seconds: the test's thread-leak guard checks that none is left)
+    with Worker(queue_name, lambda job: None, connection=url) as worker:
+        worker.start()
+        until(lambda: sum("No master found" in r.getMessage() for r in caplog.records) >= 3,
+              timeout=WAIT)
+    said = [r.getMessage() for r in caplog.records if "No master found" in r.getMessage()]
+    assert all(len(line) < 300 for line in said), said
+    assert not [r for r in caplog.records if "did not end in time" in r.getMessage()]
