@@ -32,19 +32,23 @@ def names_on(port: int) -> list[str]:
         return [c["name"] for c in client.client_list() if c["name"].startswith("jobq")]
 
 
+@pytest.mark.parametrize("query", ["", "?protocol=3"], ids=["resp2", "resp3"])
 def test_a_sentinel_url_runs_jobs_and_waits_on_the_master(
-    sentinels: SentinelSet, queue_name: str, capsys: pytest.CaptureFixture[str]
+    sentinels: SentinelSet, queue_name: str, capsys: pytest.CaptureFixture[str], query: str
 ) -> None:
-    with Queue(queue_name, connection=sentinels.url) as q, \
-            Worker(queue_name, lambda job: job.data * 2, connection=sentinels.url) as worker:
+    url = sentinels.url + query
+    with Queue(queue_name, connection=url) as q, \
+            Worker(queue_name, lambda job: job.data * 2, connection=url) as worker:
         worker.start()
         assert q.add("double", 21).wait_until_finished(timeout=WAIT) == 42
-        assert isinstance(q._context.redis.connection_pool, SentinelConnectionPool)
+        pool = q._context.redis.connection_pool
+        assert isinstance(pool, SentinelConnectionPool)
+        assert pool.connection_kwargs.get("protocol") == (3 if query else None)
         # the worker's own connections (fetch, reader) are the master's
         master = sentinels.master_port()
         assert any(name.startswith("jobq-worker") for name in names_on(master))
         assert not names_on(next(s.port for s in sentinels.servers if s.port != master))
-    assert main(["info", "--url", sentinels.url, "--json", queue_name]) == 0
+    assert main(["info", "--url", url, "--json", queue_name]) == 0
     assert '"completed": 1' in capsys.readouterr().out
 
 
