@@ -3,8 +3,9 @@
 A client from ``Sentinel.master_for`` (or a ``redis+sentinel://`` URL) asks
 the Sentinels for the master's address on each new connection, and drops a
 connection whose server answers READONLY (a master demoted by a failover).
-jobq's own clients (blocking reads, a worker's fetch) are cloned from it
-with a pool of the same kind, so they follow a failover as the caller's do.
+jobq's own clients (blocking reads, a worker's pool) are cloned from it
+with a pool of the same kind, so they follow a failover as the caller's do,
+asking the Sentinels through clients of their own (see ``clone_pool``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 #: A Sentinel's port when the URL gives none.
 DEFAULT_PORT = 26379
 
-# The Sentinel managers jobq made from a URL: closing the master's client
-# closes their connections to the Sentinels too.
+# The Sentinel managers jobq made (for a URL, or a clone): closing the
+# master's client closes their connections to the Sentinels too, and
+# cutting it cuts them.
 _own: weakref.WeakSet[Sentinel] = weakref.WeakSet()
 
 _FORM = ("redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]"
