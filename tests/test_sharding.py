@@ -225,8 +225,11 @@ def check_the_limiter(sharded: ShardedQueue, url: str) -> None:
         for job in jobs:
             job.wait_until_finished(timeout=WAIT)
     started = sorted(sharded.get_job(j.id).processed_on for j in jobs)  # type: ignore[union-attr,misc]
-    # per-shard limits would let all 12 (4 shards x 4) start in the first window
-    assert started[-1] - started[0] >= 1.9
+    # per-shard limits would let all 12 (4 shards x 4) start in the first
+    # window. Three windows put the last start about 2 s after the first,
+    # less the time a take comes after its window was counted (one round
+    # trip before it; a busy CI host once made that 0.1 s: 1.898 s)
+    assert started[-1] - started[0] >= 1.5
 
 
 def test_the_limiter_holds_across_shards(sharded: ShardedQueue, redis_url: str) -> None:
