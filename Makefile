@@ -38,7 +38,7 @@ test: $(VENV)/.installed
 # The default selection with the oldest redis-py and croniter that setup.cfg
 # allows: the scripts' fast path and the worker's own connections use redis-py
 # internals; croniter before 6.1 gets daylight-saving changes wrong.
-OLDEST_DEPS ?= redis==5.0.0 croniter==6.1.0
+OLDEST_DEPS ?= redis==5.0.1 croniter==6.1.0
 OLDEST_VENV ?= .venv-oldest
 $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
