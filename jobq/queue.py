@@ -121,10 +121,8 @@ class Queue(
 
     Args:
         name: the queue's name (no braces, wildcards or whitespace).
-        connection: None (``$JOBQ_REDIS_URL``, else localhost), a URL
-            (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
-            ``redis+sentinel://``), a ``redis.Redis`` (a Sentinel's
-            ``master_for`` client too) or a ``redis.cluster.RedisCluster``.
+        connection: None (``$JOBQ_REDIS_URL``, else localhost), a URL (also
+            ``redis+cluster://``, ``redis+sentinel://``), a ``redis.Redis`` or ``RedisCluster``.
         prefix: the first part of every key of the queue.
         event_mode: ``"stream"`` or ``"pubsub"``, stored with the queue; None
             follows the stored mode (stream when none is stored).
