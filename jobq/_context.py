@@ -113,6 +113,7 @@ class QueueContext:
         Raises:
             ClosedError: the owner was closed.
         """
+        _fork.check()
         if self.closed:
             raise ClosedError(f"{self.kind} {self.name!r} is closed")
         if self._setup is not None:
@@ -141,6 +142,7 @@ class QueueContext:
         Raises:
             ClosedError: the owner (Queue, Worker, QueueEvents) was closed.
         """
+        _fork.check()
         if self.closed or self._setup is not None:
             self.ensure_ready()
         return self.client
@@ -270,6 +272,7 @@ class QueueContext:
 
     def close(self) -> None:
         """Close the shared reader and, if jobq created it, the client."""
+        _fork.check()
         with self._lock:
             if self.closed:
                 return

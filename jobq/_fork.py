@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 _objects: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Clients jobq made or was given: their pools are reset in the child.
 _clients: weakref.WeakSet[Any] = weakref.WeakSet()
+#: The process whose objects these are (see ``check``).
+_pid = os.getpid()
+_check_lock = threading.Lock()
 
 
 def track(obj: Any) -> None:
@@ -59,7 +62,25 @@ def _reset_client(client: Any) -> None:
             _reset_pool(sentinel.connection_pool)
 
 
+def check() -> None:
+    """Reset every object here if this process is a child forked without
+    Python's fork hooks, before it uses any of them.
+
+    A C program that embeds Python and calls fork() itself runs the hooks
+    only if it calls ``PyOS_AfterFork_Child``; uWSGI's workers do not unless
+    started with ``py-call-osafterfork`` (its default is preforking: the
+    app is imported in the master, then the workers are forked). Without
+    this, a Queue used at import in the master had, in each worker, a
+    reader thread that was not there (every wait ran out its timeout) and
+    the master's connections."""
+    if os.getpid() != _pid:
+        with _check_lock:
+            if os.getpid() != _pid:
+                _in_child()
+
+
 def _in_child() -> None:
+    global _pid
     for client in list(_clients):
         try:
             _reset_client(client)
@@ -74,6 +95,7 @@ def _in_child() -> None:
             continue
         if restart is not None:
             restarts.append(restart)
+    _pid = os.getpid()  # reset: a restart below may call check()
     for restart in restarts:
         try:
             restart()
@@ -81,5 +103,11 @@ def _in_child() -> None:
             logger.exception("restarting after fork failed")
 
 
+def _forked() -> None:
+    global _check_lock
+    _check_lock = threading.Lock()  # a parent's thread may have held it
+    _in_child()
+
+
 if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
-    os.register_at_fork(after_in_child=_in_child)
+    os.register_at_fork(after_in_child=_forked)

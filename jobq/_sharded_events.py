@@ -150,6 +150,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
 
     def run(self) -> ShardedQueueEvents:
         """Start reading (when ``autorun=False``); return self."""
+        _fork.check()
         with self._lock:
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self._name!r} is closed")
@@ -181,6 +182,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         for ``timeout`` at most; a thread then still in a call to a server
         that does not answer has its connection cut, and half a second more."""
         timeout = wait_timeout(timeout)
+        _fork.check()
         with self._lock:
             if self._stop.is_set():
                 return

@@ -9,6 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import _fork
+
 logger = logging.getLogger(__name__)
 
 Listener = Callable[..., Any]
@@ -131,12 +133,14 @@ class ListenerMethods:
         ``callback``, return a decorator that registers the function."""
         if callback is None:
             return lambda cb: self.on(event, cb)
+        _fork.check()
         self._listeners.on(event, callback)
         self._listener_added(event)
         return callback
 
     def once(self, event: str, callback: Listener) -> Listener:
         """Call ``callback`` on the next ``event`` only; return it."""
+        _fork.check()
         self._listeners.once(event, callback)
         self._listener_added(event)
         return callback

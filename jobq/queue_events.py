@@ -164,6 +164,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def run(self) -> QueueEvents:
         """Start the reader (when ``autorun=False``); return self."""
+        _fork.check()
         if self._shared.run is not None:
             self._shared.run()
             return self
@@ -184,6 +185,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until every event emitted from now on will be delivered."""
         timeout = wait_timeout(timeout)
+        _fork.check()
         if not self._started and not self._stop.is_set():
             self.run()  # a shard's part: the whole's run, at each call
         return self._reader.ready.wait(timeout) and not self._stop.is_set()
@@ -193,6 +195,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         for ``timeout`` at most; a thread then still in a call to a server
         that does not answer has its connection cut, and half a second more."""
         timeout = wait_timeout(timeout)
+        _fork.check()
         if self._shared.close is not None:
             self._shared.close(timeout)
             return
@@ -334,6 +337,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         future only once a check of the record, made at once (or when the
         reader is first ready), has brought it up to date.
         """
+        _fork.check()
         return _future(self, lookup_id(job_id), run)
 
     def _result(self, waiter: Waiter, deadline: float | None = None) -> Any:

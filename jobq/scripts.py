@@ -223,6 +223,7 @@ class Scripts:
         self._refusing = True
 
     def _check_open(self) -> None:
+        _fork.check()
         if self._refusing:
             raise redis.exceptions.ConnectionError("closing: no more calls are sent")
 

@@ -281,6 +281,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
 
     def close(self) -> None:
         """Close the shared events reader, the shards and the client jobq created."""
+        _fork.check()
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:

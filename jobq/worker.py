@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _tracing
+from . import _fork, _tracing
 from ._attempt import Pausing
 from ._closing import ClosedOnExit
 from ._context import QueueContext
@@ -259,6 +259,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         such event after it returns (it waits, at most
         ``EVENTS_READY_TIMEOUT``, for their subscription).
         """
+        _fork.check()
         with self._cond:
             if self._state in (Lifecycle.CLOSING, Lifecycle.CLOSED):
                 raise ClosedError(f"worker {self.name!r} is closed")
@@ -314,6 +315,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         first to end; with ``force`` it makes the first abandon its jobs.
         """
         timeout = wait_timeout(timeout)
+        _fork.check()
         roles = self._roles
         if roles is not None and threading.current_thread() in roles.runner.threads:
             start_thread(f"jobq-closer-{self.queue_name}", lambda: self.close(timeout, force))

@@ -11,6 +11,8 @@ import json
 import multiprocessing
 import os
 import select
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ from jobq import Event, Job, Queue, ShardedQueue, Worker
 from tests.polling import until
 
 WAIT = 10.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -364,3 +367,30 @@ def test_multiprocessing_fork_pool_waits(queue_name: str, redis_url: str) -> Non
             _SHARED.clear()
     total = MP_TASKS * MP_THREADS
     assert [a for task in answers for a in task] == [(n, n) for n in range(total)]
+
+
+# -- a fork without Python's hooks (uWSGI's) -----------------------------------
+
+
+def test_a_fork_without_python_hooks_resets_at_first_use(
+    queue_name: str, redis_url: str
+) -> None:
+    """uWSGI forks its workers from C without running ``os.register_at_fork``
+    hooks (unless ``py-call-osafterfork``): jobq notices the new process at
+    its first call there. Queues and a ShardedQueue whose readers ran in
+    the parent (a listener on one), and Workers built in the parent, work
+    in such a child; tests/test_forking_servers.py runs real uWSGI."""
+    if "+cluster" in redis_url:
+        pytest.skip("the child process takes a plain URL")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    process = subprocess.run(
+        [sys.executable, "-m", "tests.forking_apps.hookless_fork", redis_url, queue_name],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=90,
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    answer = json.loads(process.stdout.strip().splitlines()[-1])
+    assert "error" not in answer, answer["error"]
+    assert answer["ok"]["results"] == ["child-0", "child-1", "child-2", "sharded"]
+    assert "child-0" in answer["ok"]["heard"]
+    assert answer["parent_after"] == ["after", "after"]

@@ -1,8 +1,9 @@
 """Real forking servers: a Flask app and a Django app (tests/forking_apps)
 under gunicorn with ``--preload`` (the Queue and its reader are set up in
-the master, before it forks two workers), sync and gthread workers, served
-by a jobq worker process and hit with a few hundred concurrent requests over
-loopback; every response is checked.
+the master, before it forks two workers), sync and gthread workers, and
+under uWSGI's default preforking (the same, but its workers are forked
+without Python's fork hooks), served by a jobq worker process and hit with
+a few hundred concurrent requests over loopback; every response is checked.
 
 Every wait is bounded; the servers and the worker are stopped (killed at
 worst) whatever happens.
@@ -124,28 +125,50 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
         return exc.code, {"error": exc.read().decode("utf-8", "replace")[:500]}
 
 
-@pytest.mark.parametrize("worker_class", ["sync", "gthread"])
-@pytest.mark.parametrize("app", sorted(APPS))
-def test_app_under_gunicorn_preload(
-    app: str, worker_class: str, env: dict[str, str], worker: None
-) -> None:
-    target, route = APPS[app]
-    port = _free_port()
+def _uwsgi() -> str:
+    """uWSGI's command (pyuwsgi, installed beside this Python)."""
+    path = Path(sys.executable).with_name("uwsgi")
+    if not path.exists():
+        pytest.skip("uWSGI is not installed (pip install pyuwsgi)")
+    return str(path)
+
+
+def _server_command(server: str, port: int, target: str) -> list[str]:
+    if server == "uwsgi":
+        # its default: the app imported in the master, then the workers
+        # forked by C code that does not run Python's fork hooks
+        # (py-call-osafterfork off); SIGINT stops it (SIGTERM reloads)
+        module, _, callable_ = target.partition(":")
+        return [_uwsgi(), "--master", "--processes", "2", "--threads", "4",
+                "--http-socket", f"127.0.0.1:{port}", "--module", f"{module}:{callable_}",
+                "--need-app", "--disable-logging", "--chdir", str(ROOT)]
+    worker_class = server.removeprefix("gunicorn-")
     command = [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2",
                "--worker-class", worker_class, "--bind", f"127.0.0.1:{port}",
                "--timeout", "30", "--graceful-timeout", "5", "--log-level", "warning"]
     if worker_class == "gthread":
         command += ["--threads", "8"]
-    server = subprocess.Popen([*command, target], cwd=ROOT, env=env,
+    return [*command, target]
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn-sync", "gunicorn-gthread", "uwsgi"])
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_app_under_a_forking_server(
+    app: str, server_kind: str, env: dict[str, str], worker: None
+) -> None:
+    target, route = APPS[app]
+    port = _free_port()
+    server = subprocess.Popen(_server_command(server_kind, port, target), cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stop = signal.SIGINT if server_kind == "uwsgi" else signal.SIGTERM
     try:
         until(lambda: server.poll() is not None or _accepts(port), timeout=30)
-        assert server.poll() is None, _stop(server)
+        assert server.poll() is None, _stop(server, stop)
         base = f"http://127.0.0.1:{port}{route}"
         with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
             answers = list(pool.map(lambda n: _get(f"{base}?a={n}&b={2 * n}"), range(REQUESTS)))
     finally:
-        err = _stop(server)
+        err = _stop(server, stop)
     assert server.returncode == 0, err
     bad = [(n, status, body) for n, (status, body) in enumerate(answers)
            if status != 200 or body.get("result") != 3 * n or body.get("a") != n]
