@@ -101,7 +101,13 @@ _FACTORY_FILES = {
         "@jobq_ext.task(queue='mail', attempts=2)\n"
         "def shout(text):\n    return text.upper()\n\n\n"
         "@jobq_ext.task()\n"
-        "def add(a, b):\n    return a + b\n"
+        "def add(a, b):\n    return a + b\n\n\n"
+        "@jobq_ext.task()\n"
+        "def context():\n"
+        "    from flask import current_app, g\n"
+        "    fresh = 'seen' not in g  # a context of its own per job\n"
+        "    g.seen = True\n"
+        "    return [current_app.name, current_app.config['JOBQ_PREFIX'], fresh]\n"
     ),
     "fapp/app.py": (
         "import os\n\nfrom flask import Flask\n\nfrom .extensions import jobq_ext\n\n\n"
@@ -127,15 +133,16 @@ def test_tasks_declared_before_the_app_run_in_a_factory_apps_worker(
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
     # the app adds through the factory's app, as a view would
     adder = (
-        "from fapp.app import create_app\nfrom fapp.tasks import add, shout\n"
+        "from fapp.app import create_app\nfrom fapp.tasks import add, context, shout\n"
         "app = create_app()\n"
         "with app.app_context():\n"
-        "    print(shout.delay('hi').id, add.delay(2, 3).id, shout.queue.prefix)\n"
+        "    print(shout.delay('hi').id, add.delay(2, 3).id, shout.queue.prefix,\n"
+        "          context.delay().id, context.delay().id)\n"
         "try:\n    add.delay(1, 1)\nexcept RuntimeError as exc:\n    print('outside:', exc)\n"
     )
     added = subprocess.run([sys.executable, "-c", adder], env=env, capture_output=True,
                            text=True, timeout=WAIT, check=True).stdout.split("\n")
-    mail_id, default_id, used_prefix = added[0].split()
+    mail_id, default_id, used_prefix, *context_ids = added[0].split()
     assert used_prefix == prefix
     assert added[1].startswith("outside:")  # no app context, no app given: an error
     worker = subprocess.run(
@@ -149,6 +156,9 @@ def test_tasks_declared_before_the_app_run_in_a_factory_apps_worker(
         assert mail.get_job_result(mail_id) == "HI"
         assert mail.get_job(mail_id).opts["attempts"] == 2  # type: ignore[union-attr]
         assert default.get_job_result(default_id) == 5
+        # each job ran inside an application context of the worker's app
+        assert [default.get_job_result(j) for j in context_ids] == [
+            ["fapp.app", prefix, True], ["fapp.app", prefix, True]]
         mail.obliterate(force=True)
         default.obliterate(force=True)
 

@@ -16,7 +16,9 @@ queues (``--import MODULE`` imports modules that define more)::
 With an application factory, declare tasks on the extension, before any app
 exists: ``@jobq_ext.task(queue="mail")``. Such a task adds to the queue of
 the current app (or of the app given to ``JobQ(app)``), and every app that
-``init_app`` set up runs it in ``flask jobq worker``::
+``init_app`` set up runs it in ``flask jobq worker``, each job inside an
+application context of the app (``current_app``, ``g`` and whatever else
+needs one work in a task; its teardown runs after each job)::
 
     jobq_ext = JobQ()                      # extensions.py
 
@@ -31,6 +33,7 @@ the current app (or of the app given to ``JobQ(app)``), and every app that
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 from collections.abc import Callable, Mapping
@@ -41,6 +44,7 @@ from flask import Flask, current_app
 from flask.cli import with_appcontext
 
 from jobq import Queue, _fork
+from jobq.job import Job
 from jobq.options import JobOptions
 from jobq.tasks import R, Task, refuse_async, task_name_of
 
@@ -197,6 +201,19 @@ class AppTask(Task[R]):
         return f"<AppTask {self.name!r} on the app's queue {self.queue_name!r}>"
 
 
+def _in_app_context(app: Flask, process: Callable[[Job], Any]) -> Callable[[Job], Any]:
+    """``process`` run inside an application context of ``app``: a worker's
+    pool threads have none of their own, and its teardown (a database
+    session's removal, say) runs after each job, as after a request."""
+
+    @functools.wraps(process)
+    def run(job: Job) -> Any:
+        with app.app_context():
+            return process(job)
+
+    return run
+
+
 @click.group("jobq", help="jobq workers for this app.")
 def jobq_cli() -> None:
     """The ``flask jobq`` command group."""
@@ -230,8 +247,11 @@ def worker_command(
     missing = [n for n in names if n not in with_tasks]
     if missing:
         raise click.UsageError(f"no tasks for queue(s) {', '.join(missing)}")
+    real_app = app._get_current_object()
     serve(
-        [(n, with_tasks[n].tasks) for n in names], connection=app.config["JOBQ_URL"],
+        [(n, {task: _in_app_context(real_app, process)
+              for task, process in with_tasks[n].tasks.items()}) for n in names],
+        connection=app.config["JOBQ_URL"],
         prefix=app.config["JOBQ_PREFIX"], concurrency=concurrency, name=name, burst=burst,
         on_ready=lambda: click.echo(f"jobq worker ready on {', '.join(names)}"),
     )
