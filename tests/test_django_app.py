@@ -232,3 +232,63 @@ def test_the_dashboard_mount_is_for_staff_only(shop: Any) -> None:
                                  HTTP_COOKIE=f"jobq_csrf={cookie}")
     assert refused.status_code == 403 and shop.queue.is_paused()
     shop.queue.resume()
+
+
+_DB_PROJECT = {
+    "manage.py": (
+        "import os\nimport sys\n\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'dbproj.settings')\n"
+        "from django.core.management import execute_from_command_line\n\n"
+        "execute_from_command_line(sys.argv)\n"
+    ),
+    "dbproj/__init__.py": "",
+    "dbproj/settings.py": (
+        "import os\n\n"
+        "SECRET_KEY = 'test-only'\n"
+        "INSTALLED_APPS = ['jobq.contrib.django', 'probe']\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3',\n"
+        "                         'NAME': os.environ['PROBE_DB']}}  # CONN_MAX_AGE 0\n"
+        "USE_TZ = True\n"
+        "JOBQ = {'CONNECTION': os.environ['JOBQ_REDIS_URL'],\n"
+        "        'PREFIX': os.environ['JOBQ_PREFIX']}\n"
+    ),
+    "probe/__init__.py": "",
+    "probe/tasks.py": (
+        "from django.db import connection\n\n"
+        "from jobq.contrib.django import get_queue\n\n"
+        "queue = get_queue()\n\n\n"
+        "@queue.task()\n"
+        "def probe():\n"
+        "    inherited = connection.connection is not None  # left open by a job before\n"
+        "    with connection.cursor() as cursor:\n"
+        "        cursor.execute('SELECT 1')\n"
+        "    return inherited\n"
+    ),
+}
+
+
+def test_manage_py_jobq_worker_handles_db_connections_as_requests(
+    tmp_path: Path, redis_url: str, queue_name: str
+) -> None:
+    """A pool thread runs job after job: with CONN_MAX_AGE 0 (Django's
+    default) each job gets a connection of its own, closed after it, as a
+    request does; a connection kept for ever would outlive a database
+    restart or idle timeout and fail the thread's later jobs."""
+    for name, text in _DB_PROJECT.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    prefix = f"djdb-{queue_name[-8:]}"
+    env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix,
+               PROBE_DB=str(tmp_path / "db.sqlite3"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    with Queue("default", connection=redis_url, prefix=prefix) as queue:
+        jobs = [queue.add("probe.tasks.probe", {"args": [], "kwargs": {}}) for _ in range(4)]
+        done = subprocess.run(
+            [sys.executable, "manage.py", "jobq_worker", "--burst", "--concurrency", "1",
+             "--skip-checks"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert [queue.get_job_result(j.id) for j in jobs] == [False] * 4
+        queue.obliterate(force=True)

@@ -1,15 +1,25 @@
 """``manage.py jobq_worker [QUEUE...]``: run the tasks of every installed
 app's ``tasks`` module until SIGINT / SIGTERM (or, with ``--burst``, until
-the queues are empty)."""
+the queues are empty).
+
+Each job's database connections are handled as a request's: before and
+after it, the connections of its thread that are unusable or past
+``CONN_MAX_AGE`` are closed (``close_old_connections``). Without that a
+pool thread would keep its connection for ever, through a database restart
+or a server's idle timeout, and fail every later job on it."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
 
 from jobq._serve import serve
+from jobq.job import Job
 
 from ... import _config
 from ...conf import jobq_settings
@@ -44,9 +54,26 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         conf = jobq_settings()
         serve(
-            [(n, with_tasks[n].tasks) for n in names], connection=conf["CONNECTION"],
+            [(n, {task: _with_fresh_connections(process)
+                  for task, process in with_tasks[n].tasks.items()}) for n in names],
+            connection=conf["CONNECTION"],
             prefix=conf["PREFIX"], concurrency=options["concurrency"], name=options["name"],
             burst=options["burst"],
             on_ready=lambda: self.stdout.write(f"jobq worker ready on {', '.join(names)}"),
         )
         self.stdout.write("jobq worker stopped")
+
+
+def _with_fresh_connections(process: Callable[[Job], Any]) -> Callable[[Job], Any]:
+    """``process`` between two ``close_old_connections()``, as Django runs a
+    request between its signals."""
+
+    @functools.wraps(process)
+    def run(job: Job) -> Any:
+        close_old_connections()
+        try:
+            return process(job)
+        finally:
+            close_old_connections()
+
+    return run
