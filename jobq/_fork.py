@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -22,9 +23,13 @@ logger = logging.getLogger(__name__)
 _objects: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Clients jobq made or was given: their pools are reset in the child.
 _clients: weakref.WeakSet[Any] = weakref.WeakSet()
-#: The process whose objects these are (see ``check``).
+#: The process whose objects these are, and the lock type their locks are
+#: of: gevent's monkey-patching replaces it (see ``check``).
 _pid = os.getpid()
+_lock_type = threading.Lock
 _check_lock = threading.Lock()
+#: Threads jobq started in this process since its objects were last reset.
+_threads_started = 0
 
 
 def track(obj: Any) -> None:
@@ -62,9 +67,16 @@ def _reset_client(client: Any) -> None:
             _reset_pool(sentinel.connection_pool)
 
 
+def thread_started() -> None:
+    """Count a thread jobq starts (see ``check``)."""
+    global _threads_started
+    _threads_started += 1
+
+
 def check() -> None:
-    """Reset every object here if this process is a child forked without
-    Python's fork hooks, before it uses any of them.
+    """Reset every object here, before any of them is used, if this process
+    is a child forked without Python's fork hooks, or if ``threading`` was
+    monkey-patched since they were reset.
 
     A C program that embeds Python and calls fork() itself runs the hooks
     only if it calls ``PyOS_AfterFork_Child``; uWSGI's workers do not unless
@@ -72,15 +84,53 @@ def check() -> None:
     app is imported in the master, then the workers are forked). Without
     this, a Queue used at import in the master had, in each worker, a
     reader thread that was not there (every wait ran out its timeout) and
-    the master's connections."""
-    if os.getpid() != _pid:
+    the master's connections.
+
+    gunicorn's gevent workers monkey-patch ``threading`` after the fork,
+    after the hooks ran: with ``--preload`` the objects' locks were real
+    locks, and a greenlet waiting on one held up every other greenlet of
+    the process. Made again after the patching, they are gevent's; that is
+    safe while jobq has started no thread since the reset (none to
+    abandon), which is the case unless listeners were registered, or
+    something awaited, before the fork."""
+    if os.getpid() != _pid or threading.Lock is not _lock_type:
         with _check_lock:
             if os.getpid() != _pid:
+                _warn_of_parents_threads()
                 _in_child()
+            elif threading.Lock is not _lock_type:
+                _after_patching()
+
+
+def _warn_of_parents_threads() -> None:
+    """In a child forked without the hooks, ``threading`` still lists the
+    parent's threads: if jobq's were among them, say what that risks."""
+    names = sorted({t.name for t in threading.enumerate() if t.name.startswith("jobq-")})
+    if names:
+        logger.warning(
+            "process %d was forked without Python's fork hooks while jobq's threads ran in "
+            "its parent (%s); a thread that held the interpreter's lock at that moment would "
+            "hold it for ever here. Under uWSGI: lazy-apps or py-call-uwsgi-fork-hooks, or "
+            "no listener and no wait before the fork", os.getpid(), ", ".join(names))
+
+
+def _after_patching() -> None:
+    global _lock_type
+    _lock_type = threading.Lock
+    if _threads_started:
+        logger.warning(
+            "threading was monkey-patched (gevent?) after jobq started threads in this "
+            "process: its queues and event readers may block the process. Patch before "
+            "using jobq; with gunicorn's gevent workers, leave out --preload, or register "
+            "no listener and wait for nothing before the fork")
+        return
+    _in_child()
 
 
 def _in_child() -> None:
-    global _pid
+    global _pid, _lock_type, _threads_started
+    _lock_type = threading.Lock
+    _threads_started = 0
     for client in list(_clients):
         try:
             _reset_client(client)
@@ -103,9 +153,18 @@ def _in_child() -> None:
             logger.exception("restarting after fork failed")
 
 
+def _patching_expected() -> bool:
+    """Whether gevent is loaded but has not patched ``threading`` yet, as in
+    a gunicorn gevent worker just forked: it patches next."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and not monkey.is_module_patched("threading")
+
+
 def _forked() -> None:
     global _check_lock
     _check_lock = threading.Lock()  # a parent's thread may have held it
+    if _patching_expected():
+        return  # reset at the first use instead (check), with gevent's locks
     _in_child()
 
 

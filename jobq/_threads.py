@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from . import _fork
 from ._sentinel import brief
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
     """Start a daemon thread named ``name`` running ``target``."""
     thread = threading.Thread(target=target, name=name, daemon=True)
     thread.start()
+    _fork.thread_started()
     return thread
 
 

@@ -180,6 +180,7 @@ class ListenerDispatcher:
         """Start the dispatching thread."""
         self.thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self.thread.start()
+        _fork.thread_started()
 
     def emit(self, event: str, *args: Any) -> None:
         """Have every listener of ``event`` called with ``args``."""

@@ -394,3 +394,5 @@ def test_a_fork_without_python_hooks_resets_at_first_use(
     assert answer["ok"]["results"] == ["child-0", "child-1", "child-2", "sharded"]
     assert "child-0" in answer["ok"]["heard"]
     assert answer["parent_after"] == ["after", "after"]
+    # the child was told of the parent's threads (their risk is the GIL's)
+    assert "was forked without Python's fork hooks while jobq's threads ran" in process.stderr

@@ -27,9 +27,10 @@ from django.http import HttpRequest, JsonResponse  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from jobq import Queue  # noqa: E402
+from tests.forking_apps import preload  # noqa: E402
 
 queue = Queue(os.environ["JOBQ_TEST_QUEUE"], connection=os.environ["JOBQ_REDIS_URL"])
-assert queue.events.wait_until_ready(10)
+preload(queue)
 
 
 def add(request: HttpRequest) -> JsonResponse:

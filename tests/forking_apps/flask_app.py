@@ -10,10 +10,12 @@ from typing import Any
 from flask import Flask, jsonify, request
 
 from jobq import Queue
+from tests.forking_apps import preload
 
 queue = Queue(os.environ["JOBQ_TEST_QUEUE"], connection=os.environ["JOBQ_REDIS_URL"])
-# what examples/cron_batch.py does, and what left every forked child deaf
-assert queue.events.wait_until_ready(10)
+# by default what examples/cron_batch.py does, and what left every forked
+# child deaf
+preload(queue)
 
 app = Flask(__name__)
 
