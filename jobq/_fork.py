@@ -110,8 +110,8 @@ def _warn_of_parents_threads() -> None:
         logger.warning(
             "process %d was forked without Python's fork hooks while jobq's threads ran in "
             "its parent (%s); a thread that held the interpreter's lock at that moment would "
-            "hold it for ever here. Under uWSGI: lazy-apps or py-call-uwsgi-fork-hooks, or "
-            "no listener and no wait before the fork", os.getpid(), ", ".join(names))
+            "hold it for ever here. Under uWSGI: py-call-uwsgi-fork-hooks, or no listener and "
+            "no wait before the fork", os.getpid(), ", ".join(names))
 
 
 def _after_patching() -> None:

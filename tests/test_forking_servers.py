@@ -54,7 +54,10 @@ def _accepts(port: int) -> bool:
 
 
 def _stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> str:
-    """Stop a process (killed after 15 s); return its stderr."""
+    """Stop a process (killed after 15 s); return its stderr. A server
+    started in a session of its own (``start_new_session``) leaves no
+    process of its group behind: a worker of a server killed at the
+    timeout would live on."""
     if process.poll() is None:
         process.send_signal(sig)
     try:
@@ -62,6 +65,9 @@ def _stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> str:
     except subprocess.TimeoutExpired:
         process.kill()
         _, err = process.communicate(timeout=15)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
     return err or ""
 
 
@@ -81,6 +87,7 @@ def worker(env: dict[str, str], redis_url: str, queue_name: str) -> Iterator[Non
         [sys.executable, "-m", "jobq", "worker", "tests.forking_apps.tasks:add",
          "--queue", queue_name, "--url", redis_url, "--concurrency", "8"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )
     try:
         yield
@@ -98,7 +105,7 @@ def gunicorn_with_worker(
     exited cleanly."""
     worker = subprocess.Popen(
         worker_argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        text=True, start_new_session=True,
     )
     port = _free_port()
     server = subprocess.Popen(
@@ -106,6 +113,7 @@ def gunicorn_with_worker(
          "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}", "--timeout", "30",
          "--graceful-timeout", "5", "--log-level", "warning", app],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )
     try:
         until(lambda: server.poll() is not None or _accepts(port), timeout=30)
@@ -141,8 +149,6 @@ def _server_command(server: str, port: int, target: str) -> list[str]:
         command = [_uwsgi(), "--master", "--die-on-term", "--processes", "2", "--threads", "4",
                    "--http-socket", f"127.0.0.1:{port}", "--module", target,
                    "--need-app", "--disable-logging", "--chdir", str(ROOT)]
-        if server == "uwsgi-lazy-apps":
-            command.append("--lazy-apps")  # the app imported in each worker
         if server == "uwsgi-fork-hooks":
             command.append("--py-call-uwsgi-fork-hooks")  # a fork as Python's
         return command
@@ -159,8 +165,7 @@ def _server_command(server: str, port: int, target: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "server_kind",
-    ["gunicorn-sync", "gunicorn-gthread", "gunicorn-gevent", "uwsgi", "uwsgi-lazy-apps",
-     "uwsgi-fork-hooks"])
+    ["gunicorn-sync", "gunicorn-gthread", "gunicorn-gevent", "uwsgi", "uwsgi-fork-hooks"])
 @pytest.mark.parametrize("app", sorted(APPS))
 def test_app_under_a_forking_server(
     app: str, server_kind: str, env: dict[str, str], worker: None
@@ -170,16 +175,17 @@ def test_app_under_a_forking_server(
     interpreter's state as it was, so a thread that held the GIL in the
     master at the fork would hold it for ever in the worker: under uWSGI
     the app starts no thread before the fork (it adds a job, and the
-    master keeps that connection); with ``--lazy-apps`` it starts its
-    reader in each worker, with ``--py-call-uwsgi-fork-hooks`` in the
-    master as under gunicorn. tests/test_fork.py forks without the hooks from
+    master keeps that connection); with ``--py-call-uwsgi-fork-hooks`` (a
+    fork as Python's own) it starts its reader in the master, as under
+    gunicorn. tests/test_fork.py forks without the hooks from
     a thread that holds the GIL, the reader running."""
     target, route = APPS[app]
     if server_kind == "uwsgi":
         env = dict(env, JOBQ_TEST_PRELOAD="add")
     port = _free_port()
     server = subprocess.Popen(_server_command(server_kind, port, target), cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
     try:
         until(lambda: server.poll() is not None or _accepts(port), timeout=30)
         assert server.poll() is None, _stop(server)
