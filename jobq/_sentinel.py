@@ -72,7 +72,7 @@ def sentinel_client(url: str) -> redis.Redis:
     own_login = {key.removeprefix("sentinel_"): options.pop(key)
                  for key in ("sentinel_username", "sentinel_password") if key in options}
     base = f"{SENTINEL_SCHEMES[scheme]}://{auth}{at}localhost/{names[1] if len(names) == 2 else 0}"
-    kwargs = parse_url(f"{base}?{urlencode(options)}" if options else base)  # type: ignore[no-untyped-call]
+    kwargs = parse_url(f"{base}?{urlencode(options)}" if options else base)  # type: ignore[no-untyped-call, unused-ignore]
     kwargs.pop("host", None)
     kwargs.pop("port", None)
     tls = kwargs.pop("connection_class", None) is not None  # SSLConnection, for rediss
@@ -80,10 +80,10 @@ def sentinel_client(url: str) -> redis.Redis:
                     if key.startswith(("socket_", "ssl_"))}
     if tls:
         to_sentinels["ssl"] = True
-    manager = Sentinel(  # type: ignore[no-untyped-call]
+    manager = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         _hosts(hosts, url), sentinel_kwargs={**to_sentinels, **own_login}, **kwargs)
     _own.add(manager)
-    client: redis.Redis = manager.master_for(names[0], ssl=tls)  # type: ignore[no-untyped-call]
+    client: redis.Redis = manager.master_for(names[0], ssl=tls)  # type: ignore[no-untyped-call, unused-ignore]
     return client
 
 
@@ -104,13 +104,13 @@ def clone_pool(pool: SentinelConnectionPool, max_connections: int,
     addresses = [(s.connection_pool.connection_kwargs.get("host", "localhost"),
                   s.connection_pool.connection_kwargs.get("port", DEFAULT_PORT))
                  for s in theirs.sentinels]
-    manager = Sentinel(  # type: ignore[no-untyped-call]
+    manager = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         addresses, min_other_sentinels=theirs.min_other_sentinels,
         sentinel_kwargs={**theirs.sentinel_kwargs, "retry": Retry(NoBackoff(), 0)},
         force_master_ip=getattr(theirs, "_force_master_ip", None),
     )
     _own.add(manager)
-    return SentinelConnectionPool(  # type: ignore[no-untyped-call]
+    return SentinelConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
         pool.service_name, manager, is_master=pool.is_master,
         check_connection=pool.check_connection, connection_class=pool.connection_class,
         max_connections=max_connections, **kwargs,
