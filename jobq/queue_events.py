@@ -236,20 +236,15 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         """Id of the last event dispatched to listeners (stream mode)."""
         return self._dispatcher.dispatched_id
 
-    # -- listeners --------------------------------------------------------
-
-    # on / once / off / listener_count: ListenerMethods
+    # -- listeners (on / once / off / listener_count: ListenerMethods) -----
 
     def _listener_added(self, event: str) -> None:
-        self._resume()
-
-    def _resume(self) -> None:
         if self._restart:  # forked while running: this is the first use
             self.run()
 
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event."""
-        self._resume()
+        self._listener_added(ALL)
         return self._listeners.on(ALL, callback)
 
     def off_all_events(self, callback: Listener) -> bool:

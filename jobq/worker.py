@@ -254,11 +254,9 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     def start(self) -> Worker:
         """Start fetching and running jobs in background threads; return self.
-
         Listeners of ``drained`` / ``stalled`` attached before it hear every
-        such event after it returns (it waits, at most
-        ``EVENTS_READY_TIMEOUT``, for their subscription).
-        """
+        such event after it returns (it waits for their subscription, at
+        most ``EVENTS_READY_TIMEOUT``)."""
         _fork.check()
         with self._cond:
             if self._state in (Lifecycle.CLOSING, Lifecycle.CLOSED):

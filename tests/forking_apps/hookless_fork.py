@@ -17,10 +17,10 @@ import json
 import os
 import select
 import sys
-import time
 from typing import Any
 
 from jobq import Event, Job, Queue, ShardedQueue, Worker
+from tests.polling import until
 
 WAIT = 10.0
 
@@ -34,10 +34,8 @@ def child(queue: Queue, sharded: ShardedQueue, workers: list[Worker],
     with workers[0], workers[1]:  # Workers built in the parent, started here
         results = [queue.add("x", f"child-{i}").wait_until_finished(timeout=5) for i in range(3)]
         results.append(sharded.add("x", "sharded").wait_until_finished(timeout=5))
-        deadline = time.monotonic() + 5
         # the listener registered in the parent runs on the child's dispatcher
-        while not any(e.result == "child-0" for e in heard) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        until(lambda: any(e.result == "child-0" for e in heard), timeout=5)
     return {"results": results, "heard": sorted(str(e.result) for e in heard)}
 
 
