@@ -89,10 +89,10 @@ def check() -> None:
     gunicorn's gevent workers monkey-patch ``threading`` after the fork,
     after the hooks ran: with ``--preload`` the objects' locks were real
     locks, and a greenlet waiting on one held up every other greenlet of
-    the process. Made again after the patching, they are gevent's; that is
-    safe while jobq has started no thread since the reset (none to
-    abandon), which is the case unless listeners were registered, or
-    something awaited, before the fork."""
+    the process. The fork hook leaves such a child to this check
+    (``_forked``); objects whose locks predate a patching are made again
+    too, which is safe while jobq has started no thread since their reset
+    (none to abandon)."""
     if os.getpid() != _pid or threading.Lock is not _lock_type:
         with _check_lock:
             if os.getpid() != _pid:
@@ -120,9 +120,8 @@ def _after_patching() -> None:
     if _threads_started:
         logger.warning(
             "threading was monkey-patched (gevent?) after jobq started threads in this "
-            "process: its queues and event readers may block the process. Patch before "
-            "using jobq; with gunicorn's gevent workers, leave out --preload, or register "
-            "no listener and wait for nothing before the fork")
+            "process: its queues and event readers may block the process; monkey-patch "
+            "before using jobq")
         return
     _in_child()
 

@@ -396,3 +396,37 @@ def test_a_fork_without_python_hooks_resets_at_first_use(
     assert answer["parent_after"] == ["after", "after"]
     # the child was told of the parent's threads (their risk is the GIL's)
     assert "was forked without Python's fork hooks while jobq's threads ran" in process.stderr
+
+
+_PATCHED_LATE = """
+import os, sys
+from jobq import Queue, QueueEvents
+events = QueueEvents(sys.argv[2], connection=sys.argv[1])
+assert events.wait_until_ready(10)  # jobq's threads run
+from gevent import monkey
+monkey.patch_all()
+with Queue(sys.argv[2], connection=sys.argv[1]) as queue:
+    queue.get_job_counts()  # the first call since the patching
+sys.stdout.write("done")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_monkey_patching_after_jobq_started_threads_is_reported(
+    queue_name: str, redis_url: str
+) -> None:
+    """Locks are made again after a patching only while no thread of jobq's
+    runs (gunicorn's gevent workers: tests/test_forking_servers.py); after,
+    a warning says to patch first."""
+    pytest.importorskip("gevent")
+    if "+cluster" in redis_url:
+        pytest.skip("the child process takes a plain URL")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    process = subprocess.run(
+        [sys.executable, "-c", _PATCHED_LATE, redis_url, queue_name],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert process.stdout == "done", process.stderr[-3000:]
+    assert "threading was monkey-patched (gevent?) after jobq started threads" in process.stderr
