@@ -37,7 +37,7 @@ from typing import Any
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from . import _fork
-from .connection import take_connection
+from .connection import cut_connection, take_connection
 
 #: Longest wait of a caller for its batch, beyond the connection's socket
 #: timeout: a leader's read ends by then (with its reply or an error).
@@ -141,6 +141,7 @@ class Coalescer:
         self._queued: list[_Call] = []
         self._leading = False
         self._connection: Any = None
+        self._closed = False
         self._idle = _Idle()
 
     def call(self, packed: bytes) -> Any:
@@ -167,10 +168,15 @@ class Coalescer:
         """Lead one batch: every call queued now."""
         with self._lock:
             batch, self._queued = self._queued, []
+            connection, closed = self._connection, self._closed
         try:
-            connection = self._connection
+            if closed:  # calls that raced the last user's close
+                raise ConnectionError("closed: no more calls are sent")
             if connection is None:
-                connection = self._connection = take_connection(self._pool)
+                connection = take_connection(self._pool)
+                with self._lock:
+                    if not self._closed:  # else given back below
+                        self._connection = connection
             else:
                 self._idle.ready(connection)
             connection.send_packed_command([call.packed for call in batch], check_health=False)
@@ -181,8 +187,8 @@ class Coalescer:
                     call.error = exc
                 call.finished = True
         except BaseException as exc:
-            if self._connection is not None:
-                self._connection.disconnect()  # replies may be left unread
+            if connection is not None:
+                connection.disconnect()  # replies may be left unread
             for call in batch:
                 if not call.finished:
                     call.error, call.finished = exc, True
@@ -194,6 +200,10 @@ class Coalescer:
                 successor = self._queued[0] if self._queued else None
                 if successor is None:
                     self._leading = False
+                orphaned = connection is not None and connection is not self._connection
+            if orphaned:  # close() left it to this batch to give back
+                connection.disconnect()
+                self._pool.release(connection)
             if successor is not None and successor.done is not None:  # it leads the next batch
                 successor.done.set()
 
@@ -208,9 +218,17 @@ class Coalescer:
         self.close()
 
     def close(self) -> None:
-        """Give the connection back to its pool (a batch in flight fails)."""
+        """Give the connection back to its pool; a batch in flight fails
+        (its connection is cut, and its leader gives it back: in the pool
+        it could be lent while the leader still used it)."""
         with self._lock:
             connection, self._connection = self._connection, None
-        if connection is not None:
+            self._closed = True
+            in_flight = self._leading
+        if connection is None:
+            return
+        if in_flight:
+            cut_connection(connection)
+        else:
             connection.disconnect()
             self._pool.release(connection)

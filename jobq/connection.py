@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -296,6 +297,23 @@ def cut_client(client: Client | None) -> None:
             pass
 
 
+def cut_connection(connection: Any) -> None:
+    """End, from another thread, whatever call runs on ``connection``: shut
+    its socket down, so that the owner's read or write fails at once (the
+    owner then disconnects it), and make any reconnect give up within
+    ``CUT_TIMEOUT``. Never ``disconnect()`` it from here: redis-py would
+    connect again under its owner's next write, and a handshake cut
+    between two of its pipelined commands then waits, on the new socket,
+    for the reply of one sent on the old (for the socket timeout)."""
+    connection.socket_timeout = connection.socket_connect_timeout = CUT_TIMEOUT
+    sock = connection._sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed by its owner meanwhile
+            pass
+
+
 #: Longest single poll (s) of a read bounded by a deadline (see ``read_by``).
 READ_SLICE = 0.1
 
@@ -385,11 +403,13 @@ class DeadlineConnections:
         self._lent(connection)  # from now on: close() cuts its connect short too
         try:
             connection.connect()
+            with self._lock:
+                if self._closed:  # cut before it had a socket to shut down
+                    raise redis.exceptions.ConnectionError("the connections were closed")
+                connection.socket_timeout, connection.socket_connect_timeout = saved
         except BaseException:
             self.give(connection, False)
             raise
-        finally:
-            connection.socket_timeout, connection.socket_connect_timeout = saved
         return connection, left >= self.KEEP_AFTER
 
     def _lent(self, connection: Any) -> Any:
@@ -412,11 +432,14 @@ class DeadlineConnections:
         connection.disconnect()
 
     def close(self) -> None:
-        """Close the connections kept, and those lent out (their calls end
-        with an error, as on a closed client), and those given back from now on."""
+        """Close the connections kept, and those given back from now on; cut
+        those lent out (their calls, or connects, end with an error, as on a
+        closed client; their threads close them)."""
         with self._lock:
-            connections, self._idle, self._closed = self._idle + list(self._busy), [], True
-        for connection in connections:
+            idle, busy, self._idle, self._closed = self._idle, list(self._busy), [], True
+            for connection in busy:  # under the lock: not restored by take() now
+                cut_connection(connection)
+        for connection in idle:
             connection.disconnect()
 
 

@@ -156,3 +156,61 @@ def test_the_queues_of_one_client_share_its_connection(
             client.delete(*client.keys(f"jobq:{{{queue_name}-{n}}}:*"))
     assert len(pool._in_use_connections) == 0  # type: ignore[attr-defined]
     client.close()
+
+
+def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: str) -> None:
+    """The last user's close() while a batch was being written gave the
+    connection back to the pool at once: the pool could lend it to another
+    caller while the batch's leader still wrote on it (reconnected by
+    redis-py under it: the close had disconnected it). Now the batch
+    fails, and its leader gives the connection back once done."""
+    from hiredis import pack_command
+
+    from jobq._coalesce import Coalescer
+    from jobq.connection import take_connection
+
+    paused, resume = threading.Event(), threading.Event()
+    armed = threading.Event()
+
+    class PausingConnection(redis.Connection):
+        """Stops a batch's write once ``armed``."""
+
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            if armed.is_set() and not paused.is_set():
+                paused.set()
+                resume.wait(WAIT)
+            super().send_packed_command(command, check_health)
+
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection)
+    coalescer = Coalescer(pool)
+    outcome: list[Any] = []
+    lent: Any = None
+
+    def call() -> None:
+        try:
+            outcome.append(coalescer.call(pack_command(("PING",))))
+        except redis.exceptions.ConnectionError:
+            outcome.append("ConnectionError")
+
+    try:
+        assert coalescer.call(pack_command(("PING",))) in (b"PONG", "PONG")
+        batch_connection = coalescer._connection
+        armed.set()
+        thread = threading.Thread(target=call)
+        thread.start()
+        try:
+            assert paused.wait(WAIT)
+            coalescer.close()
+            lent = take_connection(pool)  # what another caller gets meanwhile
+            assert lent is not batch_connection
+        finally:
+            resume.set()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        assert outcome == ["ConnectionError"]
+        # the batch gave its connection back: only the one lent above is out
+        assert pool._in_use_connections == {lent}  # type: ignore[attr-defined]
+    finally:
+        if lent is not None:
+            pool.release(lent)
+        pool.disconnect()

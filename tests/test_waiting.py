@@ -1138,3 +1138,53 @@ def test_deadline_connections_lend_nothing_once_closed(redis_client: redis.Redis
     connections.close()
     with pytest.raises(redis.exceptions.ConnectionError):
         connections.take(time.monotonic() + WAIT)
+
+
+def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
+    redis_url: str,
+) -> None:
+    """A close() that met a record check's connect between two commands of
+    the handshake (redis-py 8 writes CLIENT SETINFO LIB-NAME and LIB-VER,
+    then reads both replies) held the waiting thread for its socket
+    timeout: the closing thread's disconnect() made the next write connect
+    again, and the handshake then waited on the new socket for the reply to
+    a command sent on the old one (5 s in a close test in CI).
+    The connect now fails at once, and nothing is lent after the close."""
+    from jobq.connection import DeadlineConnections
+
+    paused, resume = threading.Event(), threading.Event()
+
+    class PausingConnection(redis.Connection):
+        """Stops the handshake between LIB-NAME and LIB-VER (once)."""
+
+        def send_command(self, *args: Any, **kwargs: Any) -> None:
+            if args[:3] == ("CLIENT", "SETINFO", "LIB-VER") and not paused.is_set():
+                paused.set()
+                resume.wait(WAIT)
+            super().send_command(*args, **kwargs)
+
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection)
+    connections = DeadlineConnections(pool)
+    outcome: list[str] = []
+
+    def check() -> None:
+        try:
+            with connections.lent(time.monotonic() + 60):
+                outcome.append("lent")
+        except redis.exceptions.ConnectionError:
+            outcome.append("ConnectionError")
+
+    thread = threading.Thread(target=check)
+    thread.start()
+    try:
+        assert paused.wait(WAIT)
+        connections.close()
+    finally:
+        resume.set()
+    thread.join(WAIT)  # not the 60 s of the socket's timeout
+    try:
+        assert not thread.is_alive()
+        assert outcome == ["ConnectionError"]
+    finally:
+        pool.disconnect()
+        thread.join(60)
