@@ -47,11 +47,16 @@ class _Held:
         if events is not None:
             events.close()
         self.scripts.close()
+        # cut first: a thread still in a call on them (a wait's check, with
+        # no deadline) fails at once, where a bare close could make redis-py
+        # connect again under it and wait out the socket's timeout
         if self.bounded is not None and self.bounded is not self.client:
+            _connection.cut_client(self.bounded)
             _connection.close_client(self.bounded)
         if self.deadline_connections is not None:
             self.deadline_connections.close()
         if self.owned:
+            _connection.cut_client(self.client)
             _connection.close_client(self.client)
 
 

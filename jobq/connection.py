@@ -307,7 +307,7 @@ def cut_connection(connection: Any) -> None:
     for the reply of one sent on the old (for the socket timeout)."""
     connection.socket_timeout = connection.socket_connect_timeout = CUT_TIMEOUT
     sock = connection._sock
-    if sock is not None:
+    if sock is not None and getattr(connection, "pid", None) == os.getpid():  # not a parent's
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # closed by its owner meanwhile

@@ -1163,7 +1163,8 @@ def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
                 resume.wait(WAIT)
             super().send_command(*args, **kwargs)
 
-    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection)
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection,
+                                         socket_timeout=60)
     connections = DeadlineConnections(pool)
     outcome: list[str] = []
 
@@ -1188,3 +1189,58 @@ def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
     finally:
         pool.disconnect()
         thread.join(60)
+
+
+def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: str,
+                                                                       queue_name: str) -> None:
+    """The same cut handshake in a wait with no timeout (its record check
+    runs on the bounded client's pool): the close's disconnect() of that
+    pool made the handshake connect again and wait for a lost reply, for the
+    socket's timeout (for ever with redis-py 5's default of none)."""
+    paused, resume, armed = threading.Event(), threading.Event(), threading.Event()
+
+    class PausingConnection(redis.Connection):
+        """Stops one handshake between LIB-NAME and LIB-VER once ``armed``."""
+
+        def send_command(self, *args: Any, **kwargs: Any) -> None:
+            if (args[:3] == ("CLIENT", "SETINFO", "LIB-VER") and armed.is_set()
+                    and not paused.is_set()):
+                paused.set()
+                resume.wait(WAIT)
+            super().send_command(*args, **kwargs)
+
+    # a socket timeout longer than the join below (redis-py 8's default is 5 s)
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection,
+                                         socket_timeout=60)
+    client = redis.Redis(connection_pool=pool)
+    with Queue(queue_name, connection=redis_url) as queue:
+        added = queue.add("x")
+    outcome: list[str] = []
+    qe = QueueEvents(queue_name, connection=client)
+    try:
+        assert qe.wait_until_ready(WAIT)
+        with Queue(queue_name, connection=client) as queue:
+            job = queue.get_job(added.id)  # not fresh: the wait reads the record
+        assert job is not None
+
+        def wait() -> None:
+            try:
+                job.wait_until_finished(qe, timeout=None)
+            except Exception as exc:
+                outcome.append(type(exc).__name__)
+
+        armed.set()
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            assert paused.wait(WAIT)
+            qe.close()
+        finally:
+            resume.set()
+        thread.join(WAIT)  # not the socket's 60 s
+        assert not thread.is_alive()
+        assert outcome == ["ClosedError"]
+    finally:
+        resume.set()
+        qe.close()
+        client.close()
