@@ -168,20 +168,10 @@ def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: st
 
     from jobq._coalesce import Coalescer
     from jobq.connection import take_connection
+    from tests.held import Held
 
-    paused, resume = threading.Event(), threading.Event()
-    armed = threading.Event()
-
-    class PausingConnection(redis.Connection):
-        """Stops a batch's write once ``armed``."""
-
-        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            if armed.is_set() and not paused.is_set():
-                paused.set()
-                resume.wait(WAIT)
-            super().send_packed_command(command, check_health)
-
-    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection)
+    held = Held("write", armed=False)
+    pool = held.pool(redis_url)
     coalescer = Coalescer(pool)
     outcome: list[Any] = []
     lent: Any = None
@@ -195,16 +185,16 @@ def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: st
     try:
         assert coalescer.call(pack_command(("PING",))) in (b"PONG", "PONG")
         batch_connection = coalescer._connection
-        armed.set()
+        held.armed.set()
         thread = threading.Thread(target=call)
         thread.start()
         try:
-            assert paused.wait(WAIT)
+            assert held.reached.wait(WAIT)
             coalescer.close()
             lent = take_connection(pool)  # what another caller gets meanwhile
             assert lent is not batch_connection
         finally:
-            resume.set()
+            held.released.set()
             thread.join(WAIT)
         assert not thread.is_alive()
         assert outcome == ["ConnectionError"]

@@ -1151,20 +1151,10 @@ def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
     a command sent on the old one (5 s in a close test in CI).
     The connect now fails at once, and nothing is lent after the close."""
     from jobq.connection import DeadlineConnections
+    from tests.held import Held
 
-    paused, resume = threading.Event(), threading.Event()
-
-    class PausingConnection(redis.Connection):
-        """Stops the handshake between LIB-NAME and LIB-VER (once)."""
-
-        def send_command(self, *args: Any, **kwargs: Any) -> None:
-            if args[:3] == ("CLIENT", "SETINFO", "LIB-VER") and not paused.is_set():
-                paused.set()
-                resume.wait(WAIT)
-            super().send_command(*args, **kwargs)
-
-    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection,
-                                         socket_timeout=60)
+    held = Held("handshake")
+    pool = held.pool(redis_url)
     connections = DeadlineConnections(pool)
     outcome: list[str] = []
 
@@ -1178,10 +1168,10 @@ def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
     thread = threading.Thread(target=check)
     thread.start()
     try:
-        assert paused.wait(WAIT)
+        assert held.reached.wait(WAIT)
         connections.close()
     finally:
-        resume.set()
+        held.released.set()
     thread.join(WAIT)  # not the 60 s of the socket's timeout
     try:
         assert not thread.is_alive()
@@ -1197,22 +1187,10 @@ def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: 
     runs on the bounded client's pool): the close's disconnect() of that
     pool made the handshake connect again and wait for a lost reply, for the
     socket's timeout (for ever with redis-py 5's default of none)."""
-    paused, resume, armed = threading.Event(), threading.Event(), threading.Event()
+    from tests.held import Held
 
-    class PausingConnection(redis.Connection):
-        """Stops one handshake between LIB-NAME and LIB-VER once ``armed``."""
-
-        def send_command(self, *args: Any, **kwargs: Any) -> None:
-            if (args[:3] == ("CLIENT", "SETINFO", "LIB-VER") and armed.is_set()
-                    and not paused.is_set()):
-                paused.set()
-                resume.wait(WAIT)
-            super().send_command(*args, **kwargs)
-
-    # a socket timeout longer than the join below (redis-py 8's default is 5 s)
-    pool = redis.ConnectionPool.from_url(redis_url, connection_class=PausingConnection,
-                                         socket_timeout=60)
-    client = redis.Redis(connection_pool=pool)
+    held = Held("handshake", armed=False)
+    client = redis.Redis(connection_pool=held.pool(redis_url))
     with Queue(queue_name, connection=redis_url) as queue:
         added = queue.add("x")
     outcome: list[str] = []
@@ -1229,18 +1207,18 @@ def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: 
             except Exception as exc:
                 outcome.append(type(exc).__name__)
 
-        armed.set()
+        held.armed.set()
         thread = threading.Thread(target=wait)
         thread.start()
         try:
-            assert paused.wait(WAIT)
+            assert held.reached.wait(WAIT)
             qe.close()
         finally:
-            resume.set()
+            held.released.set()
         thread.join(WAIT)  # not the socket's 60 s
         assert not thread.is_alive()
         assert outcome == ["ClosedError"]
     finally:
-        resume.set()
+        held.released.set()
         qe.close()
         client.close()

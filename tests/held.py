@@ -1,0 +1,49 @@
+"""A redis-py connection class that holds a thread at one point of its
+work, so that a test can close things under it there: the window a race
+needs, made as wide as the test wants, on a real server."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import redis
+
+WAIT = 10.0
+
+
+class Held:
+    """Holds the first thread that reaches ``at`` once ``armed`` is set,
+    until ``released`` is: ``"handshake"``, between the CLIENT SETINFO
+    LIB-NAME and LIB-VER of a connect (redis-py 8 writes both, then reads
+    both replies); ``"write"``, before any write of commands."""
+
+    def __init__(self, at: str, *, armed: bool = True) -> None:
+        self.armed, self.reached, self.released = (threading.Event() for _ in range(3))
+        if armed:
+            self.armed.set()
+        held = self
+
+        class Connection(redis.Connection):
+            def send_command(self, *args: Any, **kwargs: Any) -> None:
+                if at == "handshake" and args[:3] == ("CLIENT", "SETINFO", "LIB-VER"):
+                    held.hold()
+                super().send_command(*args, **kwargs)
+
+            def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+                if at == "write":
+                    held.hold()
+                super().send_packed_command(command, check_health)
+
+        self.connection_class = Connection
+
+    def hold(self) -> None:
+        if self.armed.is_set() and not self.reached.is_set():
+            self.reached.set()
+            self.released.wait(WAIT)
+
+    def pool(self, url: str) -> redis.ConnectionPool:
+        """A pool of such connections to ``url``, whose sockets time out after
+        60 s (longer than a test's joins; redis-py 8's default is 5 s)."""
+        return redis.ConnectionPool.from_url(url, connection_class=self.connection_class,
+                                             socket_timeout=60)
