@@ -44,6 +44,8 @@ class Held:
 
     def pool(self, url: str) -> redis.ConnectionPool:
         """A pool of such connections to ``url``, whose sockets time out after
-        60 s (longer than a test's joins; redis-py 8's default is 5 s)."""
+        60 s (longer than a test's joins; redis-py 8's default is 5 s). In
+        the cluster pass, a plain pool to the one node that owns every slot."""
+        url = url.replace("redis+cluster://", "redis://", 1)
         return redis.ConnectionPool.from_url(url, connection_class=self.connection_class,
                                              socket_timeout=60)
