@@ -5,23 +5,23 @@ needs, made as wide as the test wants, on a real server."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 
 WAIT = 10.0
+T = TypeVar("T")
 
 
 class Held:
-    """Holds the first thread that reaches ``at`` once ``armed`` is set,
-    until ``released`` is: ``"handshake"``, between the CLIENT SETINFO
-    LIB-NAME and LIB-VER of a connect (redis-py 8 writes both, then reads
-    both replies); ``"write"``, before any write of commands."""
+    """Holds the first thread that reaches ``at`` once ``armed`` is set (by
+    ``meet``), until ``released`` is: ``"handshake"``, between the CLIENT
+    SETINFO LIB-NAME and LIB-VER of a connect (redis-py 8 writes both, then
+    reads both replies); ``"write"``, before any write of commands."""
 
-    def __init__(self, at: str, *, armed: bool = True) -> None:
+    def __init__(self, at: str) -> None:
         self.armed, self.reached, self.released = (threading.Event() for _ in range(3))
-        if armed:
-            self.armed.set()
         held = self
 
         class Connection(redis.Connection):
@@ -41,6 +41,23 @@ class Held:
         if self.armed.is_set() and not self.reached.is_set():
             self.reached.set()
             self.released.wait(WAIT)
+
+    def meet(self, target: Callable[[], object],
+             action: Callable[[], T]) -> tuple[threading.Thread, T]:
+        """Arm, run ``target`` on a thread of its own until it is held, do
+        ``action`` there (a close), let it go and join it for WAIT seconds;
+        return the thread (alive if it is still stuck) and what ``action``
+        returned."""
+        self.armed.set()
+        thread = threading.Thread(target=target)
+        thread.start()
+        try:
+            assert self.reached.wait(WAIT)
+            value = action()
+        finally:
+            self.released.set()
+            thread.join(WAIT)
+        return thread, value
 
     def pool(self, url: str) -> redis.ConnectionPool:
         """A pool of such connections to ``url``, whose sockets time out after

@@ -170,7 +170,7 @@ def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: st
     from jobq.connection import take_connection
     from tests.held import Held
 
-    held = Held("write", armed=False)
+    held = Held("write")
     pool = held.pool(redis_url)
     coalescer = Coalescer(pool)
     outcome: list[Any] = []
@@ -185,17 +185,12 @@ def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: st
     try:
         assert coalescer.call(pack_command(("PING",))) in (b"PONG", "PONG")
         batch_connection = coalescer._connection
-        held.armed.set()
-        thread = threading.Thread(target=call)
-        thread.start()
-        try:
-            assert held.reached.wait(WAIT)
+        def close_and_take() -> Any:
             coalescer.close()
-            lent = take_connection(pool)  # what another caller gets meanwhile
-            assert lent is not batch_connection
-        finally:
-            held.released.set()
-            thread.join(WAIT)
+            return take_connection(pool)  # what another caller gets meanwhile
+
+        thread, lent = held.meet(call, close_and_take)
+        assert lent is not batch_connection
         assert not thread.is_alive()
         assert outcome == ["ConnectionError"]
         # the batch gave its connection back: only the one lent above is out

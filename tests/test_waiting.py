@@ -1165,14 +1165,7 @@ def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
         except redis.exceptions.ConnectionError:
             outcome.append("ConnectionError")
 
-    thread = threading.Thread(target=check)
-    thread.start()
-    try:
-        assert held.reached.wait(WAIT)
-        connections.close()
-    finally:
-        held.released.set()
-    thread.join(WAIT)  # not the 60 s of the socket's timeout
+    thread, _ = held.meet(check, connections.close)  # joined for WAIT, not the socket's 60 s
     try:
         assert not thread.is_alive()
         assert outcome == ["ConnectionError"]
@@ -1189,7 +1182,7 @@ def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: 
     socket's timeout (for ever with redis-py 5's default of none)."""
     from tests.held import Held
 
-    held = Held("handshake", armed=False)
+    held = Held("handshake")
     client = redis.Redis(connection_pool=held.pool(redis_url))
     with Queue(queue_name, connection=redis_url) as queue:
         added = queue.add("x")
@@ -1207,15 +1200,7 @@ def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: 
             except Exception as exc:
                 outcome.append(type(exc).__name__)
 
-        held.armed.set()
-        thread = threading.Thread(target=wait)
-        thread.start()
-        try:
-            assert held.reached.wait(WAIT)
-            qe.close()
-        finally:
-            held.released.set()
-        thread.join(WAIT)  # not the socket's 60 s
+        thread, _ = held.meet(wait, qe.close)  # joined for WAIT, not the socket's 60 s
         assert not thread.is_alive()
         assert outcome == ["ClosedError"]
     finally:
