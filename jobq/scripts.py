@@ -191,7 +191,7 @@ class Scripts:
         self._plain = pooled(client)  # its calls go through the coalescer
         self._coalescer: Coalescer | None = None
         self._coalescer_lock = threading.Lock()
-        self._refusing = False
+        self._refuser: int | None = None
         _fork.track(self)
 
     def _after_fork(self) -> None:
@@ -215,16 +215,17 @@ class Scripts:
             coalescer.leave()
 
     def refuse_calls(self) -> None:
-        """Send nothing from now on: every call raises ConnectionError. A
-        closing worker whose threads are stuck on a server that does not
-        answer cuts their connections and calls this, so that none of them
-        connects again (a resent call would, and block on the new
-        connection's handshake, for ever without a socket timeout)."""
-        self._refusing = True
+        """Send nothing from now on for any thread but this one: their calls
+        raise ConnectionError. A closing worker whose threads are stuck on a
+        server that does not answer cuts their connections and calls this,
+        so that none of them connects again (a resent call would, and block
+        on the new connection's handshake, for ever without a socket
+        timeout). The closing thread's own last calls are bounded by it."""
+        self._refuser = threading.get_ident()
 
     def _check_open(self) -> None:
         _fork.check()
-        if self._refusing:
+        if self._refuser is not None and self._refuser != threading.get_ident():
             raise redis.exceptions.ConnectionError("closing: no more calls are sent")
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:

@@ -65,6 +65,9 @@ _CHANNEL_EVENTS = frozenset({"drained", "stalled"})
 EVENTS_READY_TIMEOUT = 10.0
 #: Least time ``close()`` gives its threads to end once told to stop.
 JOIN_GRACE = BLOCK_CAP + 0.5
+#: Least time a close with no timeout gives its last call, leaving the
+#: worker registry, however long its threads took to end.
+LEAVE_GRACE = 1.0
 #: Least time ``close()`` gives the listeners' thread to deliver ``closed``
 #: and end, when the close ran past its deadline.
 LISTENER_GRACE = 0.5
@@ -354,9 +357,12 @@ class Worker(ListenerMethods, ClosedOnExit):
         events, self._events = self._events, None
         if events is not None:
             events.close(max(0.0, until - time.monotonic()))
-        if time.monotonic() < until:
+        # with a timeout, only in the time left; without, always (the threads
+        # may have used all their grace on a busy machine)
+        leave_by = until if deadline is not None else max(until, time.monotonic() + LEAVE_GRACE)
+        if time.monotonic() < leave_by:
             try:
-                withdraw(self._context, self.name, until)
+                withdraw(self._context, self.name, leave_by)
             except Exception as exc:  # best effort: the announcement expires anyway
                 logger.debug("worker %r could not leave the registry: %s", self.name, exc)
         emit("closed")

@@ -18,10 +18,12 @@ class Held:
     """Holds the first thread that reaches ``at`` once ``armed`` is set (by
     ``meet``), until ``released`` is: ``"handshake"``, between the CLIENT
     SETINFO LIB-NAME and LIB-VER of a connect (redis-py 8 writes both, then
-    reads both replies); ``"write"``, before any write of commands."""
+    reads both replies); ``"write"``, before any write of commands. With
+    ``thread``, only a thread whose name starts with it is held."""
 
-    def __init__(self, at: str) -> None:
+    def __init__(self, at: str, thread: str = "") -> None:
         self.armed, self.reached, self.released = (threading.Event() for _ in range(3))
+        self._thread = thread
         held = self
 
         class Connection(redis.Connection):
@@ -38,7 +40,8 @@ class Held:
         self.connection_class = Connection
 
     def hold(self) -> None:
-        if self.armed.is_set() and not self.reached.is_set():
+        if (self.armed.is_set() and not self.reached.is_set()
+                and threading.current_thread().name.startswith(self._thread)):
             self.reached.set()
             self.released.wait(WAIT)
 

@@ -114,6 +114,35 @@ def test_registry_lists_live_workers_and_forgets_closed_ones(
     assert queue.get_workers() == []
 
 
+def test_a_close_whose_threads_use_up_their_grace_still_leaves_the_registry(
+    queue: Queue, redis_url: str
+) -> None:
+    """A close with no timeout left the registry only while its threads'
+    grace lasted, and not at all once it had cut a thread that did not end
+    (its calls were refused from then on): on a busy machine the worker
+    stayed listed until its heartbeat expired. Here the fetch thread is held
+    before a write, as a thread slow to end would be."""
+    from tests.held import Held
+
+    held = Held("write", thread="jobq-fetch")
+    client = redis.Redis(connection_pool=held.pool(redis_url))
+    worker = Worker(queue.name, lambda job: 1, connection=client, name="slow-to-close")
+    try:
+        worker.start()
+        until(queue.get_workers)
+        held.armed.set()
+        assert held.reached.wait(WAIT)
+        worker.close()
+        assert queue.get_workers() == []
+    finally:
+        held.released.set()
+        for thread in threading.enumerate():
+            if thread.name.startswith("jobq-fetch"):
+                thread.join(WAIT)
+        worker.close()
+        client.close()
+
+
 def test_a_worker_record_with_a_field_that_is_not_a_number_is_still_listed(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
