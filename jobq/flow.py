@@ -134,8 +134,8 @@ def _write(
         if queue.name not in recorded:
             queue._record()
             recorded.add(queue.name)
-        if duplicated:
-            jobs.append(queue.get_job(job_id))
+        if duplicated:  # an existing id, removed since if its record is gone
+            jobs.append(queue.get_job(job_id) or Job(queue._context, job_id, node.new.name))
             continue
         job = Job(queue._context, job_id, node.new.name, node.data, node.opts, timestamp)
         job._run, job._fresh = run, True

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import re
 
-_NAME_RE = re.compile(r"[^{}*?\[\]\s\x00-\x1f\x7f]{1,100}")
-_JOB_ID_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
+#: whitespace, control characters and lone surrogates (not encodable as
+#: UTF-8: a key or argument with one fails only when it is sent)
+_BAD = r"\s\x00-\x1f\x7f\ud800-\udfff"
+_NAME_RE = re.compile(rf"[^{{}}*?\[\]{_BAD}]{{1,100}}")
+_JOB_ID_RE = re.compile(rf"[^{_BAD}]{{1,200}}")
+#: a lone surrogate, which no text sent to the server may hold
+SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def validate_name(value: object, what: str = "queue name") -> str:
@@ -16,14 +21,13 @@ def validate_name(value: object, what: str = "queue name") -> str:
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise ValueError(
             f"invalid {what} {value!r}: 1 to 100 characters, without braces, "
-            "'*', '?', '[', ']', whitespace or control characters"
+            "'*', '?', '[', ']', whitespace, control characters or lone surrogates"
         )
     return value
 
 
 _PREFIX_RE = re.compile(
-    r"[^{}*?\[\]\s\x00-\x1f\x7f]*(?:\{[^{}*?\[\]\s\x00-\x1f\x7f]+\})?"
-    r"[^{}*?\[\]\s\x00-\x1f\x7f]*"
+    rf"[^{{}}*?\[\]{_BAD}]*(?:\{{[^{{}}*?\[\]{_BAD}]+\}})?[^{{}}*?\[\]{_BAD}]*"
 )
 
 
@@ -38,8 +42,8 @@ def validate_prefix(value: object) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= 100 or not _PREFIX_RE.fullmatch(value):
         raise ValueError(
             f"invalid prefix {value!r}: 1 to 100 characters, without '*', '?', '[', ']', "
-            "whitespace or control characters, and braces only around one hash tag "
-            "(e.g. '{flows}')"
+            "whitespace, control characters or lone surrogates, and braces only around one "
+            "hash tag (e.g. '{flows}')"
         )
     return value
 
@@ -49,7 +53,7 @@ def validate_job_id(value: object) -> str:
     if not isinstance(value, str) or not _JOB_ID_RE.fullmatch(value):
         raise ValueError(
             f"invalid job_id {value!r}: a non-empty string of at most 200 characters "
-            "without whitespace or control characters"
+            "without whitespace, control characters or lone surrogates"
         )
     if value.isdigit():
         raise ValueError(

@@ -26,7 +26,7 @@ from .errors import (
     SerializationError,
 )
 from .job import Job
-from .keys import queues_key, validate_job_id
+from .keys import SURROGATE, queues_key, validate_job_id
 from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_form
 from .tasks import QueueTasks, Task
 
@@ -49,8 +49,10 @@ MAX_JOB_NAME = 200
 
 
 def _job_name(name: object) -> str:
-    if not isinstance(name, str) or not name or len(name) > MAX_JOB_NAME:
-        raise ValueError(f"job name must be a non-empty str of at most {MAX_JOB_NAME} characters")
+    if (not isinstance(name, str) or not name or len(name) > MAX_JOB_NAME
+            or SURROGATE.search(name)):
+        raise ValueError(f"job name must be a non-empty str of at most {MAX_JOB_NAME} "
+                         f"characters without lone surrogates, not {name!r}")
     return name
 
 
@@ -307,7 +309,9 @@ class Queue(
         Adding an existing ``job_id`` returns the existing job and emits
         ``duplicated``; an add whose ``dedup`` key holds returns the job that
         owns it and emits ``deduplicated`` (a debounce returns the replaced
-        delayed job).
+        delayed job). A throttle key outlives its job: when retention has
+        removed that job, the Job returned has its id and this add's name,
+        no data, and ``wait_until_finished`` raises JobNotFoundError.
 
         ``depends_on`` (a list of job ids of this queue, ``(queue, id)``
         pairs or Jobs) makes the job wait in state ``waiting-children``
@@ -354,9 +358,10 @@ class Queue(
     def _write(self, prepared: list[tuple[NewJob, dict[str, Any], Any]], trace: str,
                tries: int = 3) -> list[Job]:
         """Write validated jobs, a chunk per round trip; ``trace``: the trace
-        context each job stores ('' for none). A job found existing that is
-        gone when read (it ended and was removed since) is added again, up
-        to ``tries`` times: the Job returned is always one that was added."""
+        context each job stores ('' for none). A job found existing by its
+        id that is gone when read (it ended and was removed since) is added
+        again, up to ``tries`` times: the Job returned is one that was added.
+        A dedup hit is never added again: its key still holds."""
         result: list[Job] = []
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
@@ -372,11 +377,13 @@ class Queue(
                 new, opts, data = item
                 if duplicated:
                     existing = self.get_job(job_id)
-                    if existing is None and tries:
+                    if existing is None and duplicated == 1 and tries:
                         existing = self._write([item], trace, tries - 1)[0]
-                    if existing is None:
+                    if existing is None and duplicated == 1:
                         raise JobqError(f"job {job_id!r} was removed while it was added again")
-                    result.append(existing)
+                    # a throttle key outlives its job's record (retention):
+                    # the add was still ignored, and the job is the one gone
+                    result.append(existing or Job(self._context, job_id, new.name))
                     continue
                 job = Job(self._context, job_id, new.name, data, opts, timestamp)
                 job._run, job._fresh = run, True

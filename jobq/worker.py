@@ -71,7 +71,7 @@ LEAVE_GRACE = 1.0
 #: Least time ``close()`` gives the listeners' thread to deliver ``closed``
 #: and end, when the close ran past its deadline.
 LISTENER_GRACE = 0.5
-_BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
 def _positive(name: str, value: Any) -> float:
@@ -92,7 +92,7 @@ def _worker_name(name: Any) -> str:
     if not isinstance(name, str) or not name or len(name) > 200 or _BAD_NAME.search(name):
         raise ValueError(
             f"worker name must be a non-empty str of at most 200 characters without "
-            f"control characters, not {name!r}"
+            f"control characters or lone surrogates, not {name!r}"
         )
     return name
 

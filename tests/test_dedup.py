@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from jobq import Job, JobFailedError, Queue
+from jobq import Job, JobFailedError, JobNotFoundError, Queue
 from tests.polling import until
 from tests.test_worker import WAIT, make_worker, started, stream
 
@@ -208,6 +208,32 @@ def test_throttle_holds_for_the_ttl_even_after_the_job_finished(
     assert time.monotonic() - added >= ttl - slack  # not before the ttl
     assert queue.add("ok", dedup={"id": "done", "ttl": ttl}).id != done.id
     assert queue.add("fail", dedup={"id": "failed", "ttl": ttl}).id != failed.id
+
+
+def test_a_throttled_add_whose_job_retention_removed_is_ignored(
+    queue: Queue, redis_url: str
+) -> None:
+    """A throttle key outlives its job's record when retention removes the
+    job: each add with the key raised JobqError ("removed while it was
+    added again"), after three adds that each emitted `deduplicated`, and
+    in a bulk after the other jobs were written. The add is ignored, and
+    the Job returned is the removed one."""
+    with started(make_worker(queue.name, redis_url, lambda job: "ok")):
+        first = queue.add("x", dedup={"id": "t", "ttl": 60}, remove_on_complete=True)
+        assert first.wait_until_finished(timeout=WAIT) == "ok"
+    until(lambda: queue.get_job(first.id) is None, timeout=WAIT)
+    again = queue.add("x", {"v": 2}, dedup={"id": "t", "ttl": 60})
+    assert (again.id, again.name, again.data) == (first.id, "x", None)
+    assert again.get_state() == "unknown"
+    with pytest.raises(JobNotFoundError):
+        again.wait_until_finished(timeout=WAIT)
+    other, throttled = queue.add_bulk([
+        {"name": "other", "job_id": "other-1"},
+        {"name": "x", "data": 3, "dedup": {"id": "t", "ttl": 60}},
+    ])
+    assert (other.id, throttled.id) == ("other-1", first.id)
+    assert queue.get_job_counts("waiting") == {"waiting": 1}
+    assert queue.get_dedup_job_id("t") == first.id
 
 
 def test_throttle_extend_restarts_the_ttl(queue: Queue, redis_client: redis.Redis) -> None:

@@ -254,7 +254,7 @@ def test_bad_job_name_raises_value_error(
 
 @pytest.mark.parametrize(
     "name", ["", "a{b", "a}b", "{x}", "a b", " ", "tab\t", "new\nline", "x" * 101, "a*", "a?",
-             "a[1]", 5, None],
+             "a[1]", 5, None, "lone\udc80"],
 )
 def test_invalid_queue_name_raises_value_error(redis_url: str, name: Any) -> None:
     with pytest.raises(ValueError):
@@ -286,6 +286,12 @@ def test_ranges_and_counts_are_refused_unless_ints_before_the_server_sees_them(
     # what stays valid: negative indexes count from the end, as in LRANGE
     assert [j.id for j in queue.get_jobs("waiting", -1, -1)] == [job.id]
     assert job.get_logs(-1) == ["one"] and job.log("two", keep=1) == 1
+
+
+@pytest.mark.parametrize("prefix", ["", "a b", "a*", "{a}{b}", "{}", "lone\udc80", "{lone\udc80}"])
+def test_invalid_prefix_raises_value_error(redis_url: str, prefix: str) -> None:
+    with pytest.raises(ValueError, match="invalid prefix"):
+        Queue("q", prefix=prefix, connection=redis_url)
 
 
 def test_queue_name_of_100_characters_is_valid(redis_url: str, queue_name: str) -> None:
@@ -715,8 +721,13 @@ def test_add_bulk_empty(queue: Queue, redis_client: redis.Redis) -> None:
         ({"name": "x", "data": 1, "job_id": ""}, ValueError),
         ({"data": 1}, ValueError),
         ("not a dict", TypeError),
+        # not encodable as UTF-8: this failed only as its chunk was sent,
+        # after the 1500 jobs before it were written
+        ({"name": "lone\udc80"}, ValueError),
+        ({"name": "x", "job_id": "lone\udc80"}, ValueError),
     ],
-    ids=["data", "delay", "unknown-option", "job-id", "no-name", "not-a-dict"],
+    ids=["data", "delay", "unknown-option", "job-id", "no-name", "not-a-dict",
+         "surrogate-name", "surrogate-job-id"],
 )
 def test_add_bulk_with_one_bad_job_writes_nothing(
     queue: Queue, redis_client: redis.Redis, bad: Any, error: type[Exception]

@@ -230,9 +230,10 @@ def test_a_worker_named_with_spaces_and_accents_takes_jobs(
         assert job.wait_until_finished(timeout=WAIT) == "worker one é"
 
 
-def test_a_worker_name_with_control_characters_is_refused(redis_url: str) -> None:
+@pytest.mark.parametrize("name", ["bad\nname", "lone\udc80"])
+def test_a_worker_name_with_control_characters_is_refused(redis_url: str, name: str) -> None:
     with pytest.raises(ValueError, match="worker name"):
-        Worker("q", lambda job: None, connection=redis_url, name="bad\nname")
+        Worker("q", lambda job: None, connection=redis_url, name=name)
 
 
 # -- 6. a corrupt record fails its job, never the worker ---------------------------
