@@ -211,13 +211,14 @@ class Pausing:
     ) -> bool:
         """Pause; wait as ``Worker.pause`` says. True if this call paused."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.cond:
+        with self.cond:  # the flag and the gate change together (see resume)
             first = not self.paused
             self.paused = True
             roles = roles_of()
+            if roles is not None and first:
+                roles.gate.set_paused(True)
         if roles is not None:
             if first:
-                roles.gate.set_paused(True)
                 roles.fetcher.wake()  # a take sent behind a block ends now
             roles.gate.wait_idle(deadline)
             if wait:
@@ -226,13 +227,13 @@ class Pausing:
 
     def resume(self, roles_of: Callable[[], Roles | None]) -> bool:
         """Take jobs again; True if the worker was paused."""
-        with self.cond:
+        with self.cond:  # a pause and a resume at once: the gate ends as the flag
             if not self.paused:
                 return False
             self.paused = False
             roles = roles_of()
-        if roles is not None:
-            roles.gate.set_paused(False)
+            if roles is not None:
+                roles.gate.set_paused(False)
         return True
 
     def _wait_jobs(self, roles: Roles, deadline: float | None, closed: Callable[[], bool]) -> None:

@@ -458,6 +458,12 @@ class Runner:
             if attempt.span is not None:
                 attempt.span.end()
 
+    def _progress(self, job: Job, value: Any) -> None:
+        """A handler's ``update_progress``: to the worker's ``progress``
+        listeners of the moment (one added during the job hears the rest)."""
+        if self._has_listener("progress"):
+            self._emit("progress", job, value)
+
     def _prepare(self, attempt: Attempt) -> Job:
         """Build the attempt's Job from the record its take returned; a record
         that cannot be read makes the attempt fail with the reason."""
@@ -486,8 +492,7 @@ class Runner:
             self.on_tick(_text(sid))
         job.processed_by = self._worker_name
         job._token = attempt.token
-        if self._has_listener("progress"):
-            job._on_progress = lambda j, v: self._emit("progress", j, v)
+        job._on_progress = self._progress
         attempt.job = job
         if attempt.stop:  # a cancel (or a lost lock) that came before the Job
             job.cancelled.set()

@@ -1242,6 +1242,31 @@ def test_local_listeners_get_their_arguments(queue: Queue, redis_url: str) -> No
     assert order.index("closing") < order.index("closed") == len(order) - 1
 
 
+def test_a_progress_listener_added_during_a_job_hears_its_later_progress(
+    queue: Queue, redis_url: str
+) -> None:
+    """A job's progress reached the worker's listeners only if one was
+    there when the job started."""
+    started, attached = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        assert attached.wait(WAIT)
+        job.update_progress(50)
+        return "done"
+
+    rec = Recorder()
+    with make_worker(queue.name, redis_url, handler) as worker:
+        job = queue.add("x")
+        assert started.wait(WAIT)
+        worker.on("progress", rec.listener("progress"))
+        attached.set()
+        assert job.wait_until_finished(timeout=WAIT) == "done"
+        assert rec.wait("progress")
+    ((progress_job, value),) = rec.of("progress")
+    assert (progress_job.id, value) == (job.id, 50)
+
+
 def test_once_off_and_listener_count(queue: Queue, redis_url: str) -> None:
     once_calls: list[Any] = []
     off_calls: list[Any] = []

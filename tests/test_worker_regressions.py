@@ -476,6 +476,35 @@ def test_a_worker_running_in_the_parent_is_not_running_in_a_forked_child(
 # -- issue 12: pause waits for jobs in flight; listeners see finished_on -----------
 
 
+def test_a_resume_during_a_pause_leaves_the_worker_as_its_flag_says(
+    queue: Queue, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pause() set its flag, then closed the take gate outside the worker's
+    lock: a resume() in between (flag and gate reopened) was undone by the
+    pause's late close, and the worker, not paused by is_paused(), never
+    took a job again, whatever resume() was called after. Here the resume
+    comes at that moment; it now waits for the pause to finish."""
+    from jobq._attempt import TakeGate
+
+    set_paused = TakeGate.set_paused
+    resuming: list[threading.Thread] = []
+
+    def late(gate: TakeGate, paused: bool) -> None:
+        if paused and not resuming:
+            resuming.append(threading.Thread(target=worker.resume, name="test-resume"))
+            resuming[0].start()
+            resuming[0].join(1.0)  # it ran here before the fix; now it waits for the lock
+        set_paused(gate, paused)
+
+    with make_worker(queue.name, redis_url, echo) as worker:
+        monkeypatch.setattr(TakeGate, "set_paused", late)
+        worker.pause()
+        resuming[0].join(WAIT)
+        assert not resuming[0].is_alive()
+        assert not worker.is_paused()
+        assert queue.add("x", 5).wait_until_finished(timeout=WAIT) == 5
+
+
 def test_pause_waits_for_the_jobs_in_flight(queue: Queue, redis_url: str) -> None:
     started, release = threading.Event(), threading.Event()
 
