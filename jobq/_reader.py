@@ -87,6 +87,12 @@ class Dispatcher:
         """Start afresh (a forked child has no dispatcher thread)."""
         self._queue: _queue.SimpleQueue[Event | Callable[[], None] | None] = _queue.SimpleQueue()
         self.dispatched_id: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def on_thread(self) -> bool:
+        """Whether the caller is the dispatcher thread (a listener, a
+        future's done-callback)."""
+        return threading.current_thread() is self._thread
 
     def put(self, event: Event) -> None:
         """Queue an event for the listeners."""
@@ -106,6 +112,7 @@ class Dispatcher:
 
     def loop(self) -> None:
         """The dispatcher thread's body, until the stop event is set."""
+        self._thread = threading.current_thread()
         next_recheck = time.monotonic() + self.interval
         while not self._stop.is_set():
             try:

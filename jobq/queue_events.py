@@ -326,7 +326,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         """A Future resolved with job ``job_id``'s result (or failure).
 
         Its done-callbacks run on the dispatcher thread (or on the calling
-        thread when the job has finished already), never on the reader.
+        thread when the job has finished already), never on the reader. On
+        the dispatcher thread, ``result()`` of a job not finished raises
+        RuntimeError (that thread settles it).
         ``run`` as for ``wait_for``; the token may be stale whatever the Job
         (a retry elsewhere since), so the reader's outcomes answer the
         future only once a check of the record, made at once (or when the
@@ -401,9 +403,34 @@ def _try_check(events: QueueEvents, waiter: Waiter, deadline: float | None) -> b
         raise
 
 
+class _JobFuture(Future[Any]):
+    """A job's Future, settled on its QueueEvents' dispatcher thread: there
+    (in a listener or a done-callback) a wait for it could never end."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__()
+        self._dispatcher = dispatcher
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._refuse_a_wait_that_cannot_end()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._refuse_a_wait_that_cannot_end()
+        return super().exception(timeout)
+
+    def _refuse_a_wait_that_cannot_end(self) -> None:
+        if not self.done() and self._dispatcher.on_thread():
+            raise RuntimeError(
+                "a job's future that is not done cannot be waited for on the thread of its "
+                "QueueEvents' listeners, which settles it: use wait_until_finished(timeout=...) "
+                "there, or add a done-callback"
+            )
+
+
 def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
     """``QueueEvents.future_for``'s future."""
-    future: Future[Any] = Future()
+    future = _JobFuture(events._dispatcher)
     if events._stop.is_set():
         future.set_exception(ClosedError(f"QueueEvents {events.name!r} is closed"))
         return future
@@ -418,8 +445,8 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
 
     def resolved(waiter: Waiter, outcome: Outcome) -> None:
         events._table.unregister(waiter)
-        if threading.current_thread() in events._threads:
-            events._dispatcher.call_soon(settle)
+        if threading.current_thread() in events._threads and not events._dispatcher.on_thread():
+            events._dispatcher.call_soon(settle)  # the callbacks run there, never on the reader
         else:
             settle()
 

@@ -1212,6 +1212,48 @@ def test_as_future_with_wait_and_as_completed(queue: Queue, qe: QueueEvents,
     assert until(lambda: qe._table.empty())
 
 
+def test_a_listener_waits_on_the_future_of_a_finished_job(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    """On the listeners' thread (a listener, a future's done-callback), the
+    future of a job that had finished was settled by a call queued behind
+    the caller itself: its result() waited out its whole timeout. It is
+    settled at once there now; one of a job still running cannot be settled
+    while that thread waits, and raises RuntimeError at once."""
+    answers: dict[str, Any] = {}
+    answered = threading.Event()
+
+    def ask(tag: str, job: Job) -> None:
+        try:
+            answers[tag] = job.as_future(qe).result(WAIT)
+        except Exception as exc:
+            answers[tag] = exc
+        if len(answers) == 3:
+            answered.set()
+
+    release = threading.Event()
+
+    def handler(job: Job) -> Any:
+        if job.name == "slow":
+            assert release.wait(WAIT)
+        return job.data
+
+    with Worker(queue.name, handler, connection=redis_url, concurrency=2):
+        finished = queue.add("x", 7)
+        assert finished.wait_until_finished(qe, timeout=WAIT) == 7
+        slow = queue.add("slow", 8)
+        qe.once("completed", lambda event: ask("listener", finished))
+        qe.once("active", lambda event: ask("running", slow))
+        # settled on the dispatcher: its job runs after the callback is added
+        later = queue.add("y", 1, delay=0.2).as_future(qe)
+        later.add_done_callback(lambda f: ask("callback", finished))
+        assert answered.wait(WAIT)
+        release.set()
+        assert slow.wait_until_finished(qe, timeout=WAIT) == 8
+    assert (answers["listener"], answers["callback"]) == (7, 7)
+    assert isinstance(answers["running"], RuntimeError)
+
+
 def test_as_future_on_lazily_started_events(queue_name: str, redis_url: str) -> None:
     with (
         Queue(queue_name, connection=redis_url) as queue,
