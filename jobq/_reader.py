@@ -379,7 +379,11 @@ class EventReader:
         if self.mode == "stream":
             if self.read_id is None:
                 if self._start_id != "$":
-                    self.read_id = sid(self._start_id)
+                    start = sid(self._start_id)
+                    self.read_id = _since(client, self._context.keys.events, start)
+                    if start != (0, 0) and self.read_id > start:
+                        logger.warning("events of %r after %s were trimmed before they were "
+                                       "read", self.name, self._start_id)
                 elif self.event_mode.undecided:  # no stream when it looked: all of it
                     self.read_id = (0, 0)
                 else:
@@ -561,6 +565,27 @@ def outcome_of(context: QueueContext, event: Event, run: str | None) -> tuple[Ou
     return Completed(result), dataclasses.replace(event, fields=fields)
 
 
+#: The highest sequence number of a stream id.
+_LAST_SEQ = 2**64 - 1
+
+
+def _after(at: StreamId) -> StreamId:
+    """The stream id right after ``at``."""
+    return (at[0], at[1] + 1) if at[1] < _LAST_SEQ else (at[0] + 1, 0)
+
+
+def _since(client: Client, key: str, start: StreamId) -> StreamId:
+    """Where a reader told to start after ``start`` really starts: just
+    before the stream's first entry when that is later (the entries between
+    were trimmed; the runs they began are not followed, so a wait on one
+    checks the job's record, and a later trim is seen as a gap)."""
+    first = client.xrange(key, "-", "+", count=1)
+    if not first:
+        return start
+    ms, seq = sid(_text(first[0][0]))
+    return max(start, (ms, seq - 1) if seq else (ms - 1, _LAST_SEQ))
+
+
 def trimmed(client: Client, key: str, since: StreamId | None) -> bool:
     """Whether events of stream ``key`` after ``since`` may have been
     trimmed before they were read."""
@@ -581,9 +606,12 @@ def trimmed(client: Client, key: str, since: StreamId | None) -> bool:
     # and the reader re-checks every waiter when it reads that event.
     if first and (since == (0, 0) or _first_is_obliterated(first)):
         first = None
-    marks = [info.get("max-deleted-entry-id"), first[0] if first else None]
-    texts = [_text(m) for m in marks if m]
-    return any(sid(t) > since for t in texts if valid_id(t))
+    # an entry deleted after `since`; a first entry with ids free between
+    # `since` and it (one right after `since` follows it with nothing lost)
+    marks = [(info.get("max-deleted-entry-id"), since),
+             (first[0] if first else None, _after(since))]
+    texts = [(_text(m), bound) for m, bound in marks if m]
+    return any(sid(t) > bound for t, bound in texts if valid_id(t))
 
 
 def _first_is_obliterated(first: Any) -> bool:

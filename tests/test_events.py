@@ -549,6 +549,37 @@ def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
         assert got == _stream_ids(redis_client, queue.name)[5:]  # each event once, in order
 
 
+@pytest.mark.parametrize("start", ["0", "1-0"])
+def test_a_replay_waits_on_a_job_whose_events_were_trimmed_by_its_record(
+    queue_name: str, redis_url: str, start: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader told to start before the stream's first entry took every
+    run after its start id as one it would read: a wait on a job whose
+    events had been trimmed did not look at its record, and waited until
+    the re-check of every 10 s (or timed out). A start id of its own that
+    the stream has trimmed past is said once; "0" (all there is) is not."""
+    with (
+        Queue(queue_name, connection=redis_url, max_events=20) as queue,
+        Worker(queue_name, echo, connection=redis_url),
+    ):
+        job = queue.add("x", 4)  # its first wait comes below
+        for i in range(40):  # the job's events leave the stream
+            assert queue.add("y", i).wait_until_finished(timeout=WAIT) == i
+        assert queue.get_job_state(job.id) == "completed"
+    caplog.clear()
+    with QueueEvents(queue_name, connection=redis_url, last_event_id=start) as replay:
+        assert replay.wait_until_ready(WAIT)
+        # long before the re-check of every 10 s
+        assert job.wait_until_finished(replay, timeout=2) == 4
+        later = Recorder()
+        replay.on_all_events(later)
+        with Queue(queue_name, connection=redis_url) as queue:
+            queue.emit("after")
+        assert later.wait_name("after")
+    said = caplog.text.count("trimmed before they were read")
+    assert said == (0 if start == "0" else 1)
+
+
 def test_dollar_means_from_now(queue: Queue, redis_url: str) -> None:
     for i in range(3):
         queue.emit("before", i=i)
