@@ -313,7 +313,8 @@ class Worker(ListenerMethods, ClosedOnExit):
 
         Called from a handler, it starts the close in the background and
         returns at once. A second call waits (up to ``timeout``) for the
-        first to end; with ``force`` it makes the first abandon its jobs.
+        first to end (from a listener, it returns at once); with ``force``
+        it makes the first abandon its jobs.
         """
         timeout = wait_timeout(timeout)
         _fork.check()
@@ -332,7 +333,9 @@ class Worker(ListenerMethods, ClosedOnExit):
             elif self._state is Lifecycle.RUNNING:
                 self._state = Lifecycle.CLOSING
             else:
-                self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
+                # a listener's thread returns at once: the close waits for it
+                if roles is None or threading.current_thread() is not roles.dispatcher.thread:
+                    self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
                 return
         if roles is None:  # never started
             self._listeners.emit("closing")

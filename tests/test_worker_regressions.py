@@ -821,6 +821,30 @@ def test_a_worker_closed_by_its_own_listener_closes_fully(
     assert not [n for n in names if "closes-itself" in n], names
 
 
+@pytest.mark.parametrize("event", ["closing", "closed"])
+def test_a_close_called_again_by_a_closing_listener_returns_at_once(
+    queue: Queue, redis_url: str, event: str
+) -> None:
+    """A second close() waits for the first to end; called by a `closing`
+    or `closed` listener it waited for a close that waited for that
+    listener's thread, until the thread's grace (1.5 s) ran out."""
+    from jobq.worker import Lifecycle
+
+    worker = Worker(queue.name, echo, connection=redis_url)
+    states: list[Lifecycle] = []
+
+    def again() -> None:
+        worker.close()
+        states.append(worker._state)
+
+    worker.on(event, again)
+    worker.start()
+    worker.close()
+    assert states == [Lifecycle.CLOSING]  # it did not wait for the first close to end
+    assert worker._roles is not None and worker._roles.dispatcher.thread is not None
+    assert not worker._roles.dispatcher.thread.is_alive()
+
+
 @pytest.mark.parametrize("state", ["completed", "failed", "active", "delayed"])
 def test_an_id_in_the_wait_list_whose_record_is_elsewhere_is_not_run_again(
     queue: Queue, redis_url: str, redis_client: redis.Redis, state: str
