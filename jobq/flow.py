@@ -83,6 +83,34 @@ def _check_slots(client: Any, bases: Iterable[str]) -> None:
         )
 
 
+def _check_names(children: Iterable[tuple[str, str]]) -> None:
+    """A parent knows its children as ``"<queue>:<id>"`` (its dependencies,
+    its children's values); refuse two that would read the same, as job
+    "b:7" of queue "a" and job "7" of queue "a:b" do. ``children``: (queue,
+    job id, '' for one to be generated: all digits, never with a ':')."""
+    by_queue: dict[str, list[str]] = {}
+    for queue, job_id in children:
+        by_queue.setdefault(queue, []).append(job_id)
+    for short, short_ids in by_queue.items():
+        custom = [i for i in short_ids if ":" in i]  # no other id can read as a longer name's
+        if not custom:
+            continue
+        for long, long_ids in by_queue.items():
+            if not long.startswith(short + ":"):
+                continue
+            rest = long[len(short) + 1 :] + ":"
+            known = {rest + i for i in long_ids if i}
+            for job_id in custom:
+                tail = job_id[len(rest) :] if job_id.startswith(rest) else ""
+                if job_id in known or ("" in long_ids and tail.isdigit()):
+                    raise ValueError(
+                        f"job {job_id!r} of queue {short!r} and a job of queue {long!r} would "
+                        f"both be known to their parent as {short + ':' + job_id!r} (its "
+                        "dependencies and children's values are keyed by '<queue>:<id>'): "
+                        "give one of them another job_id"
+                    )
+
+
 def _traced(
     root: Queue, client: Any, nodes: Sequence[_Pending], refs: Sequence[tuple[str, str]] = ()
 ) -> list[Job | None]:
@@ -175,6 +203,7 @@ def add_with_dependencies(
             )
     if options.get("dedup") is not None:
         raise ValueError("dedup cannot be combined with depends_on")
+    _check_names(refs)
     new, plain = queue._prepare(name, data, options)
     job = _traced(queue, queue.client, [_Pending(queue, new, plain, data, 0, _policy(options))],
                   refs)[0]
@@ -220,7 +249,8 @@ class FlowProducer(ClosedOnExit):
             CrossSlotFlowError: on a cluster, the queues are in different slots.
             JobqError: an existing job named as a child has another parent.
             ValueError: two nodes name the same job id of one queue (a job
-                can be neither its own parent nor two children).
+                can be neither its own parent nor two children), or two
+                children of one parent would both be ``"<queue>:<id>"``.
             SerializationError, PayloadTooLarge, TypeError, ValueError: as
                 ``Queue.add``; nothing is written.
         """
@@ -257,6 +287,8 @@ class FlowProducer(ClosedOnExit):
             return index
 
         visit(tree, 0)
+        for kids in shape:
+            _check_names((nodes[k - 1].queue.name, nodes[k - 1].new.job_id) for k in kids)
         jobs = _traced(nodes[0].queue, self.client, nodes)
 
         def build(index: int) -> JobNode:

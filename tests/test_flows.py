@@ -390,6 +390,37 @@ def test_a_tree_naming_one_id_twice_is_refused(flow: FlowProducer, where: str) -
     assert sum(q.get_job_counts().values()) == 0
 
 
+@pytest.mark.parametrize("long_id", ["x", None], ids=["custom", "generated"])
+def test_two_children_a_parent_would_know_by_one_name_are_refused(
+    flow: FlowProducer, redis_url: str, prefix: str, long_id: str | None
+) -> None:
+    """A parent keeps its children as "<queue>:<id>": job "b:x" of queue "a"
+    and job "x" of queue "a:b" were one dependency, and the parent ran once
+    either had completed. A generated id (all digits) could be the "1" of
+    "b:1"."""
+    short_id = "b:x" if long_id else "b:1"
+    long_child: dict[str, Any] = {"name": "c", "queue": "a:b"}
+    if long_id:
+        long_child["job_id"] = long_id
+    tree = {"name": "p", "queue": "parent", "children": [
+        {"name": "c", "queue": "a", "job_id": short_id}, long_child]}
+    with pytest.raises(ValueError, match="would both be known to their parent as 'a:b:"):
+        flow.add(tree)
+    assert [sum(flow.queue(q).get_job_counts().values()) for q in ("parent", "a", "a:b")] == [
+        0, 0, 0]
+    with Queue("a", connection=redis_url, prefix=prefix) as a, \
+         Queue("a:b", connection=redis_url, prefix=prefix) as ab:
+        long_ref = ab.add("c", job_id=long_id) if long_id else ab.add("c")
+        refs = [a.add("c", job_id="b:" + long_ref.id), long_ref]
+        with pytest.raises(ValueError, match="would both be known"):
+            a.add("p", depends_on=refs)
+        # told apart: another id, or no ':' to read across
+        node = flow.add({"name": "p", "queue": "parent", "children": [
+            {"name": "c", "queue": "a", "job_id": "b:y"}, long_child]})
+        assert sorted(node.job.get_dependencies().pending) == sorted(
+            ["a:b:y", f"a:b:{node.children[1].job.id}"])
+
+
 def test_depends_on_a_bare_string_is_a_type_error(redis_url: str, prefix: str) -> None:
     with Queue("deps", connection=redis_url, prefix=prefix) as q:
         done = q.add("x")
