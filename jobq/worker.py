@@ -491,9 +491,11 @@ def _own_client(connection: object, name: str, concurrency: int) -> Any:
     """A client with a pool of the worker's own: its pool threads keep a
     connection each, and handlers call through it too."""
     client, owned = resolve(connection)
-    if not hasattr(client, "connection_pool"):  # a cluster: pools per node, unbounded
-        return client if owned else clone_client(client, f"jobq-worker-{name}")
-    own = clone_client(client, f"jobq-worker-{name}", max_connections=pool_size(concurrency))
+    size = pool_size(concurrency)  # per node on a cluster
+    if not hasattr(client, "connection_pool"):  # a cluster of the worker's own: as it is
+        return client if owned else clone_client(client, f"jobq-worker-{name}",
+                                                 max_connections=size)
+    own = clone_client(client, f"jobq-worker-{name}", max_connections=size)
     if owned:
         close_client(client)
     return own

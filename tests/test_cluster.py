@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobq import Queue, QueueEvents, Worker
+from jobq import Job, Queue, QueueEvents, Worker
 from jobq.connection import TRANSIENT_ERRORS
 from jobq.testing import LocalCluster, RedisServer
 
@@ -99,6 +99,31 @@ def test_queues_on_different_shards(cluster: LocalCluster) -> None:
                 q.close()
     ports = {cluster.server_of_slot(slot_of(cluster.client(), n)).port for n in names}
     assert len(ports) == 3
+
+
+def test_a_worker_given_a_cluster_client_has_room_for_its_handlers(
+    cluster: LocalCluster,
+) -> None:
+    """A worker given a RedisCluster client (not a URL) cloned it with two
+    connections per node: its pool threads, loops and handlers' calls
+    (progress, logs) shared them, and some jobs failed with redis-py's
+    MaxConnectionsError."""
+    from jobq._runner import pool_size
+
+    def handler(job: Job) -> int:
+        job.update_progress(50)
+        job.log("half way")
+        return int(job.data)
+
+    with cluster.client() as client, Queue("roomy", connection=client) as queue:
+        worker = Worker(queue.name, handler, connection=client, concurrency=4)
+        with worker:
+            own = worker._context.client
+            assert {n.redis_connection.connection_pool.max_connections
+                    for n in own.get_nodes()} == {pool_size(4)}
+            jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(40)])
+            assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(40))
+        queue.obliterate(force=True)
 
 
 def test_one_worker_process_serves_several_queues(cluster: LocalCluster, tmp_path: Path) -> None:
