@@ -3,7 +3,9 @@ each call goes to the shard a job id names, or to every shard and sums."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._shards import COUNT_FIELD, shard_of
@@ -18,6 +20,15 @@ if TYPE_CHECKING:
     from ._context import QueueContext
     from ._schedulers import Scheduler
     from .queue import Queue
+
+
+def _order(state: str) -> Callable[[Job], float]:
+    """The time a plain queue lists jobs of ``state`` by (see get_jobs)."""
+    if state in ("completed", "failed"):  # the set's score: whole ms
+        return lambda job: math.floor((job.finished_on or 0.0) * 1000)
+    if state == "delayed":
+        return lambda job: (job.timestamp or 0.0) + job.delay
+    return lambda job: job.timestamp or 0.0
 
 
 class ShardedReading:
@@ -67,16 +78,23 @@ class ShardedReading:
     def get_jobs(
         self, states: str | Sequence[str], start: int = 0, end: int = -1, asc: bool = False
     ) -> list[Job]:
-        """Jobs in the given state(s) over every shard, newest added first
-        (oldest first when ``asc``); ``start`` and ``end`` index the merged
-        list inclusively, like LRANGE. Reads up to ``end + 1`` jobs of each
-        shard (every job when ``end`` is negative)."""
+        """Jobs in the given state(s) over every shard, newest first (oldest
+        first when ``asc``): each state's jobs, in the order a plain queue
+        lists them (finished ones by when they finished, delayed ones by
+        when they are due, the others by when they were added), merged
+        across the shards; the states in the order named. ``start`` and
+        ``end`` index that list inclusively, like LRANGE. Reads up to
+        ``end + 1`` jobs of each shard and state (every job when ``end`` is
+        negative)."""
         start, end = list_index("start", start), list_index("end", end)
         per_shard_end = end if end >= 0 else -1
+        names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
         jobs: list[Job] = []
-        for shard in self._every():
-            jobs += shard.get_jobs(states, 0, per_shard_end, asc)
-        jobs.sort(key=lambda job: job.timestamp or 0.0, reverse=not asc)
+        for state in names:
+            # each shard's list is in its order: a merge of them keeps it, and
+            # a page of the merge needs no more than that page of each shard
+            lists = [shard.get_jobs(state, 0, per_shard_end, asc) for shard in self._every()]
+            jobs += heapq.merge(*lists, key=_order(state), reverse=not asc)
         if end < 0:
             end = len(jobs) + end
         if start < 0:

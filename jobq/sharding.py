@@ -213,11 +213,18 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     def _route(self, options: dict[str, Any]) -> int:
         """The shard of a new job; gives it a generated id when it has none."""
         job_id = options.get("job_id", self._defaults.get("job_id"))
-        if job_id is not None:
-            return shard_of(validate_job_id(job_id), self._count)
         dedup = options.get("dedup", self._defaults.get("dedup"))
-        if isinstance(dedup, Mapping) and isinstance(dedup.get("id"), str):
-            shard = shard_of(dedup["id"], self._count)
+        key = dedup.get("id") if isinstance(dedup, Mapping) else None
+        keyed = isinstance(key, str)
+        if job_id is not None:
+            if keyed:  # each names the job's shard: its key would be looked for elsewhere
+                raise ValueError(
+                    f"queue {self.name!r} is sharded: a job takes a custom job_id or a dedup "
+                    "key, not both (each names the shard the job lives on)"
+                )
+            return shard_of(validate_job_id(job_id), self._count)
+        if isinstance(key, str):
+            shard = shard_of(key, self._count)
         else:
             shard = next(self._turn) % self._count
         options["job_id"] = generated_id(shard)

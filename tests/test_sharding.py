@@ -281,8 +281,15 @@ def test_reads_and_admin_are_summed(sharded: ShardedQueue, redis_url: str,
     assert sharded.get_metrics("completed").count == 16
     assert sharded.get_metrics("failed").count == 4
     listed = sharded.get_jobs("completed", 0, 9)
-    assert len(listed) == 10
-    assert [j.timestamp for j in listed] == sorted((j.timestamp for j in listed), reverse=True)
+    assert len(listed) == 10  # as a plain queue lists them: by when they finished (ms)
+    finished = [int((j.finished_on or 0) * 1000) for j in listed]
+    assert finished == sorted(finished, reverse=True)
+    # a page is a slice of the whole list (the pages were merged by when
+    # the jobs were added, each shard's first jobs by when they finished)
+    whole = [j.id for j in sharded.get_jobs("completed")]
+    paged = [j.id for start in range(0, 16, 3)
+             for j in sharded.get_jobs("completed", start, start + 2)]
+    assert paged == whole and [j.id for j in listed] == whole[:10]
     assert {j.id for j in sharded.get_jobs(["completed", "failed"])} == {j.id for j in jobs}
     assert sharded.retry_jobs("failed") == 4
     assert sharded.get_job_counts("waiting")["waiting"] == 4
@@ -581,6 +588,17 @@ def test_dedup_keys_route_with_their_job(sharded: ShardedQueue) -> None:
     assert second.id == first.id
     assert sharded.get_dedup_job_id("mail-7") == first.id
     assert sharded.count() == 1
+
+
+def test_a_custom_id_with_a_dedup_key_is_refused(sharded: ShardedQueue) -> None:
+    """Each names the job's shard: the job went to its id's shard, and the
+    key, looked for on its own shard, deduplicated nothing."""
+    for add in (lambda: sharded.add("x", job_id="id-0", dedup={"id": "k1"}),
+                lambda: sharded.add_bulk([{"name": "x"},
+                                          {"name": "x", "job_id": "id-0", "dedup": {"id": "k1"}}])):
+        with pytest.raises(ValueError, match="custom job_id or a dedup key, not both"):
+            add()
+    assert sharded.count() == 0
 
 
 def test_flows_are_refused(sharded: ShardedQueue) -> None:
