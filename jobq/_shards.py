@@ -100,9 +100,21 @@ def store_count(client: Any, prefix: str, name: str, count: int) -> None:
     mark each shard (its scripts then publish wake-ups).
 
     Raises:
-        ShardCountError: another count is stored.
+        ShardCountError: another count is stored, or none is and ``name`` is
+            a plain queue that holds jobs (or schedulers): no worker of the
+            sharded queue would ever look at them.
     """
-    meta = QueueKeys(prefix, name).meta
+    keys = QueueKeys(prefix, name)
+    meta = keys.meta
+    if stored_count(client, prefix, name) is None:
+        held = (keys.wait, keys.prioritized, keys.delayed, keys.active, keys.completed,
+                keys.failed, keys.waiting_children, keys.schedulers)
+        if client.exists(*held):
+            raise ShardCountError(
+                f"queue {name!r} is a plain queue that holds jobs: sharded, they would be "
+                f"left where none of its workers looks; drain or obliterate it first (or "
+                f"shard a queue of another name)"
+            )
     client.hsetnx(meta, COUNT_FIELD, count)
     stored = stored_count(client, prefix, name)
     if stored != count:

@@ -32,6 +32,7 @@ from jobq import (
 )
 from jobq._shard_worker import CHAIN_LIMIT
 from jobq._shards import generated_id, shard_names, shard_of
+from tests.conftest import echo
 from tests.polling import until
 from tests.streams import stream_events
 
@@ -135,6 +136,33 @@ def test_the_shard_count_is_stored_and_checked(
         ShardedQueue("x", shards=2, prefix="{app}")
     with pytest.raises(ValueError, match="shards"):
         ShardedQueue("x", shards=0)
+
+
+def test_a_plain_queue_that_holds_jobs_is_not_sharded_over_them(
+    queue_name: str, redis_url: str
+) -> None:
+    """ShardedQueue(name) and Worker(name, shards=N) of a plain queue with
+    jobs stored a count over it: its jobs were left where no worker looked,
+    and Queue(name) refused the name from then on."""
+    with Queue(queue_name, connection=redis_url) as plain:
+        jobs = [plain.add("x", i) for i in range(3)]
+        with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+            with pytest.raises(ShardCountError, match="plain queue that holds jobs"):
+                sharded.add("x")
+        errors: list[Exception] = []
+        worker = Worker(queue_name, echo, connection=redis_url, shards=SHARDS)
+        worker.on("error", errors.append)
+        with worker:
+            until(lambda: errors)
+        assert isinstance(errors[0], ShardCountError)
+        assert plain.count() == 3  # still a plain queue, its jobs where they were
+        with Worker(queue_name, echo, connection=redis_url):
+            assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [0, 1, 2]
+        plain.obliterate()
+    with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+        sharded.add("x")  # emptied, the name can be sharded
+        assert sharded.count() == 1
+        sharded.obliterate()
 
 
 def test_one_worker_serves_every_shard_through_one_fetch_thread(
