@@ -226,6 +226,21 @@ def test_the_dashboard_mount_is_for_staff_only(shop: Any) -> None:
     )
     assert done.status_code == 303 and done["Location"].startswith("/jobq/queue?q=default")
     assert shop.queue.is_paused()
+    # another process of the site, with a dashboard app of its own, takes
+    # the same form (its key was random per app: 403 at random under gunicorn)
+    from django.apps import apps
+
+    config = apps.get_app_config("jobq")
+    first, config._dashboard = config._dashboard, None
+    first.close()
+    again = _dashboard_request(
+        "post", "/jobq/action", _User(staff=True),
+        data=urlencode({"csrf": token.group(1), "action": "resume", "q": "default"}),
+        content_type="application/x-www-form-urlencoded", HTTP_COOKIE=f"jobq_csrf={cookie}",
+    )
+    assert again.status_code == 303 and config._dashboard is not first
+    assert not shop.queue.is_paused()
+    shop.queue.pause()
     refused = _dashboard_request("post", "/jobq/action", _User(staff=True),
                                  data=urlencode({"action": "resume", "q": "default"}),
                                  content_type="application/x-www-form-urlencoded",

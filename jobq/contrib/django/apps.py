@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.core import checks
 
 from jobq import Queue, _fork
@@ -14,6 +17,13 @@ from .conf import jobq_settings, queue_options
 
 if TYPE_CHECKING:
     from jobq.dashboard import Dashboard
+
+
+def _dashboard_secret() -> bytes:
+    """The key of the dashboard's CSRF tokens: the same in every process of
+    the site (a form served by one is posted to another), from SECRET_KEY."""
+    key = str(settings.SECRET_KEY).encode("utf-8", "surrogatepass")
+    return hmac.new(key, b"jobq.dashboard.csrf", hashlib.sha256).digest()
 
 
 class JobqConfig(AppConfig):
@@ -62,7 +72,8 @@ class JobqConfig(AppConfig):
                 from jobq.dashboard import create_app
 
                 conf = jobq_settings()
-                self._dashboard = create_app(conf["CONNECTION"], conf["PREFIX"])
+                self._dashboard = create_app(conf["CONNECTION"], conf["PREFIX"],
+                                             secret=_dashboard_secret())
             return self._dashboard
 
     def close_queues(self) -> None:
