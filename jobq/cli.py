@@ -120,6 +120,18 @@ def _load(spec: str) -> Any:
     return target
 
 
+def _every(text: str) -> float:
+    """``--interval``: seconds > 0 (NaN waited for ever, 0 redrew without
+    a pause)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds > 0, not {text!r}")
+    return value
+
+
 def _json(value: Any) -> str:
     return dumps(value)
 
@@ -697,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print a JSON list, one object per queue (not with --watch)")
     info.add_argument("--watch", "-w", action="store_true",
                       help="redraw a live table every second until interrupted")
-    info.add_argument("--interval", type=float, default=1.0,
+    info.add_argument("--interval", type=_every, default=1.0,
                       help="seconds between redraws with --watch (default: 1)")
     info.add_argument("--plain", action="store_true",
                       help="with --watch, append frames instead of redrawing (the default "

@@ -158,7 +158,10 @@ def test_help_everywhere_and_usage_errors(
         assert exited.value.code == 0
         out = capsys.readouterr().out
         assert "--url" in out and "--prefix" in out, command
-    for argv in ([], ["bogus"], ["wait", "q"]):  # no command, no id
+    # no command, no id; a redraw interval that is not > 0 (NaN never ended)
+    interval = ["info", "--watch", "--count", "2", "--interval"]
+    for argv in ([], ["bogus"], ["wait", "q"], [*interval, "nan"], [*interval, "-1"],
+                 [*interval, "0"], [*interval, "inf"]):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
