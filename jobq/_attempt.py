@@ -31,8 +31,8 @@ class Attempt:
     """
 
     __slots__ = (
-        "job_id", "token", "record", "job", "deadline", "started", "claimed", "error", "lost",
-        "stop", "span",
+        "job_id", "token", "record", "job", "deadline", "started", "renewed", "claimed", "error",
+        "lost", "stop", "span",
     )
 
     def __init__(self, job_id: str, token: str, record: list[bytes]) -> None:
@@ -42,6 +42,9 @@ class Attempt:
         self.job: Job | None = None
         self.deadline: float | None = None  # monotonic; None: no timeout
         self.started = time.monotonic()
+        # when the last renewal of its lock that got through was sent: the
+        # lock lives at least a lock duration from then
+        self.renewed = self.started
         self.claimed = False  # finalised, or being finalised: exactly once
         self.error: BaseException | None = None
         self.lost = False  # its lock is gone: renewed no more

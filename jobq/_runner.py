@@ -273,8 +273,13 @@ class Finisher:
                     # any failure is tried again until the deadline: the call
                     # is idempotent per token, and giving up leaves the job
                     # to stall (a client library's own failure during a slot
-                    # migration, a desynchronised reply, are seen here)
-                    if time.monotonic() >= deadline:
+                    # migration, a desynchronised reply, are seen here). A
+                    # server away or busy (BUSY) is waited for while the lock
+                    # lives: renewals that got through meanwhile extended it.
+                    until = deadline
+                    if is_transient(exc) and not attempt.lost:
+                        until = max(deadline, attempt.renewed + self._lock_duration)
+                    if time.monotonic() >= until:
                         logger.error("could not finish job %r: %s", attempt.job_id, brief(exc))
                         self._emit("error", exc)
                         return None, None

@@ -18,11 +18,10 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-import redis
-
 from ._context import QueueContext
 from ._sentinel import brief
 from ._shards import shard_keys, shard_of, stored_count
+from .connection import is_transient
 from .errors import JobqError
 from .keys import QueueKeys
 
@@ -165,9 +164,12 @@ def worker_context(context: QueueContext, shards: int | None) -> QueueContext:
         return ShardedContext(context, shards)
     try:
         count = stored_count(context.client, context.prefix, context.name)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        # a worker may start while the server is away (its loops retry);
-        # a sharded queue's worker must then be started again once it is back
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        # a worker may start while the server is away or busy (its loops
+        # retry); a sharded queue's worker must then be started again once
+        # it is back
         logger.warning("worker of %r: cannot read whether the queue is sharded (%s); "
                        "serving it as a plain queue", context.name, brief(exc))
         return context

@@ -29,7 +29,7 @@ from . import events as _events
 from . import serializer
 from ._context import QueueContext
 from .calls import OutcomeReply, outcome_args, outcome_reply
-from .connection import TRANSIENT_ERRORS
+from .connection import TRANSIENT_ERRORS, is_transient
 from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
 from .scripts import function_missing, load_library
 
@@ -630,10 +630,13 @@ class WaiterTable:
             self._context.command_by(deadline, "SPUBLISH", self._context.keys.events, message)
 
     def try_check(self, waiter: Waiter, deadline: float | None = None) -> bool:
-        """``check``, a transient error logged; False when it failed."""
+        """``check``, a transient error (a lost connection, a BUSY or
+        LOADING reply...) logged; False when it failed."""
         try:
             self.check(waiter, deadline)
-        except TRANSIENT_ERRORS as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
             logger.debug("checking job %r failed: %s", waiter.job_id, exc)
             return False
         return True

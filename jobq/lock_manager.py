@@ -51,10 +51,12 @@ class LockRenewer:
     def _step(self) -> float:
         held = self._table.held()
         if held:
+            sent = time.monotonic()
             lost, cancelled = self._scripts.extend_locks(
                 self._lock_ms, [(a.job_id, a.token) for a in held]
             )
             for attempt in held:
+                attempt.renewed = sent
                 if attempt.token in cancelled:  # a cancel whose hint was missed
                     attempt.cancel()
                 if attempt.token in lost:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from . import _fork
 from . import connection as _connection
 from ._closing import ClosedOnExit
@@ -43,8 +45,6 @@ logger = logging.getLogger(__name__)
 RECHECK_INTERVAL = 10.0
 #: Longest single sleep of a waiting thread with no deadline (it only loops).
 WAIT_SLICE = 60.0
-#: Errors of a re-check that the reader's reconnect-and-poke recovers from.
-_TRANSIENT = _connection.TRANSIENT_ERRORS
 #: Seconds before a check that failed on a transient error is tried again.
 RETRY_CHECK = 0.25
 #: Seconds a close gives its threads once it has cut a reader stuck on a
@@ -457,11 +457,19 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
     if events._reader.ready.is_set():
         try:
             events._table.check(waiter)
+        except redis.exceptions.ResponseError as exc:
+            if not _connection.is_transient(exc):  # BUSY, LOADING...: the re-check's
+                _fail(events, waiter, future, exc)
         except Exception as exc:
-            events._table.unregister(waiter)
-            if not future.done():
-                future.set_exception(exc)
+            _fail(events, waiter, future, exc)
     return future
+
+
+def _fail(events: QueueEvents, waiter: Waiter, future: Future[Any], exc: Exception) -> None:
+    """A future's first check failed: the future fails with its error."""
+    events._table.unregister(waiter)
+    if not future.done():
+        future.set_exception(exc)
 
 
 def _check_futures(events: QueueEvents, waiters: list[Waiter]) -> None:
@@ -474,9 +482,10 @@ def _check_futures(events: QueueEvents, waiters: list[Waiter]) -> None:
             return
         try:
             events._table.check(waiter)
-        except _TRANSIENT as exc:
-            # one line per round, not one per waiter: the server is away
-            logger.warning("re-checking waited-on jobs of %r failed: %s", events.name, brief(exc))
-            return
-        except Exception:
+        except Exception as exc:
+            if _connection.is_transient(exc):
+                # one line per round, not one per waiter: the server is away or busy
+                logger.warning("re-checking waited-on jobs of %r failed: %s", events.name,
+                               brief(exc))
+                return
             logger.exception("re-checking job %r failed", waiter.job_id)

@@ -195,19 +195,88 @@ def test_a_completion_refused_with_busy_is_retried_not_dropped(
             # renewed: the completion meets BUSY, never a stall check's recovery
             with make_worker(q.name, private_server.url, handler, lock_duration=10):
                 assert started.wait(WAIT)
-                busy = threading.Thread(
-                    target=lambda: private_server.client().eval(_BUSY_SCRIPT, 0, 1_500_000),
-                    name="test-busy",
-                )
-                busy.start()
-                with private_server.client(socket_timeout=5) as probe:
-                    until(lambda: _is_busy(probe), timeout=WAIT)
+                busy = _busy(private_server)
                 release.set()  # the completion now meets BUSY
                 assert job.wait_until_finished(timeout=WAIT) == "done"
                 busy.join(WAIT)
         finally:
             admin.config_set("busy-reply-threshold", 5000)
     assert runs == [job.id]
+
+
+def test_a_completion_refused_longer_than_the_lock_is_retried_while_renewals_hold_it(
+    redis_url: str, queue_name: str
+) -> None:
+    """A finishing call gave up a lock duration after its first try, though
+    the lock was renewed meanwhile (a server busy in bursts: the renewals
+    got through between them): the result was dropped, and the job ran
+    again once its lock had lapsed. Here the first completions fail for
+    longer than the lock, while renewals go through; the job runs once."""
+    from jobq.scripts import function_name
+
+    complete = function_name("complete").encode()
+    refused: list[float] = []
+
+    class RefusingCompletes(redis.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            blob = command if isinstance(command, bytes) else b"".join(command)
+            # seven refusals: their backoffs add up to over 1.2 s, past the lock
+            if complete in blob and len(refused) < 7:
+                refused.append(time.monotonic())
+                raise redis.exceptions.ConnectionError("refused by the test")
+            super().send_packed_command(command, check_health)
+
+    url = redis_url.replace("redis+cluster://", "redis://", 1)
+    pool = redis.ConnectionPool.from_url(url, connection_class=RefusingCompletes)
+    runs: list[str] = []
+
+    def handler(job: Job) -> str:
+        runs.append(job.id)
+        return "done"
+
+    with redis.Redis(connection_pool=pool) as client, \
+         Queue(queue_name, connection=redis_url) as queue:
+        job = queue.add("x")
+        with make_worker(queue_name, client, handler, lock_duration=1, stalled_interval=0.5):
+            assert job.wait_until_finished(timeout=WAIT) == "done"
+        assert job.refresh().stalled_counter == 0
+    assert len(refused) == 7 and refused[-1] - refused[0] > 1.0
+    assert runs == [job.id]
+
+
+def test_a_wait_and_a_worker_start_meeting_busy_wait_for_the_server(
+    private_server: RedisServer,
+) -> None:
+    """A wait whose look at the job's record met BUSY raised redis-py's
+    ResponseError at once, and Worker.start() meeting it (its look for a
+    shard count) raised it too: both are "try again" replies, as a lost
+    connection is, which both already waited out."""
+    url = private_server.url
+    with private_server.client() as admin, Queue("busy-wait", connection=url) as q:
+        q.obliterate(force=True)
+        admin.config_set("busy-reply-threshold", 100)
+        try:
+            with make_worker(q.name, url, echo):
+                job = q.add("x", 2)
+                assert job.wait_until_finished(timeout=WAIT) == 2
+            busy = _busy(private_server)
+            with make_worker(q.name, url, echo):  # started while the server is busy
+                assert job.wait_until_finished(timeout=WAIT) == 2  # a second look: the record
+                assert q.add("x", 3).wait_until_finished(timeout=WAIT) == 3
+            busy.join(WAIT)
+        finally:
+            admin.config_set("busy-reply-threshold", 5000)
+
+
+def _busy(server: RedisServer) -> threading.Thread:
+    """A thread running a 1.5 s script on ``server``, started; returned once
+    the server answers BUSY (busy-reply-threshold set low by the caller)."""
+    busy = threading.Thread(target=lambda: server.client().eval(_BUSY_SCRIPT, 0, 1_500_000),
+                            name="test-busy")
+    busy.start()
+    with server.client(socket_timeout=5) as probe:
+        until(lambda: _is_busy(probe), timeout=WAIT)
+    return busy
 
 
 def _is_busy(client: redis.Redis) -> bool:
