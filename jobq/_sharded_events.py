@@ -32,7 +32,7 @@ from ._context import QueueContext
 from ._reader import ALL, Dispatcher
 from ._shard_reader import ShardReader
 from ._shards import shard_names, shard_of, validate_count
-from ._threads import join_or_cut, start_thread
+from ._threads import start_thread
 from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
@@ -40,7 +40,14 @@ from .events import Event
 from .keys import lookup_id, validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .options import blocking_seconds, wait_timeout
-from .queue_events import CUT_GRACE, RECHECK_INTERVAL, QueueEvents, Shared, logger, wake_loop
+from .queue_events import (
+    RECHECK_INTERVAL,
+    QueueEvents,
+    Shared,
+    close_threads,
+    logger,
+    wake_loop,
+)
 
 __all__ = ["ShardedQueueEvents"]
 
@@ -180,7 +187,10 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads
         for ``timeout`` at most; a thread then still in a call to a server
-        that does not answer has its connection cut, and half a second more."""
+        that does not answer has its connection cut, and half a second more.
+        The reader, whose reads last about a second at most, is cut after
+        1.5 s (READ_GRACE) if still reading: a close on a server that stopped
+        answering is over in about two seconds."""
         timeout = wait_timeout(timeout)
         _fork.check()
         with self._lock:
@@ -193,9 +203,8 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._gate.stop()
         self._dispatcher.wake()
         self._reader.wake()
-        # cut: the reader's connections, and the bounded calls' of the others
-        join_or_cut(self._threads, timeout, CUT_GRACE, self._reader.interrupt,
-                    *(part._context.close for part in self._readers))
+        close_threads(self._threads, timeout, self._reader.interrupt,
+                      *(part._context.close for part in self._readers))
         for part in self._readers:
             part._context.close()
         if self._owned:

@@ -50,6 +50,9 @@ RETRY_CHECK = 0.25
 #: Seconds a close gives its threads once it has cut a reader stuck on a
 #: server that does not answer (past the close's own timeout).
 CUT_GRACE = 0.5
+#: Seconds a closing reader may take to end: its longest block, and a half.
+#: One still reading then waits on a server that does not answer.
+READ_GRACE = BLOCK_CAP + 0.5
 
 
 @dataclasses.dataclass
@@ -193,7 +196,10 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads
         for ``timeout`` at most; a thread then still in a call to a server
-        that does not answer has its connection cut, and half a second more."""
+        that does not answer has its connection cut, and half a second more.
+        The reader, whose reads last about a second at most, is cut after
+        1.5 s (READ_GRACE) if still reading: a close on a server that stopped
+        answering is over in about two seconds."""
         timeout = wait_timeout(timeout)
         _fork.check()
         if self._shared.close is not None:
@@ -208,8 +214,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._table.gate.stop()
         self._dispatcher.wake()
         self._reader.wake()
-        # cut: the reader's connections, and the bounded calls' of the others
-        join_or_cut(self._threads, timeout, CUT_GRACE, self._reader.interrupt, self._context.close)
+        close_threads(self._threads, timeout, self._reader.interrupt, self._context.close)
         self._context.close()
 
     def _after_fork(self) -> Any:
@@ -463,6 +468,21 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
         except Exception as exc:
             _fail(events, waiter, future, exc)
     return future
+
+
+def close_threads(threads: list[threading.Thread], timeout: float | None,
+                  cut_reader: Callable[[], object], *cuts: Callable[[], object]) -> None:
+    """Join a closing QueueEvents' threads, its reader first in ``threads``,
+    for ``timeout`` at most. A reader still in a read past READ_GRACE has
+    its connection cut then (a server that does not answer would hold it
+    for the whole timeout); the threads left at the timeout have the
+    bounded calls' connections cut too (``cuts``)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if threads:
+        join_or_cut(threads[:1], READ_GRACE if timeout is None else min(timeout, READ_GRACE),
+                    0, cut_reader)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    join_or_cut(threads, left, CUT_GRACE, cut_reader, *cuts)
 
 
 def _fail(events: QueueEvents, waiter: Waiter, future: Future[Any], exc: Exception) -> None:

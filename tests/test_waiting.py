@@ -796,6 +796,26 @@ def test_waits_keep_their_time_on_a_server_that_stopped_answering(
         client.close()
 
 
+def test_a_queue_closed_on_a_server_that_does_not_answer_cuts_its_reader_early(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """Queue.close() (its reader's close, with the default 5 s) waited out
+    the whole 5 s for a reader stuck in a read the server never answers,
+    though a read lasts at most about a second: the reader is cut once that
+    is past (READ_GRACE), and the close is over within about two seconds."""
+    from jobq.queue_events import CUT_GRACE, READ_GRACE
+
+    client = redis.Redis("127.0.0.1", own_server.port, socket_timeout=None)
+    try:
+        queue = Queue(queue_name, connection=client)
+        assert queue.events.wait_until_ready(WAIT)
+        left, closing = close_while_stopped(own_server, queue.close, queue_name)
+        assert left == [] and closing < READ_GRACE + CUT_GRACE + 2.0, (left, closing)
+    finally:
+        own_server.kill(signal.SIGCONT)
+        client.close()
+
+
 def test_close_cuts_short_a_wait_whose_check_the_server_does_not_answer(
     own_server: RedisServer, queue_name: str
 ) -> None:
