@@ -110,6 +110,17 @@ class ShardedReading:
         """None: job schedulers are not supported on a sharded queue."""
         return []
 
+    def upsert_scheduler(self, scheduler_id: str, **options: Any) -> Scheduler:
+        """Refused: job schedulers are not supported on a sharded queue.
+
+        Raises:
+            JobqError: always.
+        """
+        raise JobqError(
+            f"queue {self._context.name!r} is sharded: job schedulers are not supported on "
+            "a sharded queue; schedule into a plain queue"
+        )
+
     def get_scheduler(self, scheduler_id: str) -> Scheduler | None:
         """None: job schedulers are not supported on a sharded queue."""
         lookup_key(scheduler_id, "scheduler_id")

@@ -22,6 +22,7 @@ import redis
 
 from jobq import (
     Job,
+    JobqError,
     Queue,
     QueueEvents,
     ShardCountError,
@@ -627,6 +628,14 @@ def test_a_custom_id_with_a_dedup_key_is_refused(sharded: ShardedQueue) -> None:
         with pytest.raises(ValueError, match="custom job_id or a dedup key, not both"):
             add()
     assert sharded.count() == 0
+
+
+def test_a_scheduler_is_refused_with_a_clear_error(sharded: ShardedQueue) -> None:
+    """upsert_scheduler raised AttributeError (a plain queue's method the
+    sharded queue lacked)."""
+    with pytest.raises(JobqError, match="job schedulers are not supported on a sharded"):
+        sharded.upsert_scheduler("nightly", every=60, name="x")
+    assert sharded.get_schedulers() == [] and sharded.count() == 0
 
 
 def test_flows_are_refused(sharded: ShardedQueue) -> None:
