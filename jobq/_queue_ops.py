@@ -4,7 +4,7 @@ remove, drain, clean, obliterate, retries, workers, metrics, the stream)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
@@ -114,6 +114,7 @@ class QueueAdmin:
 
     _context: QueueContext
     _recorded: bool
+    _record: Callable[[], None]  # Queue's: lists the queue's name once
 
     @property
     def name(self) -> str:
@@ -123,10 +124,12 @@ class QueueAdmin:
     def pause(self) -> None:
         """Pause the queue for every worker (durable); emits ``paused``."""
         self._context.calls.pause(True)
+        self._record()  # a queue paused before its first job is a known one
 
     def resume(self) -> None:
         """Resume the queue; emits ``resumed``."""
         self._context.calls.pause(False)
+        self._record()
 
     def is_paused(self) -> bool:
         """Whether the queue is paused."""

@@ -147,6 +147,7 @@ class ShardedAdmin:
     _shards: tuple[Queue, ...]
     _count: int
     _recorded: bool
+    _record: Callable[[], None]  # ShardedQueue's: lists the logical name once
 
     def _shard(self, job_id: str) -> Queue:
         raise NotImplementedError  # ShardedReading's
@@ -166,6 +167,7 @@ class ShardedAdmin:
         """Pause every shard (durable); emits ``paused`` on each."""
         for shard in self._every():
             shard.pause()
+        self._record()
 
     def resume(self) -> None:
         """Resume every shard; emits ``resumed`` on each, and wakes the
@@ -174,6 +176,7 @@ class ShardedAdmin:
             shard.resume()
             keys = shard._context.keys
             self._context.client.execute_command("SPUBLISH", keys.marker, "1")
+        self._record()
 
     def is_paused(self) -> bool:
         """Whether every shard is paused."""

@@ -150,8 +150,12 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
                      "Time finished jobs waited, from ready to started.")
     ran = _Family("jobq_job_run_seconds", "summary",
                   "Time the last attempt of finished jobs ran.")
+    seen: set[tuple[str, str]] = set()
     for queue in queues:
         name = queue.name
+        if (queue.prefix, name) in seen:  # a queue named twice: its series once
+            continue
+        seen.add((queue.prefix, name))
         for state, count in queue.get_job_counts().items():
             jobs.add(count, queue=name, state=state)
         paused.add(1 if queue.is_paused() else 0, queue=name)

@@ -174,14 +174,19 @@ def test_obliterate_removes_metrics_and_registry(
     assert queue.name.encode() not in redis_client.smembers("jobq:queues")
 
 
-def test_prometheus_text_parses_back(queue: Queue, redis_url: str, queue_name: str) -> None:
+def test_prometheus_text_parses_back(queue: Queue, redis_url: str, queue_name: str,
+                                     redis_client: redis.Redis) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     _run_known_jobs(queue, redis_url)
     queue.add("waiting")
     with Queue(f'{queue_name}-"odd"\\', connection=redis_url) as odd:
         odd.pause()
-        text = prometheus_text([queue, odd])
+        # paused before any job, it is a known queue (`jobq metrics` with no
+        # names serves it); a queue named twice has its series once
+        assert odd.name.encode() in redis_client.smembers("jobq:queues")
+        text = prometheus_text([queue, odd, queue])
+        assert text.count(f'jobq_queue_paused{{queue="{queue.name}"}}') == 1
         families = {f.name: f for f in text_string_to_metric_families(text)}
         odd.obliterate()
     assert families["jobq_jobs"].type == "gauge"
