@@ -112,8 +112,8 @@ def store_count(client: Any, prefix: str, name: str, count: int) -> None:
         if client.exists(*held):
             raise ShardCountError(
                 f"queue {name!r} is a plain queue that holds jobs: sharded, they would be "
-                f"left where none of its workers looks; drain or obliterate it first (or "
-                f"shard a queue of another name)"
+                "left where none of its workers looks; drain or obliterate it first (or "
+                "shard a queue of another name)"
             )
     client.hsetnx(meta, COUNT_FIELD, count)
     stored = stored_count(client, prefix, name)
