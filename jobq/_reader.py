@@ -36,6 +36,7 @@ from ._waiters import (
 )
 from .connection import Client, blocking_client
 from .events import Event
+from .keys import QueueKeys
 from .listeners import ListenerRegistry, call_safely
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
@@ -379,11 +380,7 @@ class EventReader:
         if self.mode == "stream":
             if self.read_id is None:
                 if self._start_id != "$":
-                    start = sid(self._start_id)
-                    self.read_id = _since(client, self._context.keys.events, start)
-                    if start != (0, 0) and self.read_id > start:
-                        logger.warning("events of %r after %s were trimmed before they were "
-                                       "read", self.name, self._start_id)
+                    self.read_id = _since(client, self._context.keys, self._start_id)
                 elif self.event_mode.undecided:  # no stream when it looked: all of it
                     self.read_id = (0, 0)
                 else:
@@ -574,16 +571,22 @@ def _after(at: StreamId) -> StreamId:
     return (at[0], at[1] + 1) if at[1] < _LAST_SEQ else (at[0] + 1, 0)
 
 
-def _since(client: Client, key: str, start: StreamId) -> StreamId:
-    """Where a reader told to start after ``start`` really starts: just
+def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
+    """Where a reader told to start after ``start_id`` really starts: just
     before the stream's first entry when that is later (the entries between
     were trimmed; the runs they began are not followed, so a wait on one
-    checks the job's record, and a later trim is seen as a gap)."""
-    first = client.xrange(key, "-", "+", count=1)
+    checks the job's record, and a later trim is seen as a gap). Such a
+    start id other than "0" is logged: events it asked for are gone."""
+    start = sid(start_id)
+    first = client.xrange(keys.events, "-", "+", count=1)
     if not first:
         return start
     ms, seq = sid(_text(first[0][0]))
-    return max(start, (ms, seq - 1) if seq else (ms - 1, _LAST_SEQ))
+    since = max(start, (ms, seq - 1) if seq else (ms - 1, _LAST_SEQ))
+    if start != (0, 0) and since > start:
+        logger.warning("events of %r after %s were trimmed before they were read",
+                       keys.queue, start_id)
+    return since
 
 
 def trimmed(client: Client, key: str, since: StreamId | None) -> bool:

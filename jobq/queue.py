@@ -309,9 +309,8 @@ class Queue(
         Adding an existing ``job_id`` returns the existing job and emits
         ``duplicated``; an add whose ``dedup`` key holds returns the job that
         owns it and emits ``deduplicated`` (a debounce returns the replaced
-        delayed job). A throttle key outlives its job: when retention has
-        removed that job, the Job returned has its id and this add's name,
-        no data, and ``wait_until_finished`` raises JobNotFoundError.
+        delayed job; of a throttle key whose job retention removed, a Job
+        of its id without data, whose wait raises JobNotFoundError).
 
         ``depends_on`` (a list of job ids of this queue, ``(queue, id)``
         pairs or Jobs) makes the job wait in state ``waiting-children``
@@ -359,9 +358,8 @@ class Queue(
                tries: int = 3) -> list[Job]:
         """Write validated jobs, a chunk per round trip; ``trace``: the trace
         context each job stores ('' for none). A job found existing by its
-        id that is gone when read (it ended and was removed since) is added
-        again, up to ``tries`` times: the Job returned is one that was added.
-        A dedup hit is never added again: its key still holds."""
+        id that is gone when read (removed since) is added again, up to
+        ``tries`` times; a dedup hit never is (its key still holds)."""
         result: list[Job] = []
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
@@ -369,20 +367,17 @@ class Queue(
             try:
                 timestamp, added = self._context.calls.add(jobs)
             except redis.exceptions.OutOfMemoryError as exc:
-                raise RedisOOMError(
-                    f"Redis is out of memory and refused the add (used_memory > maxmemory, "
-                    f"maxmemory-policy noeviction): {exc}"
-                ) from exc
+                raise RedisOOMError("Redis is out of memory and refused the add (used_memory > "
+                                    f"maxmemory, maxmemory-policy noeviction): {exc}") from exc
             for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):
                 new, opts, data = item
                 if duplicated:
                     existing = self.get_job(job_id)
-                    if existing is None and duplicated == 1 and tries:
+                    if existing is None and duplicated == 1:  # removed since: added again
+                        if not tries:
+                            raise JobqError(f"job {job_id!r} was removed while it was added again")
                         existing = self._write([item], trace, tries - 1)[0]
-                    if existing is None and duplicated == 1:
-                        raise JobqError(f"job {job_id!r} was removed while it was added again")
-                    # a throttle key outlives its job's record (retention):
-                    # the add was still ignored, and the job is the one gone
+                    # a throttle key outlives its job's record: still ignored
                     result.append(existing or Job(self._context, job_id, new.name))
                     continue
                 job = Job(self._context, job_id, new.name, data, opts, timestamp)

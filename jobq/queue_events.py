@@ -195,11 +195,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads
-        for ``timeout`` at most; a thread then still in a call to a server
-        that does not answer has its connection cut, and half a second more.
-        The reader, whose reads last about a second at most, is cut after
-        1.5 s (READ_GRACE) if still reading: a close on a server that stopped
-        answering is over in about two seconds."""
+        for ``timeout`` at most (see ``close_threads``: on a server that does
+        not answer, about two seconds)."""
         timeout = wait_timeout(timeout)
         _fork.check()
         if self._shared.close is not None:
@@ -330,10 +327,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
 
-        Its done-callbacks run on the dispatcher thread (or on the calling
-        thread when the job has finished already), never on the reader. On
-        the dispatcher thread, ``result()`` of a job not finished raises
-        RuntimeError (that thread settles it).
+        Its done-callbacks run on the dispatcher thread (where ``result()``
+        of a job not finished raises RuntimeError), or on the calling thread
+        when the job has finished already; never on the reader.
         ``run`` as for ``wait_for``; the token may be stale whatever the Job
         (a retry elsewhere since), so the reader's outcomes answer the
         future only once a check of the record, made at once (or when the

@@ -313,8 +313,8 @@ class Worker(ListenerMethods, ClosedOnExit):
 
         Called from a handler, it starts the close in the background and
         returns at once. A second call waits (up to ``timeout``) for the
-        first to end (from a listener, it returns at once); with ``force``
-        it makes the first abandon its jobs.
+        first to end (a listener's returns at once: the first waits for
+        it); with ``force`` it makes the first abandon its jobs.
         """
         timeout = wait_timeout(timeout)
         _fork.check()
@@ -333,7 +333,6 @@ class Worker(ListenerMethods, ClosedOnExit):
             elif self._state is Lifecycle.RUNNING:
                 self._state = Lifecycle.CLOSING
             else:
-                # a listener's thread returns at once: the close waits for it
                 if roles is None or threading.current_thread() is not roles.dispatcher.thread:
                     self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
                 return
@@ -360,14 +359,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         events, self._events = self._events, None
         if events is not None:
             events.close(max(0.0, until - time.monotonic()))
-        # with a timeout, only in the time left; without, always (the threads
-        # may have used all their grace on a busy machine)
-        leave_by = until if deadline is not None else max(until, time.monotonic() + LEAVE_GRACE)
-        if time.monotonic() < leave_by:
-            try:
-                withdraw(self._context, self.name, leave_by)
-            except Exception as exc:  # best effort: the announcement expires anyway
-                logger.debug("worker %r could not leave the registry: %s", self.name, exc)
+        _leave_registry(self._context, self.name, until, deadline)
         emit("closed")
         # past the deadline too: the thread ends at once unless a listener runs
         roles.dispatcher.stop(max(LISTENER_GRACE, until - time.monotonic()))
@@ -485,6 +477,19 @@ def _child_identity(given: str | None, settings: Settings) -> tuple[str, Setting
     name = given or _worker_name(None)
     settings = dataclasses.replace(settings, name=name)
     return name, settings, TakeTokens(settings)
+
+
+def _leave_registry(context: QueueContext, name: str, until: float,
+                    deadline: float | None) -> None:
+    """Withdraw a closing worker from the registry: by ``until`` (the close's
+    end) with a timeout, else always, with LEAVE_GRACE of its own (its threads
+    may have used all their grace on a busy machine)."""
+    leave_by = until if deadline is not None else max(until, time.monotonic() + LEAVE_GRACE)
+    if time.monotonic() < leave_by:
+        try:
+            withdraw(context, name, leave_by)
+        except Exception as exc:  # best effort: the announcement expires anyway
+            logger.debug("worker %r could not leave the registry: %s", name, exc)
 
 
 def _own_client(connection: object, name: str, concurrency: int) -> Any:
