@@ -136,6 +136,19 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
         return 0, {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _dump_stacks(parent: int) -> None:
+    """Have the workers of server ``parent`` write their stacks to its
+    stderr (tests/forking_apps: ``DUMP_THREADS``, ``DUMP_GREENLETS``)."""
+    from tests.forking_apps import DUMP_GREENLETS, DUMP_THREADS
+
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == parent:  # the field after the state: the parent's pid
+                for sig in (DUMP_THREADS, DUMP_GREENLETS):
+                    os.kill(int(stat.parent.name), sig)
+
+
 def _uwsgi() -> str:
     """uWSGI's command (pyuwsgi, installed beside this Python)."""
     path = Path(sys.executable).with_name("uwsgi")
@@ -192,12 +205,14 @@ def test_app_under_a_forking_server(
         base = f"http://127.0.0.1:{port}{route}"
         with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
             answers = list(pool.map(lambda n: _get(f"{base}?a={n}&b={2 * n}"), range(REQUESTS)))
+        if any(status == 0 for status, _ in answers):  # unanswered: where the workers are
+            _dump_stacks(server.pid)
     finally:
         err = _stop(server)
     assert server.returncode == 0, err
     bad = [(n, status, body) for n, (status, body) in enumerate(answers)
            if status != 200 or body.get("result") != 3 * n or body.get("a") != n]
-    assert not bad, (len(bad), bad[:5], err[-3000:])
+    assert not bad, (len(bad), bad[:5], err[-20000:])
     pids = {body["pid"] for _, body in answers}
     assert server.pid not in pids  # served by the forked workers, not the master
     assert 1 <= len(pids) <= 2
