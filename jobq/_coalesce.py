@@ -37,6 +37,7 @@ from typing import Any
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from . import _fork
+from ._threads import wait_event
 from .connection import cut_connection, take_connection
 
 #: Longest wait of a caller for its batch, beyond the connection's socket
@@ -155,7 +156,7 @@ class Coalescer:
             if not lead and call.done is None:
                 call.done = threading.Event()
         if not lead and call.done is not None:  # a follower: woken by its batch's leader
-            if not call.done.wait(self._wait):
+            if not wait_event(call.done, self._wait):
                 raise TimeoutError("no reply from the server within the batch's time")
             lead = not call.finished  # woken to lead the next batch
         if lead:

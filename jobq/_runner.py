@@ -22,7 +22,7 @@ from . import _tracing, serializer
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
 from ._sentinel import brief
-from ._threads import RetryBackoff, start_thread
+from ._threads import RetryBackoff, start_thread, wait_event
 from .calls import FinishReply, TakeArgs, WorkerScripts
 from .connection import is_transient
 from .errors import (
@@ -292,7 +292,7 @@ class Finisher:
                     # comes back with the retry (see and_take_next)
                     ambiguous = True
                     backoff = backoff or RetryBackoff(cap=1.0)
-                    if self._abandoned.wait(backoff.next()):
+                    if wait_event(self._abandoned, backoff.next()):
                         return None, None
             if reply.next is not None and reply.next.taken is not None:
                 taken = Attempt(*reply.next.taken)

@@ -32,7 +32,7 @@ from ._context import QueueContext
 from ._reader import ALL, Dispatcher
 from ._shard_reader import ShardReader
 from ._shards import shard_names, shard_of, validate_count
-from ._threads import start_thread
+from ._threads import start_thread, wait_event
 from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
@@ -180,7 +180,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         deadline = None if timeout is None else time.monotonic() + timeout
         for part in self._readers:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not part._reader.ready.wait(left):
+            if not wait_event(part._reader.ready, left):
                 return False
         return not self._stop.is_set()
 

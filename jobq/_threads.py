@@ -18,6 +18,18 @@ from ._sentinel import brief
 logger = logging.getLogger(__name__)
 
 
+def wait_event(event: threading.Event, timeout: float | None) -> bool:
+    """``event.wait(timeout)``, which returns at once if ``event`` is set.
+
+    Under gevent's monkey-patching (a gunicorn gevent worker) a wait on a set
+    event is put behind the wake-up of its earlier waiters, if one is still
+    due; when the last of those waiters leaves first (its timeout ran out),
+    that wake-up is cancelled and the later wait never returns, whatever its
+    timeout (gevent 26.9). A request of such a worker hung for ever in
+    ``wait_until_finished``. Asking first never waits on a set event."""
+    return event.is_set() or event.wait(timeout)
+
+
 def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
     """Start a daemon thread named ``name`` running ``target``."""
     thread = threading.Thread(target=target, name=name, daemon=True)
@@ -151,7 +163,7 @@ class BackgroundLoop:
 
     def sleep(self, seconds: float) -> bool:
         """Wait up to ``seconds`` inside a step; True if the loop was stopped."""
-        return self._stop.wait(seconds)
+        return wait_event(self._stop, seconds)
 
     def run(self) -> None:
         """Run the loop on the calling thread until stopped."""
@@ -189,4 +201,4 @@ class BackgroundLoop:
                 if self._on_error is not None:
                     self._on_error(exc)
             if wait > 0:
-                self._wake.wait(wait)
+                wait_event(self._wake, wait)

@@ -23,7 +23,7 @@ from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
 from ._sentinel import brief
-from ._threads import BackgroundLoop, join_or_cut, start_thread
+from ._threads import BackgroundLoop, join_or_cut, start_thread, wait_event
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
@@ -191,7 +191,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         _fork.check()
         if not self._started and not self._stop.is_set():
             self.run()  # a shard's part: the whole's run, at each call
-        return self._reader.ready.wait(timeout) and not self._stop.is_set()
+        return wait_event(self._reader.ready, timeout) and not self._stop.is_set()
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads
@@ -284,7 +284,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             raise ClosedError(f"QueueEvents {self.name!r} is closed")
         if not self.wait_until_ready(0):
             # the first use: an unreachable server is an error, as for a Queue
-            self._reader.tried.wait(remaining())
+            wait_event(self._reader.tried, remaining())
             error = self._reader.unreachable
             if error is not None and not self._reader.ready.is_set():
                 raise type(error)(*error.args)
@@ -311,7 +311,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 wait = WAIT_SLICE if checked else RETRY_CHECK
                 if left is not None:
                     wait = min(left, wait)
-                if not waiter.event.wait(wait):
+                if not wait_event(waiter.event, wait):
                     if checked:
                         continue
                 elif waiter.outcome is not None:

@@ -398,6 +398,14 @@ def test_a_fork_without_python_hooks_resets_at_first_use(
     assert "was forked without Python's fork hooks while jobq's threads ran" in process.stderr
 
 
+def _run_script(script: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a new Python process (at most a minute)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run([sys.executable, "-c", script, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
 _PATCHED_LATE = """
 import os, sys
 from jobq import Queue, QueueEvents
@@ -422,11 +430,54 @@ def test_monkey_patching_after_jobq_started_threads_is_reported(
     pytest.importorskip("gevent")
     if "+cluster" in redis_url:
         pytest.skip("the child process takes a plain URL")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    process = subprocess.run(
-        [sys.executable, "-c", _PATCHED_LATE, redis_url, queue_name],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )
+    process = _run_script(_PATCHED_LATE, redis_url, queue_name)
     assert process.stdout == "done", process.stderr[-3000:]
     assert "threading was monkey-patched (gevent?) after jobq started threads" in process.stderr
+
+
+_GEVENT_WAITS = """
+from gevent import monkey
+monkey.patch_all()
+import os, sys, threading, time
+import gevent
+from jobq import QueueEvents
+
+events = QueueEvents(sys.argv[2], connection=sys.argv[1])
+assert events.wait_until_ready(10)
+events._reader.ready = threading.Event()  # as before the reader's first read
+answers = {}
+
+def first():  # asks before the reader is ready: a wait of 0 s, with a timer
+    answers["first"] = events.wait_until_ready(0)
+
+def reader():  # the reader's first read: it wakes the waits of the first
+    events._reader.ready.set()
+
+def later():  # asks once it is ready, before that wake-up ran
+    answers["later"] = events.wait_until_ready(0)
+
+def busy():  # holds the loop up: the first wait's timer runs out first
+    end = time.perf_counter() + 0.02
+    while time.perf_counter() < end:
+        pass
+
+greenlets = [gevent.spawn(f) for f in (first, reader, later, busy)]
+# gevent looks at its clock between callbacks every 50: past it, timers run
+greenlets += [gevent.spawn(lambda: None) for _ in range(60)]
+gevent.joinall(greenlets, timeout=5)
+sys.stdout.write(repr(sorted(answers.items())))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_gevent_wait_on_a_ready_reader_returns(queue_name: str, redis_url: str) -> None:
+    """Under gevent, a wait on a set event went behind the wake-up of the
+    event's earlier waiters; when the last of those left first (its timeout
+    ran out), gevent cancelled the wake-up and the wait never returned.
+    Under gunicorn's gevent workers a request hung in
+    ``wait_until_finished`` (tests/test_forking_servers.py, about 1 run in
+    50). jobq asks whether an event is set before waiting on it."""
+    pytest.importorskip("gevent")
+    process = _run_script(_GEVENT_WAITS, redis_url, queue_name)
+    assert process.stdout == "[('first', False), ('later', True)]", process.stderr[-3000:]
