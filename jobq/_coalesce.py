@@ -156,7 +156,12 @@ class Coalescer:
             if not lead and call.done is None:
                 call.done = threading.Event()
         if not lead and call.done is not None:  # a follower: woken by its batch's leader
-            if not wait_event(call.done, self._wait):
+            try:
+                woken = wait_event(call.done, self._wait)
+            except BaseException:  # interrupted: a gevent.Timeout, a killed greenlet
+                self._leave(call)
+                raise
+            if not woken and not self._leave(call):
                 raise TimeoutError("no reply from the server within the batch's time")
             lead = not call.finished  # woken to lead the next batch
         if lead:
@@ -198,15 +203,36 @@ class Coalescer:
                 if call.done is not None:
                     call.done.set()
             with self._lock:
-                successor = self._queued[0] if self._queued else None
-                if successor is None:
-                    self._leading = False
+                self._hand_on()
                 orphaned = connection is not None and connection is not self._connection
             if orphaned:  # close() left it to this batch to give back
                 connection.disconnect()
                 self._pool.release(connection)
-            if successor is not None and successor.done is not None:  # it leads the next batch
-                successor.done.set()
+
+    def _hand_on(self) -> None:
+        """Under the lock: the first call queued leads the next batch (it
+        is woken to), or no batch is led."""
+        if not self._queued:
+            self._leading = False
+        elif self._queued[0].done is not None:
+            self._queued[0].done.set()
+
+    def _leave(self, call: _Call) -> bool:
+        """A follower stops waiting (its time ran out, or it was
+        interrupted): its call leaves the queue, and the lead of the next
+        batch, if it was just given it, goes to the next call in line (left
+        with a caller that is gone, every later call waited out its time).
+        Return whether the call has its reply after all."""
+        with self._lock:
+            if call.finished:
+                return True
+            try:
+                self._queued.remove(call)
+            except ValueError:  # in the batch in flight: its reply comes to nobody
+                return False
+            if call.done is not None and call.done.is_set():
+                self._hand_on()
+        return False
 
     def leave(self) -> None:
         """A user is done with it: the last one closes it."""

@@ -4,6 +4,7 @@ remove, drain, clean, obliterate, retries, workers, metrics, the stream)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +19,29 @@ from .registry import WorkerInfo, live_workers
 if TYPE_CHECKING:
     from ._context import QueueContext
 
+logger = logging.getLogger(__name__)
+
 #: Jobs per script call for bulk adds and batched admin operations.
 BATCH = 1000
+
+
+def record_queue(owner: Any) -> None:
+    """List the queue of ``owner`` (a Queue or a ShardedQueue, after a
+    write) in the known-queues set, once. Concurrent first writes send one
+    SADD between them, not one each: a few hundred greenlets' first adds
+    ran the pool out of connections, and adds whose jobs were written
+    raised. The write succeeded, so a failure here is not raised: the next
+    write lists the queue."""
+    if owner._recorded is not False:  # listed, or being listed by another write
+        return
+    owner._recorded = None
+    try:
+        owner._context.redis.sadd(queues_key(owner.prefix), owner.name)
+    except Exception as exc:
+        owner._recorded = False
+        logger.debug("listing queue %r failed: %r", owner.name, exc)
+        return
+    owner._recorded = True
 
 
 class QueueReading:
@@ -113,7 +135,7 @@ class QueueAdmin:
     """Administering a queue (a mixin of Queue)."""
 
     _context: QueueContext
-    _recorded: bool
+    _recorded: bool | None  # None: being listed (see record_queue)
     _record: Callable[[], None]  # Queue's: lists the queue's name once
 
     @property

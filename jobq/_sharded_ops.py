@@ -146,7 +146,7 @@ class ShardedAdmin:
     _context: QueueContext
     _shards: tuple[Queue, ...]
     _count: int
-    _recorded: bool
+    _recorded: bool | None
     _record: Callable[[], None]  # ShardedQueue's: lists the logical name once
 
     def _shard(self, job_id: str) -> Queue:

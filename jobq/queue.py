@@ -13,7 +13,7 @@ from ._checks import warn_if_evicting
 from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
 from ._dedup import QueueDedup
-from ._queue_ops import BATCH, QueueAdmin, QueueReading
+from ._queue_ops import BATCH, QueueAdmin, QueueReading, record_queue
 from ._reader import tell_readers_pubsub
 from ._schedulers import QueueSchedulers
 from ._shards import mismatch
@@ -26,7 +26,7 @@ from .errors import (
     SerializationError,
 )
 from .job import Job
-from .keys import SURROGATE, queues_key, validate_job_id
+from .keys import SURROGATE, validate_job_id
 from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_form
 from .tasks import QueueTasks, Task
 
@@ -192,9 +192,7 @@ class Queue(
     def _record(self) -> None:
         """Record the queue's name in the known-queues set (for ``jobq info``
         with no queue named), once, when it is first written to."""
-        if not self._recorded:
-            self._context.redis.sadd(queues_key(self.prefix), self.name)
-            self._recorded = True
+        record_queue(self)
 
     def _setup_meta(
         self, event_mode: str | None, max_events: int | None, result_ttl: float | None

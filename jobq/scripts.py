@@ -191,13 +191,16 @@ class Scripts:
         self._plain = pooled(client)  # its calls go through the coalescer
         self._coalescer: Coalescer | None = None
         self._coalescer_lock = threading.Lock()
+        self._loads = 0  # FUNCTION LOADs sent (see _call_coalesced)
+        self._load_lock = threading.Lock()
         self._refuser: int | None = None
         _fork.track(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: a new lock (a parent's thread may have held it
-        while making the coalescer; the coalescer resets itself)."""
+        """In a forked child: new locks (a parent's thread may have held
+        one; the coalescer resets itself)."""
         self._coalescer_lock = threading.Lock()
+        self._load_lock = threading.Lock()
 
     def _coalesced(self, pool: Any) -> Coalescer:
         if self._coalescer is None:
@@ -278,11 +281,7 @@ class Scripts:
             if client is None:
                 command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
                 try:
-                    return self._coalesced(pool).call(_pack(command))
-                except ResponseError as exc:
-                    if not function_missing(exc):
-                        raise
-                    load_library(target)  # a restarted or new server; then as below
+                    return self._call_coalesced(pool, _pack(command))
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     if name not in RESENDABLE:
                         raise
@@ -307,6 +306,24 @@ class Scripts:
                 raise
         load_library(target)  # a restarted or new server: load the library once
         return target.execute_command(*command)
+
+    def _call_coalesced(self, pool: Any, packed: bytes) -> Any:
+        """A call through the coalescer. On a server without the library (a
+        new or restarted one) the first of the calls that found it missing
+        loads it, and each goes again: a few hundred concurrent first calls
+        each loading it on a connection of its own ran the pool out of
+        connections."""
+        loads = self._loads
+        try:
+            return self._coalesced(pool).call(packed)
+        except ResponseError as exc:
+            if not function_missing(exc):
+                raise
+        with self._load_lock:
+            if self._loads == loads:  # not loaded since this call went out
+                load_library(self._client)
+                self._loads += 1
+        return self._coalesced(pool).call(packed)
 
     def run_on(
         self, connection: Any, name: str, base: str, *args: Any, deadline: float | None = None

@@ -25,6 +25,7 @@ import redis
 from . import _fork, _tracing
 from ._closing import ClosedOnExit, OfQueue
 from ._context import QueueContext
+from ._queue_ops import record_queue
 from ._sharded_ops import ShardedAdmin, ShardedReading
 from ._shards import (
     ShardCountError,
@@ -40,7 +41,7 @@ from .calls import NewJob
 from .connection import unreachable
 from .errors import JobqError
 from .job import Job
-from .keys import lookup_id, queues_key, validate_job_id
+from .keys import lookup_id, validate_job_id
 from .options import FAILURE_POLICIES
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
 from .tasks import QueueTasks, Task
@@ -262,9 +263,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             return self._pool
 
     def _record(self) -> None:
-        if not self._recorded:
-            self._context.redis.sadd(queues_key(self.prefix), self.name)
-            self._recorded = True
+        record_queue(self)
 
     # -- events and closing -------------------------------------------------
 

@@ -9,14 +9,20 @@ the node that owns every slot): coalescing is a plain client's path.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
 
 from jobq import Queue
+from jobq.testing import RedisServer, find_server_binary
+from tests.polling import until
 
 THREADS = 24
 ADDS = 40
@@ -199,3 +205,164 @@ def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: st
         if lent is not None:
             pool.release(lent)
         pool.disconnect()
+
+
+@pytest.fixture
+def small_pool(redis_server: object) -> Iterator[redis.Redis]:
+    """A plain client of two connections: the coalescer's and one more."""
+    resp3 = {"protocol": 3} if os.environ.get("JOBQ_TEST_RESP3") == "1" else {}
+    client = redis_server.client(max_connections=2, **resp3)  # type: ignore[attr-defined]
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_a_burst_of_first_adds_lists_the_queue_once(redis_url: str, queue_name: str) -> None:
+    """A queue is listed among the known queues after its first write. Each
+    add of a burst of first adds listed it on a connection of its own: past
+    the pool's size, adds whose jobs were written raised
+    MaxConnectionsError (a retry would add them twice). Here the listing
+    waits until every thread but the listing ones is done."""
+    lock, release = threading.Lock(), threading.Event()
+    counts = {"listing": 0, "done": 0}
+
+    def count(what: str) -> None:
+        with lock:
+            counts[what] += 1
+            if counts["listing"] + counts["done"] >= THREADS:
+                release.set()
+
+    class Listing(redis.Connection):
+        def send_command(self, *args: Any, **kwargs: Any) -> None:
+            if args[:1] == ("SADD",):
+                count("listing")
+                release.wait(WAIT)
+            super().send_command(*args, **kwargs)
+
+    url = redis_url.replace("redis+cluster://", "redis://", 1)
+    pool = redis.ConnectionPool.from_url(url, connection_class=Listing, max_connections=2)
+    client = redis.Redis(connection_pool=pool)  # the coalescer's connection, and one more
+    errors: list[BaseException] = []
+    try:
+        with Queue(queue_name, connection=client) as queue:
+            queue.get_job_counts()  # set up: the adds below are its first writes
+
+            def add() -> None:
+                try:
+                    queue.add("x")
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+                finally:
+                    count("done")
+
+            threads = [threading.Thread(target=add) for _ in range(THREADS)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(WAIT)
+            assert not errors, errors[0]
+            assert queue.count() == THREADS
+            assert queue_name.encode() in client.smembers("jobq:queues")
+            queue.obliterate(force=True)
+    finally:
+        client.close()
+
+
+def test_a_burst_of_calls_on_a_server_without_the_library_loads_it_once(
+    small_pool: redis.Redis, queue_name: str
+) -> None:
+    """Each call that found the library missing loaded it on a connection
+    of its own, then went again on another: past the pool's size the calls
+    failed, their jobs not written."""
+    small_pool.function_flush()  # a new or restarted server
+    with Queue(queue_name, connection=small_pool) as queue:
+        # the threads' first adds wait for one of them to set the queue up,
+        # then go out in one batch, refused
+        ids = add_from_threads(queue, THREADS, 2)
+        assert queue.count() == len(set(ids.values())) == THREADS * 2
+        queue.obliterate(force=True)
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A server of the test's own, to stop (SIGSTOP) and let go on."""
+    with RedisServer(find_server_binary()) as server:
+        yield server
+
+
+def test_a_caller_that_stops_waiting_leaves_the_next_batch_led(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """A call queued behind a batch in flight whose caller stopped waiting
+    (its time ran out) stayed queued: the batch's leader handed the next
+    batch to it, gone, and every later call of the client waited out its
+    time and failed. The call now leaves the queue."""
+    with Queue(queue_name, connection=own_server.url) as queue:
+        queue.add("x", "warm")
+        coalescer = queue._context.scripts._coalescer
+        assert coalescer is not None
+        coalescer._wait = 0.5  # a caller's longest wait: 30 s and more by default
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            own_server.kill(signal.SIGSTOP)
+            try:
+                leader = pool.submit(queue.add, "x", "leader")
+                # its batch is sent (to a server that answers nothing yet)
+                until(lambda: coalescer._leading and not coalescer._queued, timeout=WAIT)
+                with pytest.raises(redis.exceptions.TimeoutError):
+                    queue.add("x", "follower")  # queued behind it: gives up
+            finally:
+                own_server.kill(signal.SIGCONT)
+            assert leader.result(WAIT).data == "leader"
+        assert queue.add("x", "later").data == "later"  # led, not waited out
+        assert queue.count() == 3  # the follower's add was never sent
+
+
+_INTERRUPTED = """
+from gevent import monkey
+monkey.patch_all()
+import os, signal, sys, time
+import gevent
+from jobq import Queue
+
+url, pid, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+queue = Queue(name, connection=url)
+queue.add("x", "warm")
+coalescer = queue._context.scripts._coalescer
+os.kill(pid, signal.SIGSTOP)
+try:
+    leader = gevent.spawn(queue.add, "x", "leader")
+    deadline = time.monotonic() + 10
+    while not (coalescer._leading and not coalescer._queued):  # its batch is sent
+        assert time.monotonic() < deadline
+        gevent.sleep(0.01)
+    try:
+        with gevent.Timeout(0.3):  # a caller that stops waiting
+            queue.add("x", "follower")
+    except gevent.Timeout:
+        pass
+finally:
+    os.kill(pid, signal.SIGCONT)
+leader.get(timeout=10)
+with gevent.Timeout(10):
+    queue.add("x", "later")
+sys.stdout.write(str(queue.count()))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_caller_interrupted_under_gevent_leaves_the_next_batch_led(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """The same, for a caller interrupted while it waits (a gevent.Timeout
+    around an add): every later add waited 30 s and failed."""
+    pytest.importorskip("gevent")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    process = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED, own_server.url, str(own_server.pid), queue_name],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert process.stdout == "3", process.stderr[-3000:]
