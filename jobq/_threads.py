@@ -91,7 +91,9 @@ class RetryBackoff:
 #: TimeoutError are not OSErrors; a socket's own errors are).
 DROPPED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
-_running = threading.local()  # the BackgroundLoop of this thread, if any
+#: The BackgroundLoop each thread runs, by thread id: a ``threading.local``
+#: made before gevent's monkey-patching is one for every greenlet.
+_running: dict[int, BackgroundLoop] = {}
 
 
 def reached() -> None:
@@ -101,7 +103,7 @@ def reached() -> None:
     Without it, a connection dropped again and again while it waits (a
     proxy's idle timeout, CLIENT KILL) would wait longer each time, as for
     a server that cannot be reached."""
-    loop = getattr(_running, "loop", None)
+    loop = _running.get(threading.get_ident())
     if loop is not None:
         loop._reached = True
 
@@ -170,11 +172,12 @@ class BackgroundLoop:
         self._run()
 
     def _run(self) -> None:
-        _running.loop = self
+        ident = threading.get_ident()
+        _running[ident] = self
         try:
             self._loop()
         finally:
-            _running.loop = None
+            _running.pop(ident, None)
             if self._on_exit is not None:
                 self._on_exit()
 

@@ -481,3 +481,44 @@ def test_a_gevent_wait_on_a_ready_reader_returns(queue_name: str, redis_url: str
     pytest.importorskip("gevent")
     process = _run_script(_GEVENT_WAITS, redis_url, queue_name)
     assert process.stdout == "[('first', False), ('later', True)]", process.stderr[-3000:]
+
+
+_LOOPS_PATCHED_LATER = """
+import sys
+from jobq import _threads  # imported before the patching, as under gunicorn --preload
+from gevent import monkey
+monkey.patch_all()
+import gevent
+
+seen = []
+loops = {}
+
+def step_a():
+    gevent.sleep(0.05)  # b runs meanwhile
+    _threads.reached()  # a's step made its connection
+    seen.append((loops["a"]._reached, loops["b"]._reached))
+    loops["a"].stop()
+    loops["b"].stop()
+    return 0.0
+
+def step_b():
+    loops["b"].sleep(1.0)
+    return 0.0
+
+loops["a"] = _threads.BackgroundLoop("a", step_a)
+loops["b"] = _threads.BackgroundLoop("b", step_b)
+greenlets = [gevent.spawn(loops[name].run) for name in "ab"]
+gevent.joinall(greenlets, timeout=5)
+sys.stdout.write(repr(seen))
+"""
+
+
+def test_a_loop_that_reached_its_server_is_the_one_told_under_gevent() -> None:
+    """A loop's step tells its loop it reached the server (a connection
+    dropped after that is a first failure). The loop running a thread was
+    kept in a ``threading.local`` made at import: imported before gevent's
+    patching, it was one for every greenlet, and the last loop started was
+    told of every loop's step."""
+    pytest.importorskip("gevent")
+    process = _run_script(_LOOPS_PATCHED_LATER)
+    assert process.stdout == "[(True, False)]", process.stderr[-3000:]
