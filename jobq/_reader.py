@@ -300,6 +300,13 @@ class EventReader:
         else:
             _connection.unblock(self._context.bounded, self._blocked)
 
+    def stopped(self) -> None:
+        """The reader stops (its stop event is set): end the waits for its
+        first connect and for its readiness, which a reader stopped before
+        its first step would never end (the waiting threads see the stop)."""
+        self.tried.set()
+        self.ready.set()
+
     def interrupt(self) -> None:
         """Cut the reader's connections under a read (or connect) that does
         not return: a close's last resort on a server that does not answer."""

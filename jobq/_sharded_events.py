@@ -198,6 +198,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
                 return
             self._stop.set()
         for part in self._readers:
+            part._reader.stopped()
             for waiter in part._table.close():
                 waiter.resolve(CLOSED)
         self._gate.stop()

@@ -130,7 +130,8 @@ class Waiter:
     """One caller (or future) waiting for one run of one job."""
 
     __slots__ = (
-        "job_id", "run", "event", "outcome", "callback", "checkpoint", "gate", "stale", "_lock"
+        "job_id", "run", "event", "outcome", "callback", "checkpoint", "gate", "stale", "_gone",
+        "_lock",
     )
 
     def __init__(
@@ -156,6 +157,7 @@ class Waiter:
         self.checkpoint: StreamId | str | None = None
         # the WakeGate of the batch that woke this waiter's thread, if any
         self.gate: WakeGate | None = None
+        self._gone = False  # its thread no longer waits (see resumed)
         self._lock = threading.Lock()
 
     def matches(self, run: str | None) -> bool:
@@ -167,21 +169,31 @@ class Waiter:
         mine, floor = generation(self.run)
         return first == mine and gen >= floor
 
-    def resolve(self, outcome: Outcome) -> bool:
+    def resolve(self, outcome: Outcome, gate: WakeGate | None = None) -> bool:
         """Set the outcome; the first one wins (the reader and a check race).
-        Return whether this call set it."""
+        Return whether this call set it: not once its thread has stopped
+        waiting. ``gate``: the WakeGate that wakes the thread, told when the
+        thread runs (``resumed``)."""
         with self._lock:
-            if self.outcome is not None:
+            if self.outcome is not None or self._gone:
                 return False
             self.outcome = outcome
+            self.gate = gate
         self.event.set()
         if self.callback is not None:
             self.callback(self, outcome)
         return True
 
     def resumed(self) -> None:
-        """Called by the waiting thread once woken: tell the gate it runs."""
-        gate, self.gate = self.gate, None
+        """Called by the waiting thread as it stops waiting (answered, timed
+        out, closed): tell the gate that woke it that it runs. A waiter
+        whose thread is gone is answered no more: a gate counted it as a
+        woken thread yet to run, for ever, and held up the next batches by
+        a quarter of a second each (a burst of waits timing out as their
+        jobs finished woke the threads behind them seconds late)."""
+        with self._lock:
+            self._gone = True
+            gate, self.gate = self.gate, None
         if gate is not None:
             gate.passed()
 
@@ -262,9 +274,7 @@ class WakeGate:
                 self._queued.append((waiter, outcome))
                 queued = True
                 continue
-            waiter.gate = self
-            if not waiter.resolve(outcome):
-                waiter.gate = None
+            if not waiter.resolve(outcome, self):
                 with self._cond:
                     self._outstanding -= 1
         if queued:
@@ -309,11 +319,8 @@ class WakeGate:
             woken = 0
             while self._queued and woken < room:
                 waiter, outcome = self._queued.popleft()
-                waiter.gate = self
-                if waiter.resolve(outcome):
+                if waiter.resolve(outcome, self):
                     woken += 1
-                else:
-                    waiter.gate = None
             with self._cond:
                 self._outstanding += woken
                 self._progress = time.monotonic()

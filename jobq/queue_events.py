@@ -206,6 +206,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             if self._stop.is_set():
                 return
             self._stop.set()
+        self._reader.stopped()
         for waiter in self._table.close():
             waiter.resolve(CLOSED)
         self._table.gate.stop()
@@ -285,6 +286,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         if not self.wait_until_ready(0):
             # the first use: an unreachable server is an error, as for a Queue
             wait_event(self._reader.tried, remaining())
+            if self._stop.is_set():  # its first connect cut by the close
+                raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             error = self._reader.unreachable
             if error is not None and not self._reader.ready.is_set():
                 raise type(error)(*error.args)

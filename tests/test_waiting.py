@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from jobq import (
+    ClosedError,
     Job,
     JobNotFoundError,
     Queue,
@@ -1115,6 +1116,31 @@ def test_the_reader_wakes_waiting_threads_a_batch_at_a_time(
     assert gate.idle()
 
 
+def test_a_gate_wakes_no_thread_that_stopped_waiting() -> None:
+    """A thread whose wait ended (timed out) before the gate woke it was
+    still counted as woken and yet to run, for ever: each batch of such
+    waiters held the next up for a quarter of a second (WAKE_STALE), and a
+    burst of waits timing out as their jobs finished woke the threads
+    queued behind them seconds late."""
+    from jobq import _waiters
+    from jobq._waiters import Completed, Waiter, WakeGate
+
+    gate = WakeGate()
+    gone = [Waiter(f"gone-{i}") for i in range(4 * _waiters.WAKE_BATCH)]
+    for waiter in gone:
+        waiter.resumed()  # what a thread does as its wait ends
+    live = [Waiter(f"live-{i}") for i in range(_waiters.WAKE_BATCH)]
+    gate.add([(w, Completed(0)) for w in gone + live])
+    gate.pump(WAIT)
+    assert gate.idle()
+    assert all(w.outcome is None for w in gone)
+    assert all(w.event.is_set() for w in live)
+    assert gate._outstanding == len(live)  # the live ones only, until they run
+    for waiter in live:
+        waiter.resumed()
+    assert gate._outstanding == 0
+
+
 def test_a_thread_the_reader_woke_itself_leaves_the_waker_asleep() -> None:
     """Each ended wait used to wake the waker thread for nothing as its
     thread ran (a third thread switching in every wait): the waker is told
@@ -1227,3 +1253,35 @@ def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: 
         held.released.set()
         qe.close()
         client.close()
+
+
+def test_a_first_wait_on_a_reader_closed_before_it_connected_raises_closed_error(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """A first wait waits for the reader's first connect. A close before
+    that connect ended left it waiting: for ever when the reader had not
+    yet taken its first step, else raising the ConnectionError of the
+    connect the close cut, as if the server were away. It raises
+    ClosedError, as a wait whose QueueEvents is closed under it does."""
+    events = QueueEvents(queue_name, connection=own_server.url)
+    ended: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            events.wait_for("a-job", timeout=None)
+        except BaseException as exc:  # reported below
+            ended.append(exc)
+
+    own_server.kill(signal.SIGSTOP)  # the reader's connect gets no answer
+    waiter = threading.Thread(target=wait)
+    try:
+        waiter.start()
+        until(lambda: events._started, WAIT)  # the wait started the reader
+        events.close()
+        waiter.join(WAIT)
+    finally:
+        own_server.kill(signal.SIGCONT)
+        events.close()
+        waiter.join(WAIT)
+    assert not waiter.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], ClosedError), ended
