@@ -391,6 +391,9 @@ class Job(JobFlow):
             queue_events: the reader to wait through; None uses the queue's
                 shared ``events``.
             timeout: seconds to wait at most; None (or infinity): no limit.
+                0 asks whether the job has finished: its look at the job's
+                record (a round trip) may take up to a second past a
+                timeout shorter than that.
 
         Raises:
             JobFailedError: the job failed for good.

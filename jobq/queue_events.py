@@ -47,6 +47,10 @@ RECHECK_INTERVAL = 10.0
 WAIT_SLICE = 60.0
 #: Seconds before a check that failed on a transient error is tried again.
 RETRY_CHECK = 0.25
+#: Seconds a wait's first look at the job's record (and at its result) may
+#: take past a shorter timeout: ``timeout=0`` asks whether the job has
+#: finished, and the look is a round trip.
+FIRST_LOOK = 1.0
 #: Seconds a close gives its threads once it has cut a reader stuck on a
 #: server that does not answer (past the close's own timeout).
 CUT_GRACE = 0.5
@@ -277,6 +281,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         """
         job_id, timeout = lookup_id(job_id), wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        look_by = None if deadline is None else max(deadline, time.monotonic() + FIRST_LOOK)
 
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -299,8 +304,10 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         unseen = self._table.register(waiter, fresh and self._reader.follows(run))
         try:
             # a run the reader has not yet seen end needs no look at its
-            # record: its last event will reach this waiter
-            checked = True if unseen else _try_check(self, waiter, deadline)
+            # record, unless there is no time to wait: its last event will
+            # reach this waiter
+            checked = True if unseen and remaining() != 0.0 else \
+                _try_check(self, waiter, look_by)
             while waiter.outcome is None:
                 left = remaining()
                 if left is not None and left <= 0:
@@ -322,7 +329,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 waiter.event.clear()
                 if waiter.outcome is None and remaining() != 0.0:
                     checked = _try_check(self, waiter, deadline)
-            return self._result(waiter, deadline)
+            return self._result(waiter, look_by)
         finally:
             self._table.unregister(waiter)
             waiter.resumed()  # the reader wakes more threads once this one is done

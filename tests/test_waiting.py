@@ -1285,3 +1285,25 @@ def test_a_first_wait_on_a_reader_closed_before_it_connected_raises_closed_error
         waiter.join(WAIT)
     assert not waiter.is_alive()
     assert len(ended) == 1 and isinstance(ended[0], ClosedError), ended
+
+
+def test_a_wait_of_no_time_on_a_finished_job_returns_its_value(
+    queue: Queue, redis_url: str
+) -> None:
+    """``timeout=0`` asks whether the job has finished. It raised
+    WaitUntilFinishedTimeoutError even for a job finished long before: its
+    look at the job's record had no time for the round trip."""
+    big = "x" * 5000  # more than an event carries: read with the record
+    assert queue.events.wait_until_ready(WAIT)
+    jobs = [queue.add("x", "small"), queue.add("x", big)]
+    with Worker(queue.name, echo, connection=redis_url, autorun=True):
+        for job in jobs:
+            job.wait_until_finished(timeout=WAIT)
+    for job in jobs:
+        again = queue.get_job(job.id)
+        assert again is not None
+        for waited in (job, again):  # known finished by this process, and not
+            assert waited.wait_until_finished(timeout=0) == job.data
+    pending = queue.add("x", "later", delay=60_000)
+    with pytest.raises(WaitUntilFinishedTimeoutError):
+        pending.wait_until_finished(timeout=0)
