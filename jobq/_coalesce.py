@@ -165,13 +165,13 @@ class Coalescer:
                 raise TimeoutError("no reply from the server within the batch's time")
             lead = not call.finished  # woken to lead the next batch
         if lead:
-            self._flush()
+            self._flush(call)
         if call.error is not None:
             raise call.error
         return call.value
 
-    def _flush(self) -> None:
-        """Lead one batch: every call queued now."""
+    def _flush(self, own: _Call) -> None:
+        """Lead one batch: every call queued now (``own``, the leader's, among them)."""
         with self._lock:
             batch, self._queued = self._queued, []
             connection, closed = self._connection, self._closed
@@ -195,9 +195,14 @@ class Coalescer:
         except BaseException as exc:
             if connection is not None:
                 connection.disconnect()  # replies may be left unread
+            # an interruption of the leader's (a gevent.Timeout, a kill,
+            # KeyboardInterrupt) is its own: the others' calls lost their
+            # connection
+            lost = exc if isinstance(exc, Exception) else \
+                ConnectionError(f"the call's batch was cut short: {exc!r}")
             for call in batch:
                 if not call.finished:
-                    call.error, call.finished = exc, True
+                    call.error, call.finished = exc if call is own else lost, True
         finally:
             for call in batch:
                 if call.done is not None:

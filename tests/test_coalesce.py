@@ -318,7 +318,23 @@ def test_a_caller_that_stops_waiting_leaves_the_next_batch_led(
         assert queue.count() == 3  # the follower's add was never sent
 
 
-_INTERRUPTED = """
+def _run_under_gevent(
+    script: str, server: RedisServer, queue_name: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (it monkey-patches first) in a new process, given the
+    server's URL and process id and the queue's name (at most a minute)."""
+    pytest.importorskip("gevent")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run(
+        [sys.executable, "-c", script, server.url, str(server.pid), queue_name],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60,
+    )
+
+
+#: What the gevent scripts below begin with: a queue whose calls are batched.
+_PRELUDE = """
 from gevent import monkey
 monkey.patch_all()
 import os, signal, sys, time
@@ -329,6 +345,9 @@ url, pid, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 queue = Queue(name, connection=url)
 queue.add("x", "warm")
 coalescer = queue._context.scripts._coalescer
+"""
+
+_INTERRUPTED = _PRELUDE + """
 os.kill(pid, signal.SIGSTOP)
 try:
     leader = gevent.spawn(queue.add, "x", "leader")
@@ -357,12 +376,47 @@ def test_a_caller_interrupted_under_gevent_leaves_the_next_batch_led(
 ) -> None:
     """The same, for a caller interrupted while it waits (a gevent.Timeout
     around an add): every later add waited 30 s and failed."""
-    pytest.importorskip("gevent")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    process = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED, own_server.url, str(own_server.pid), queue_name],
-        cwd=root, env=env, capture_output=True, text=True, timeout=60,
-    )
+    process = _run_under_gevent(_INTERRUPTED, own_server, queue_name)
     assert process.stdout == "3", process.stderr[-3000:]
+
+
+_LEADER_INTERRUPTED = _PRELUDE + """
+
+def add(data, seconds):
+    try:
+        with gevent.Timeout(seconds):
+            queue.add("x", data)
+        return "added"
+    except BaseException as exc:
+        return type(exc).__name__
+
+os.kill(pid, signal.SIGSTOP)
+try:
+    first = gevent.spawn(add, "first", 0.3)  # leads a batch the server does not answer
+    deadline = time.monotonic() + 10
+    while not (coalescer._leading and not coalescer._queued):  # its batch is sent
+        assert time.monotonic() < deadline
+        gevent.sleep(0.01)
+    # queued behind it; the first leads the next batch once the first's
+    # time is out, and its own time runs out in that batch
+    leader = gevent.spawn(add, "leader", 0.6)
+    other = gevent.spawn(add, "other", 30)
+    gevent.joinall([first, leader], timeout=10)
+finally:
+    os.kill(pid, signal.SIGCONT)
+other.join(10)
+sys.stdout.write(repr([first.value, leader.value, other.value]))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_batch_whose_leader_is_interrupted_fails_the_others_with_a_connection_error(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """The leader of a batch interrupted while it waits for the replies (a
+    gevent.Timeout around its add) failed the other calls of the batch
+    with its own interruption: another greenlet's add raised a
+    gevent.Timeout that was not its own. They see their connection lost."""
+    process = _run_under_gevent(_LEADER_INTERRUPTED, own_server, queue_name)
+    assert process.stdout == "['Timeout', 'Timeout', 'ConnectionError']", process.stderr[-3000:]
