@@ -476,8 +476,8 @@ def test_a_gevent_wait_on_a_ready_reader_returns(queue_name: str, redis_url: str
     event's earlier waiters; when the last of those left first (its timeout
     ran out), gevent cancelled the wake-up and the wait never returned.
     Under gunicorn's gevent workers a request hung in
-    ``wait_until_finished`` (tests/test_forking_servers.py, about 1 run in
-    50). jobq asks whether an event is set before waiting on it."""
+    ``wait_until_finished`` (tests/test_forking_servers.py, 4 runs in some
+    500). jobq asks whether an event is set before waiting on it."""
     pytest.importorskip("gevent")
     process = _run_script(_GEVENT_WAITS, redis_url, queue_name)
     assert process.stdout == "[('first', False), ('later', True)]", process.stderr[-3000:]
