@@ -301,20 +301,16 @@ class EventReader:
             _connection.unblock(self._context.bounded, self._blocked)
 
     def stopped(self) -> None:
-        """The reader stops (its stop event is set): end the waits for its
-        first connect and for its readiness, which a reader stopped before
-        its first step would never end (the waiting threads see the stop)."""
+        """Closed: end the waits for its first connect and readiness (they see the stop)."""
         self.tried.set()
         self.ready.set()
 
     def interrupt(self) -> None:
-        """Cut the reader's connections under a read (or connect) that does
-        not return: a close's last resort on a server that does not answer."""
+        """Cut the connections under a read or connect that does not return (close's last)."""
         _connection.cut_client(self._client)
 
     def publish_wake(self) -> None:
-        """Publish a checkpoint nobody waits for on the events channel: it
-        ends a wait for a message there (every reader ignores it)."""
+        """Publish a checkpoint on the events channel: it ends a wait for a message there."""
         try:
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
             deadline = time.monotonic() + _connection.UNBLOCK_TIMEOUT
@@ -370,8 +366,7 @@ class EventReader:
         return pubsub
 
     def connect_failed(self, exc: Exception) -> Exception:
-        """A connection attempt failed: the error, naming the server (with
-        its password hidden), which waits of a reader never ready raise."""
+        """A failed connect: the error (naming the server) a never-ready reader's waits raise."""
         error = _connection.unreachable(exc, self._context.client)
         if not self.ready.is_set():
             self.unreachable = error
@@ -409,8 +404,7 @@ class EventReader:
             self._held = None
 
     def _detect_gap(self, client: Client, since: StreamId | None = None) -> None:
-        """Warn and re-check every waiter when events after ``since`` (by
-        default the last id read) were trimmed before they were read."""
+        """Warn and re-check all waiters if events after ``since`` (the last read) were trimmed."""
         self._release_held(client)  # the look runs on it, through the pool
         if trimmed(client, self._context.keys.events, since or self.read_id):
             logger.warning(
@@ -437,8 +431,7 @@ class EventReader:
         return f"{self.read_id[0]}-{self.read_id[1]}"
 
     def consume(self, entries: list[Any], client: Client) -> None:
-        """Handle the entries of a read after ``position()``; ``client``
-        serves the look for a trimmed gap."""
+        """Handle the entries of a read after ``position()`` (``client``: the gap's look)."""
         assert self.read_id is not None and self.table is not None
         since = self.read_id
         listened = self._listeners.has_any()

@@ -273,11 +273,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         record need not be read first, unless the token may be stale
         (``fresh`` False: the run may have been retried since).
 
-        A reader that has never reached the server (its first attempt, or
-        the retries since, failed) makes the wait raise that
-        ``redis.exceptions.ConnectionError``, naming the server, rather
-        than time out; once the reader was ready, a lost connection only
-        delays the wait (the reader reconnects and re-checks).
+        A reader that has never reached the server makes the wait raise that
+        ``redis.exceptions.ConnectionError`` (naming the server), not time out;
+        once it was ready, a lost connection only delays the wait.
         """
         job_id, timeout = lookup_id(job_id), wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -352,9 +350,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         return waited_result(self._context, waiter, f"QueueEvents {self.name!r}", deadline)
 
     def _poke_all(self) -> None:
-        """Re-check every waiter's job record after a possible loss of
-        events (on the reader): the waiting threads' here, the futures' on
-        the dispatcher."""
+        """Re-check every waiter's record after a possible loss of events (on the
+        reader): the waiting threads' here, the futures' on the dispatcher."""
         waiters = self._table.snapshot()
         self._check_threads(waiters)
         futures = [w for w in waiters if w.callback is not None]
@@ -362,10 +359,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             self._dispatcher.call_soon(lambda: _check_futures(self, futures))
 
     def _check_threads(self, waiters: list[Waiter], unreached: bool = True) -> None:
-        """Check the records of the undecided waiting threads among
-        ``waiters`` in pipelined batches; the threads answered are woken a
-        batch at a time (WakeGate), each one these could not decide is
-        woken to check its own (see ``WaiterTable.check_many``)."""
+        """Check the undecided waiting threads' records in pipelined batches: those
+        answered are woken by the WakeGate, the others to check their own."""
         threads = [w for w in waiters if w.callback is None and w.outcome is None]
         for waiter in self._table.check_many(threads, unreached):
             waiter.poke()
