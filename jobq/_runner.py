@@ -232,11 +232,7 @@ class Finisher:
         failed it for good with the cancel's reason; tell the listeners."""
         job = attempt.job
         assert job is not None
-        try:  # the reason is the canceller's, read back (a rare path)
-            raw = self._context.redis.hget(self._context.keys.job(job.id), "fr")
-            reason = raw.decode("utf-8", "replace") if raw else "cancelled"
-        except Exception:
-            reason = "cancelled"
+        reason = reply.reason or "cancelled"
         job.attempts_made += 1
         job.failed_reason = reason
         job.finished_on = reply.finished_on

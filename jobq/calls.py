@@ -73,6 +73,8 @@ class FinishReply(NamedTuple):
     finished_on: float | None = None
     #: the next job, when the call was asked to take one
     next: TakeReply | None = None
+    #: the cancel's reason, when the call ended a cancelled attempt (CANCELLED)
+    reason: str | None = None
 
 
 def _decode_take(reply: Any, token: str) -> TakeReply:
@@ -89,10 +91,12 @@ def _decode_take(reply: Any, token: str) -> TakeReply:
 def _decode_finish(reply: Any, take: TakeArgs | None) -> FinishReply:
     if not isinstance(reply, list):
         return FinishReply(ScriptCode(int(reply)))
-    taken = None
-    if take is not None and len(reply) > 2:
+    taken = reason = None
+    if take is not None and len(reply) > 2 and isinstance(reply[2], list):
         taken = _decode_take(reply[2], take.token)
-    return FinishReply(ScriptCode(int(reply[0])), float(reply[1]) / 1000.0, taken)
+    if len(reply) > 3:
+        reason = reply[3].decode("utf-8", "replace")
+    return FinishReply(ScriptCode(int(reply[0])), float(reply[1]) / 1000.0, taken, reason)
 
 
 class WorkerScripts:

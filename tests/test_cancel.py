@@ -143,6 +143,36 @@ def test_cancel_a_running_job_sets_cancelled_and_fails_it_without_retry(
     assert cancelled["fields"]["prev"] == b"active"
 
 
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_a_cancelled_job_removed_on_fail_tells_its_listeners_the_reason(
+    queue: Queue, redis_url: str, ending: str
+) -> None:
+    """The worker's `failed` listeners get the canceller's reason even when
+    the job's record is gone by then (remove_on_fail): the finishing call
+    returns it."""
+    running = threading.Event()
+
+    def processor(job: Job) -> str:
+        running.set()
+        assert job.cancelled.wait(WAIT)
+        if ending == "raises":
+            raise RuntimeError("stopped")
+        return "late result"
+
+    job = queue.add("long", remove_on_fail=True)
+    worker = make_worker(queue.name, redis_url, processor)
+    recorder = Recorder().attach(worker, "failed")
+    with started(worker):
+        assert running.wait(WAIT)
+        assert queue.cancel(job.id, reason="user asked") is True
+        assert recorder.wait("failed")
+    [(failed_job, error)] = recorder.of("failed")
+    assert failed_job.failed_reason == "user asked"
+    assert isinstance(error, JobCancelledError)
+    assert error.failed_reason == "user asked"
+    assert queue.get_job(job.id) is None
+
+
 @pytest.mark.parametrize("when", ["waiting", "running"])
 def test_a_cancelled_job_retried_runs_again(queue: Queue, redis_url: str, when: str) -> None:
     # a cancel ends the run it cancelled; a retry begins one that runs

@@ -733,3 +733,14 @@ local function and_take_next(code, i, now)
   end
   return { code, stamp }
 end
+
+-- The reply of a finalising script that ended a cancelled attempt
+-- (end_cancelled): and_take_next's, with the cancel's reason fourth
+-- ({3, now, next or false, reason}), as the record that holds it may be
+-- gone already (remove_on_fail).
+local function cancelled_reply(i, now, reason)
+  local reply = and_take_next(3, i, now)
+  reply[3] = reply[3] or false
+  reply[4] = reason
+  return reply
+end

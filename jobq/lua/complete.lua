@@ -8,10 +8,11 @@
   ARGV[3]  return value (msgpack)
   ARGV[4..8] optional: take the worker's next job in the same call (token,
            lock ms, worker, limit max, limit ms; as moveToActive.lua)
-  Returns  {1, now} done, now the server time (ms, a string); {3, now}
-           the job's cancel was requested while it ran (cancel.lua): the
-           result is discarded and the job failed for good (event failed,
-           with cancelled=1); {1, now, next}
+  Returns  {1, now} done, now the server time (ms, a string); {3, now,
+           next or nil, reason} the job's cancel was requested while it ran
+           (cancel.lua): the result is discarded and the job failed for good
+           with the cancel's reason (event failed, with cancelled=1);
+           {1, now, next}
            with moveToActive's reply when asked to take the next job;
            {0, now[, next]} already done by this token (a retried call; next
            is the job the first call took with the same take token, if
@@ -45,7 +46,7 @@ local f = redis.call('HMGET', jk, 'atm', 'pon', 'rdy', 'delay', 'kc', 'ka', 'run
   'cx', 'pid', 'pqb')
 if f[10] then  -- cancel requested while it ran: it ends failed, result discarded
   end_cancelled(id, token, f[10], now)
-  local reply = and_take_next(3, 4, now)
+  local reply = cancelled_reply(4, now, f[10])
   emit_if_drained()
   return reply
 end

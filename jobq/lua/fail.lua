@@ -11,9 +11,9 @@
   ARGV[6]  the type name of the exception that failed the attempt, or ''
   ARGV[7..11] optional: take the worker's next job in the same call
   Returns  {1, now} failed for good; {2, now} retry scheduled; now the
-           server time (ms, a string); {3, now} the job's cancel was
-           requested (cancel.lua): failed for good with the cancel's reason,
-           no retry, whatever ARGV[5] says; {code, now, next} when asked to take
+           server time (ms, a string); {3, now, next or nil, reason} the
+           job's cancel was requested (cancel.lua): failed for good with the
+           cancel's reason, no retry, whatever ARGV[5] says; {code, now, next} when asked to take
            the next job (next as moveToActive.lua returns it); {0, now[, next]}
            already done by this token (a retried call, as complete.lua);
            -1 job missing; -2 lock not held
@@ -36,7 +36,7 @@ local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority', 'cx')
 if f[4] then  -- cancelled: no retry, and the reason is the cancel's
   redis.call('HSET', jk, 'st', ARGV[4])
   end_cancelled(id, token, f[4], now)
-  local reply = and_take_next(3, 7, now)
+  local reply = cancelled_reply(7, now, f[4])
   emit_if_drained()
   return reply
 end
