@@ -2,7 +2,9 @@
 
 What round-trips: None, bool, int (64-bit), float, str, bytes, lists, dicts
 with str keys, and timezone-aware ``datetime`` (msgpack's Timestamp
-extension; it comes back in UTC). Tuples come back as lists. Naive
+extension; it comes back in UTC). Tuples come back as lists, and values
+of subclasses of these types (an IntEnum, a namedtuple, an OrderedDict) as
+their base type, unless the subclass is registered. Naive
 datetimes are refused: their meaning depends on the zone of the host that
 reads them. An application adds its own types with ``register``; data can
 only ever name a registered decoder by its code, never run code of its own.
@@ -89,11 +91,9 @@ def _default(value: Any) -> Any:
                 found = entry
                 break
     if found is None:
-        if isinstance(value, int) and not isinstance(value, bool):
-            raise TypeError(
-                f"an integer of {value.bit_length()} bits is out of msgpack's range "
-                "(-2**63 to 2**64-1): send it as a str"
-            )
+        for native, convert in _NATIVE:
+            if isinstance(value, native):
+                return convert(value)
         raise TypeError(
             f"can not serialize {type(value).__name__!r} object (register it with "
             "jobq.serializer.register)"
@@ -116,7 +116,19 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return found[1](data)
 
 
-_packer_kwargs: dict[str, Any] = {"use_bin_type": True, "datetime": True, "default": _default}
+#: What msgpack packs natively, for a value of a subclass (an IntEnum, a
+#: namedtuple, an OrderedDict) or a tuple that no registered type claims:
+#: packed as its base type, as msgpack itself would. The packer checks exact
+#: types (strict_types), so that a registered subclass of a native type
+#: reaches ``_default`` (a str Enum, say, is not packed as a plain str).
+_NATIVE: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    (int, int.__int__), (float, float.__float__), (str, str.__str__),
+    (bytes, bytes), (bytearray, bytes), (dict, dict), (list, list), (tuple, list),
+)
+
+_packer_kwargs: dict[str, Any] = {
+    "use_bin_type": True, "datetime": True, "default": _default, "strict_types": True,
+}
 
 
 def encode(value: Any, what: str = "value") -> bytes:
@@ -128,9 +140,29 @@ def encode(value: Any, what: str = "value") -> bytes:
     try:
         packed: bytes = msgpack.packb(value, **_packer_kwargs)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
+        raise _refused(value, what, exc) from exc
     _check(packed, what)
     return packed
+
+
+def _refused(value: Any, what: str, exc: Exception) -> SerializationError:
+    """The error for a value msgpack refused: an integer out of its range is
+    named by its size."""
+    reason = str(exc)
+    if isinstance(exc, OverflowError):
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+            elif (isinstance(item, int) and not isinstance(item, bool)
+                  and not -(2**63) <= item < 2**64):
+                reason = (f"an integer of {item.bit_length()} bits is out of msgpack's "
+                          "range (-2**63 to 2**64-1): send it as a str")
+                break
+    return SerializationError(f"{what} is not msgpack-encodable: {reason}")
 
 
 def encoder() -> Callable[[Any, str], bytes]:
@@ -148,7 +180,7 @@ def encoder() -> Callable[[Any, str], bytes]:
         try:
             packed: bytes = pack(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise SerializationError(f"{what} is not msgpack-encodable: {exc}") from exc
+            raise _refused(value, what, exc) from exc
         _check(packed, what)
         return packed
 

@@ -3,8 +3,10 @@ tuples as lists; naive datetimes and unknown types refused with a reason."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import decimal
+import enum
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -99,6 +101,73 @@ def test_register_checks_its_arguments(decimals: None) -> None:
 
 def test_tuples_come_back_as_lists() -> None:
     assert serializer.decode(serializer.encode({"t": (1, (2, "x"))})) == {"t": [1, [2, "x"]]}
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Mode(str, enum.Enum):
+    FAST = "fast"
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Settings(dict):  # type: ignore[type-arg]
+    pass
+
+
+@pytest.fixture
+def native_subclasses() -> Iterator[None]:
+    """Subclasses of types msgpack packs natively, registered for the test."""
+    kinds: list[tuple[type, Any, Any]] = [
+        (Color, lambda v: str(int(v)).encode(), lambda b: Color(int(b))),
+        (Mode, lambda v: v.value.encode(), lambda b: Mode(b.decode())),
+        (Point, lambda v: f"{v.x},{v.y}".encode(),
+         lambda b: Point(*map(int, b.decode().split(",")))),
+        (Settings, lambda v: serializer.encode(dict(v)),
+         lambda b: Settings(serializer.decode(b))),
+    ]
+    for code, (cls, encode, decode) in enumerate(kinds, start=50):
+        serializer.register(cls, code, encode, decode)
+    try:
+        yield
+    finally:
+        with serializer._registry.lock:
+            for code, (cls, _, _) in enumerate(kinds, start=50):
+                serializer._registry.by_type.pop(cls, None)
+                serializer._registry.by_code.pop(code, None)
+
+
+def test_registered_subclasses_of_native_types_round_trip(
+    queue: Queue, native_subclasses: None
+) -> None:
+    """msgpack packs an int, str, tuple or dict subclass as its base type
+    before asking the hook: a registered one must still come back as itself,
+    through a worker and back."""
+    data = {"c": Color.RED, "m": Mode.FAST, "p": [Point(1, 2)], "s": Settings(a=[Point(3, 4)])}
+    seen: list[Any] = []
+
+    def processor(job: Job) -> Any:
+        seen.append(job.data)
+        return job.data
+
+    job = queue.add("x", data)
+    with Worker(queue.name, processor, connection=queue.client, prefix=queue.prefix):
+        result = job.wait_until_finished(timeout=WAIT)
+    for value in (seen[0], result):
+        assert value == data
+        assert type(value["c"]) is Color and type(value["m"]) is Mode
+        assert type(value["p"][0]) is Point and type(value["s"]) is Settings
+        assert type(value["s"]["a"][0]) is Point
+
+
+def test_unregistered_subclasses_of_native_types_travel_as_their_base() -> None:
+    data = [Color.RED, Mode.FAST, Point(1, 2), Settings(k=1), collections.OrderedDict(a=(1,))]
+    out = serializer.decode(serializer.encode(data))
+    assert out == [1, "fast", [1, 2], {"k": 1}, {"a": [1]}]
+    assert [type(v) for v in out] == [int, str, list, dict, dict]
 
 
 def test_an_integer_out_of_range_says_so(queue: Queue) -> None:
