@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import redis
+
 from ._signals import StopSignals
 
 logger = logging.getLogger("jobq.cli")
@@ -40,10 +42,18 @@ def serve(
     """Run one Worker per ``(queue name, processor)`` until SIGINT / SIGTERM
     (a second signal abandons the jobs in flight), or with ``burst`` until
     no job of those queues is waiting or active. Return whether the close
-    was forced."""
+    was forced.
+
+    Raises:
+        redis.exceptions.ConnectionError: the server cannot be reached at
+            the start (nothing has run), or a burst run's look at its queues
+            failed (the workers are closed first); its message names the
+            server without its password.
+    """
     from .queue import Queue
     from .worker import Worker
 
+    ping(connection)
     name = name or default_name()
     names = tuple(q for q, _ in queues)
     options: dict[str, Any] = {
@@ -64,16 +74,34 @@ def serve(
             if on_ready is not None:
                 on_ready()
             poll = BURST_POLL if burst else 0.5
-            while not stop.wait(poll):
-                if burst and all(_empty(q) for q in lookers):
-                    logger.info("worker %s: queues empty, stopping (burst)", name)
-                    break
-            forced = _close_all(workers, stop)
+            try:
+                while not stop.wait(poll):
+                    if burst and all(_empty(q) for q in lookers):
+                        logger.info("worker %s: queues empty, stopping (burst)", name)
+                        break
+            finally:  # a failed look too: the jobs in flight finish first
+                forced = _close_all(workers, stop)
     finally:
         for looker in lookers:
             looker.close()
     logger.info("worker %s stopped%s", name, " (forced)" if forced else "")
     return forced
+
+
+def ping(connection: object) -> None:
+    """Fail fast when the server cannot be reached: a
+    ``redis.exceptions.ConnectionError`` (or ``TimeoutError``) whose message
+    names the server without its password."""
+    from .connection import close_client, resolve, unreachable
+
+    client, owned = resolve(connection)
+    try:
+        client.ping()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise unreachable(exc, client) from None
+    finally:
+        if owned:
+            close_client(client)
 
 
 def _empty(queue: Any) -> bool:

@@ -31,6 +31,7 @@ import redis
 
 from ._json import dumps
 from ._signals import StopSignals
+from .connection import redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 
@@ -77,13 +78,9 @@ def _queues(args: argparse.Namespace, names: Sequence[str]) -> Iterator[list[Que
 
 def _ping(url: str | None) -> None:
     """Fail fast (exit 3) when Redis cannot be reached."""
-    from .connection import close_client, resolve
+    from ._serve import ping
 
-    client, _ = resolve(url)
-    try:
-        client.ping()
-    finally:
-        close_client(client)
+    ping(url)
 
 
 def _load(spec: str) -> Any:
@@ -158,7 +155,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         processor = processor.tasks
     if not names:
         raise _UsageError("--queue is required unless MODULE:CALLABLE names a Queue")
-    _ping(args.url)
     options: dict[str, Any] = {"heartbeat_ttl": args.heartbeat_ttl}
     if args.lock_duration is not None:
         options["lock_duration"] = args.lock_duration
@@ -816,8 +812,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jobq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        where = args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0"
-        print(f"jobq: cannot reach Redis at {where}: {exc}", file=sys.stderr)
+        where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
+        reason = str(exc).partition(f"cannot reach the Redis server at {where}: ")
+        print(f"jobq: cannot reach Redis at {where}: {reason[2] or reason[0]}", file=sys.stderr)
         return EXIT_REDIS
     except redis.exceptions.RedisError as exc:
         print(f"jobq: Redis error: {exc}", file=sys.stderr)

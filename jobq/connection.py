@@ -116,6 +116,25 @@ def describe(client: Client) -> str:
         return repr(client)
 
 
+def redact(url: str) -> str:
+    """``url`` with its password (in the user part or the query) shown as
+    ``***``, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, query_sep, query = rest.partition("?")
+    auth, at, hosts = rest.rpartition("@")
+    if at:
+        user, colon, _ = auth.partition(":")
+        rest = f"{user}:***@{hosts}" if colon else f"***@{hosts}"
+    if query_sep:
+        query = "&".join(
+            f"{key}=***" if key.endswith("password") and eq else f"{key}{eq}{value}"
+            for key, eq, value in (part.partition("=") for part in query.split("&"))
+        )
+    return f"{scheme}://{rest}{query_sep}{query}"
+
+
 def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server."""
     cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \

@@ -108,6 +108,10 @@ def task_name_of(func: Callable[..., Any], name: str | None) -> str:
     """A task's job name: ``name``, else ``"<module>.<qualname>"``; checked."""
     from .queue import _job_name
 
+    if not name and not (isinstance(getattr(func, "__module__", None), str)
+                         and isinstance(getattr(func, "__qualname__", None), str)):
+        # a partial, a callable object, a builtin's method
+        raise TypeError(f"{func!r} has no module and name to name its task by: pass name=")
     task_name = name or f"{_module_name(func)}.{func.__qualname__}"
     _job_name(task_name)
     return task_name
@@ -163,7 +167,19 @@ class Task(Generic[R]):
     ) -> Job:
         """Add a job with these arguments and job options (``delay``,
         ``priority``, ``attempts``, ...: those of ``Queue.add``), which
-        override the task's defaults; return it."""
+        override the task's defaults; return it.
+
+        Raises:
+            TypeError: ``args`` is not a list or tuple (a lone string, say:
+                ``args=("a")`` is not a tuple), ``kwargs`` not a mapping, or
+                they do not fit the function's signature.
+            SerializationError: an argument is not msgpack-encodable.
+        """
+        if not isinstance(args, (list, tuple)):
+            raise TypeError(f"args must be a list or tuple, not {type(args).__name__} "
+                            "(one argument: args=(value,))")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise TypeError(f"kwargs must be a mapping, not {type(kwargs).__name__}")
         data = self._data(args, kwargs or {})
         return self.queue.add(self.name, data, **{**self.options, **options})
 

@@ -25,7 +25,8 @@ import redis
 
 from jobq import Queue, Worker
 from jobq.cli import main
-from jobq.testing import find_server_binary
+from jobq.connection import redact
+from jobq.testing import RedisServer, find_server_binary
 from tests.polling import until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,6 +178,68 @@ def test_unreachable_redis_exits_3(queue_name: str) -> None:
     done = jobq("redis://127.0.0.1:1/0", "info", queue_name, timeout=30)
     assert done.returncode == 3
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["info"], ["worker", "tests.tasks:double", "-q", "q"]])
+def test_an_unreachable_redis_is_named_without_its_password(command: list[str]) -> None:
+    for via_env in (False, True):
+        url = "redis://user:hunter2@127.0.0.1:1/0"
+        argv = [sys.executable, "-m", "jobq", *([] if via_env else ["--url", url]), *command]
+        done = subprocess.run(argv, env=_env(url), cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.startswith(
+            "jobq: cannot reach Redis at redis://user:***@127.0.0.1:1/0: "), done.stderr
+        assert "hunter2" not in done.stderr + done.stdout
+        assert "Traceback" not in done.stderr
+        assert "cannot reach" not in done.stderr.split(": ", 2)[2]  # said once
+
+
+def test_a_burst_run_whose_server_goes_away_closes_its_workers_and_raises(
+    queue_name: str,
+) -> None:
+    """A burst run's look at its queues that fails ends the run with the
+    error (as `jobq worker` exits 3), after closing its workers: their
+    threads do not run on."""
+    from jobq._serve import serve
+
+    running, release = threading.Event(), threading.Event()
+
+    def processor(job: Any) -> None:
+        running.set()
+        release.wait(WAIT)
+
+    with RedisServer(find_server_binary()) as server:
+        with Queue(queue_name, connection=server.url) as queue:
+            queue.add("x")
+
+        def stop_server() -> None:  # while the job runs
+            if running.wait(WAIT):
+                server.stop()
+            release.set()
+
+        stopper = threading.Thread(target=stop_server, name="stop-server")
+        stopper.start()
+        try:  # serve() sets signal handlers: the main thread's
+            with pytest.raises(redis.exceptions.ConnectionError):
+                serve([(queue_name, processor)], connection=server.url, burst=True,
+                      lock_duration=2.0)
+        finally:
+            release.set()
+            stopper.join(WAIT)
+    assert running.is_set()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("jobq-")] == []
+
+
+def test_redact_hides_every_password_of_a_url() -> None:
+    assert redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redact("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redact("rediss://me:p@w@h:1/0?ssl_cert_reqs=none") == \
+        "rediss://me:***@h:1/0?ssl_cert_reqs=none"
+    assert redact("redis://token@h:1") == "redis://***@h:1"
+    assert redact("redis+sentinel://:pw@a:1,b:2/svc?sentinel_password=s&db=1") == \
+        "redis+sentinel://:***@a:1,b:2/svc?sentinel_password=***&db=1"
+    assert redact("unix:///tmp/r.sock?password=pw") == "unix:///tmp/r.sock?password=***"
 
 
 # -- worker ------------------------------------------------------------------------

@@ -115,6 +115,23 @@ def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(
         1, 2, 3, 4, "welcome mail sent to c@d.e"]
 
 
+def test_manage_py_jobq_worker_with_redis_down_says_so_in_one_line(prefix: str) -> None:
+    """As `jobq worker`: exit 3 and the server named without its password,
+    not "ready" and a traceback."""
+    env = dict(os.environ, JOBQ_REDIS_URL="redis://:hunter2@127.0.0.1:1/0", JOBQ_PREFIX=prefix,
+               DJANGO_SETTINGS_MODULE="mysite.settings",
+               PYTHONPATH=os.pathsep.join([str(PROJECT), str(ROOT)]))
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobq_worker", "--burst", "--skip-checks"],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: jobq: cannot reach the Redis server at redis://:***@127.0.0.1:1/0: "
+        "Error 111 connecting to 127.0.0.1:1. Connection refused."]
+    assert "ready" not in done.stdout
+
+
 def test_manage_py_jobq_worker_refuses_a_queue_without_tasks(shop: Any) -> None:
     from django.core.management import CommandError, call_command
 

@@ -74,6 +74,24 @@ def test_flask_jobq_worker_burst_runs_the_apps_tasks(app: flask.Flask) -> None:
     queue.obliterate(force=True)
 
 
+def test_flask_jobq_worker_with_redis_down_says_so_in_one_line(app: flask.Flask) -> None:
+    """As `jobq worker`: exit 3 and one line naming the server without its
+    password, not "ready" and a traceback."""
+    app.config["JOBQ_URL"] = "redis://:hunter2@127.0.0.1:1/0"
+    queue = JobQ(app).queue("mail")
+
+    @queue.task()
+    def shout(text: str) -> str:
+        return text.upper()
+
+    for burst in ([], ["--burst"]):
+        result = app.test_cli_runner().invoke(args=["jobq", "worker", *burst])
+        assert result.exit_code == 3, result.output
+        assert result.output.strip().splitlines() == [
+            "jobq: cannot reach the Redis server at redis://:***@127.0.0.1:1/0: "
+            "Error 111 connecting to 127.0.0.1:1. Connection refused."]
+
+
 def test_the_example_under_gunicorn_with_a_flask_jobq_worker(redis_url: str) -> None:
     prefix = f"flg-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, JOBQ_REDIS_URL=redis_url, JOBQ_PREFIX=prefix, PYTHONUNBUFFERED="1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -68,6 +69,27 @@ def test_a_call_that_does_not_fit_the_signature_is_refused_before_any_write(
     with pytest.raises(SerializationError):
         two.delay(1, object())
     assert queue.get_job_counts()["waiting"] == 0
+
+
+def test_enqueue_refuses_args_that_are_not_a_list_or_tuple(queue: Queue) -> None:
+    @queue.task()
+    def greet(*names: Any) -> str:
+        return " ".join(names)
+
+    for args in ("ab", b"xy", {"a": 1}, 5):
+        with pytest.raises(TypeError, match="args must be a list or tuple"):
+            greet.enqueue(args=args)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="kwargs must be a mapping"):
+        greet.enqueue(args=(), kwargs=[("a", 1)])  # type: ignore[arg-type]
+    assert queue.get_job_counts("waiting") == {"waiting": 0}
+    assert greet.enqueue(args=["ab"]).data == {"args": ["ab"], "kwargs": {}}
+
+
+def test_a_task_needs_a_name_when_its_function_has_none(queue: Queue) -> None:
+    for func in (functools.partial(print, "x"), str.upper):
+        with pytest.raises(TypeError, match="pass name="):
+            queue.task()(func)
+    assert queue.task(name="shout")(str.upper)("a") == "A"
 
 
 def test_bad_default_options_and_a_taken_name_fail_at_decoration(queue: Queue) -> None:

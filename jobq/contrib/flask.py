@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, overload
 
 import click
+import redis
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
@@ -248,11 +249,15 @@ def worker_command(
     if missing:
         raise click.UsageError(f"no tasks for queue(s) {', '.join(missing)}")
     real_app = app._get_current_object()
-    serve(
-        [(n, {task: _in_app_context(real_app, process)
-              for task, process in with_tasks[n].tasks.items()}) for n in names],
-        connection=app.config["JOBQ_URL"],
-        prefix=app.config["JOBQ_PREFIX"], concurrency=concurrency, name=name, burst=burst,
-        on_ready=lambda: click.echo(f"jobq worker ready on {', '.join(names)}"),
-    )
+    try:
+        serve(
+            [(n, {task: _in_app_context(real_app, process)
+                  for task, process in with_tasks[n].tasks.items()}) for n in names],
+            connection=app.config["JOBQ_URL"],
+            prefix=app.config["JOBQ_PREFIX"], concurrency=concurrency, name=name, burst=burst,
+            on_ready=lambda: click.echo(f"jobq worker ready on {', '.join(names)}"),
+        )
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        click.echo(f"jobq: {exc}", err=True)  # it names the server, without its password
+        raise SystemExit(3) from None  # as `jobq worker`
     click.echo("jobq worker stopped")

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
@@ -53,6 +54,15 @@ class Command(BaseCommand):
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         conf = jobq_settings()
+        try:
+            self._serve(names, with_tasks, conf, options)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # it names the server, without its password; exit 3 as `jobq worker`
+            raise CommandError(f"jobq: {exc}", returncode=3) from None
+        self.stdout.write("jobq worker stopped")
+
+    def _serve(self, names: list[str], with_tasks: dict[str, Any], conf: dict[str, Any],
+               options: dict[str, Any]) -> None:
         serve(
             [(n, {task: _with_fresh_connections(process)
                   for task, process in with_tasks[n].tasks.items()}) for n in names],
@@ -61,7 +71,6 @@ class Command(BaseCommand):
             burst=options["burst"],
             on_ready=lambda: self.stdout.write(f"jobq worker ready on {', '.join(names)}"),
         )
-        self.stdout.write("jobq worker stopped")
 
 
 def _with_fresh_connections(process: Callable[[Job], Any]) -> Callable[[Job], Any]:
