@@ -219,7 +219,9 @@ class QueueAdmin:
                 return
 
     def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
-        """Move every failed (or completed) job back to waiting; return how many.
+        """Move every failed (or completed) job back to waiting (or, as
+        ``Job.retry``, a parent with children pending to waiting-children);
+        return how many.
 
         Each job keeps its attempts and stall count as ``Job.retry`` does
         (one more attempt), unless ``reset_attempts`` is True.

@@ -293,7 +293,9 @@ class Job(JobFlow):
         return cancel_job(self._context, self.id, reason)
 
     def retry(self, state: str = "failed", *, reset_attempts: bool = False) -> None:
-        """Move a failed (or completed) job back to waiting.
+        """Move a failed (or completed) job back to waiting (a parent whose
+        children are not all done, one having failed it, waits for them
+        again: waiting-children).
 
         The job keeps ``attempts_made``, ``stalled_counter`` and its stack
         traces (as in BullMQ), so a job that used up its attempts gets one

@@ -293,6 +293,34 @@ def test_retrying_a_failed_child_resumes_the_parents_wait(
     assert parent.get_dependencies().failed == {}
 
 
+@pytest.mark.parametrize("how", ["job", "queue"])
+def test_a_parent_retried_while_a_child_is_pending_waits_for_it(
+    how: str, flow: FlowProducer, workers: Workers
+) -> None:
+    """A parent failed by one child, while another has not run yet: retried,
+    it waits for that child again (waiting-children), not runs without it."""
+    node = flow.add({
+        "name": "p", "queue": "rtp", "data": {"v": 100},
+        "children": [
+            {"name": "c", "queue": "rtp-bad", "data": {"fail": "broke"},
+             "fail_parent_on_failure": True},
+            {"name": "c", "queue": "rtp-later", "data": {"v": 5}},
+        ],
+    })
+    parent = node.job
+    workers.start("rtp", "rtp-bad")
+    with pytest.raises(JobFailedError, match="broke"):
+        parent.wait_until_finished(timeout=WAIT)
+    if how == "job":
+        parent.retry()
+    else:
+        assert flow.queue("rtp").retry_jobs("failed") == 1
+    assert parent.get_state() == "waiting-children"
+    assert parent.get_dependencies().pending == [f"rtp-later:{node.children[1].job.id}"]
+    workers.start("rtp-later")
+    assert parent.wait_until_finished(timeout=WAIT) == 105
+
+
 def test_removing_a_child_moves_the_parent_on(flow: FlowProducer, workers: Workers) -> None:
     node = flow.add({
         "name": "p", "queue": "rm", "data": {"v": 100},

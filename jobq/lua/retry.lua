@@ -14,9 +14,11 @@
   Returns  {number of jobs moved, the last one's new run token}; -1 when a
            given id does not exist, -3 when it is not in that state (nothing
            is moved then)
-  Events   waiting (prev: the state) per job; waiting-children (prev
-           failed) for a parent that failed by a retried child and waits
-           on it again
+  Events   waiting (prev: the state) per job, or waiting-children for a
+           parent whose children are not all done (one failed it while
+           others still ran: it waits for them again); waiting-children
+           (prev failed) for a parent that failed by a retried child and
+           waits on it again
 
   A retry begins the next generation of the job's run: its token becomes
   the run's first token, '#' and the number of retries (see getOutcome.lua),
@@ -41,16 +43,24 @@ end
 for _, id in ipairs(ids) do
   local jk = job_key(id)
   redis.call('ZREM', set, id)
-  local f = redis.call('HMGET', jk, 'priority', 'lifo', 'run', 'pid', 'pqb')
+  local f = redis.call('HMGET', jk, 'priority', 'lifo', 'run', 'pid', 'pqb', 'kids', 'ts')
   local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
   if not first then first, gen = f[3] or '', 0 end
   run = first .. '#' .. (tonumber(gen) + 1)
   -- (cx: a cancel ends the run it cancelled, not the runs a retry begins)
   redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok', 'cx')
   if reset then redis.call('HDEL', jk, 'atm', 'stc', 'st') end
-  redis.call('HSET', jk, 'state', 'waiting', 'rdy', now, 'run', run)
-  push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
-  emit('waiting', id, { 'prev', state })
+  if f[6] and redis.call('SCARD', base .. 'deps:' .. id) > 0 then
+    -- a parent with children still pending (one failed it, others run on):
+    -- it waits for them again, as before it failed
+    redis.call('HSET', jk, 'state', 'waiting-children', 'run', run)
+    redis.call('ZADD', base .. 'waiting-children', f[7] or fmt(now), id)
+    emit('waiting-children', id, { 'prev', state })
+  else
+    redis.call('HSET', jk, 'state', 'waiting', 'rdy', now, 'run', run)
+    push_ready(id, tonumber(f[1]) or 0, f[2] == '1')
+    emit('waiting', id, { 'prev', state })
+  end
   -- a child: its parent waits on it again (and one failed by it, too)
   if f[4] then notify_parent(id, f[4], f[5], 'retried', '', '', now) end
 end
