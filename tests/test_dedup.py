@@ -286,6 +286,26 @@ def test_debounce_never_touches_an_active_job(queue: Queue, redis_url: str) -> N
         assert job.wait_until_finished(timeout=WAIT) == {"v": 1}
 
 
+def test_debounce_never_touches_a_job_delayed_for_a_retry(queue: Queue, redis_url: str) -> None:
+    """A job waiting out its backoff has been active: a debounce is
+    deduplicated, as for an active job, and does not put its data under
+    the attempts already made."""
+    mode = {"id": "deb", "replace": True}
+
+    def processor(job: Job) -> object:
+        raise ValueError(f"fails: {job.data}")
+
+    job = queue.add("d", "old", delay=0.01, dedup=mode, attempts=3, backoff=60)
+    with started(make_worker(queue.name, redis_url, processor)):
+        assert until(lambda: job.refresh().attempts_made == 1
+                     and job.get_state() == "delayed", timeout=WAIT)
+    later = queue.add("d", "new", delay=0.01, dedup=mode, attempts=2)
+    assert later.id == job.id and later.data == "old"
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.data == "old" and stored.opts["attempts"] == 3 and stored.attempts_made == 1
+
+
 def test_bad_dedup_options(queue: Queue) -> None:
     for bad in ({"ttl": 1}, {"id": ""}, {"id": "k", "ttl": 0}, {"id": "k", "extend": 1},
                 {"id": "k", "other": 1}, "k"):

@@ -56,7 +56,8 @@ local function dedup_hit(a, s, now)
   local key = base .. 'dedup:' .. ddk
   local owner = redis.call('GET', key)
   if not owner then return nil end
-  local state = redis.call('HGET', job_key(owner), 'state')
+  local rec = redis.call('HMGET', job_key(owner), 'state', 'atm')
+  local state = rec[1]
   -- the key's own mode decides: a throttle key (it has a ttl) holds until
   -- it expires; a simple one while its owner is not finished
   local throttled = redis.call('PTTL', key) > 0
@@ -68,7 +69,11 @@ local function dedup_hit(a, s, now)
   end
   emit('deduplicated', owner, { 'dedup_id', ddk, 'existing_job_id', owner })
   local delay = tonumber(ARGV[s + 1])
-  if ARGV[s + 12] ~= '1' or state ~= 'delayed' or delay <= 0 then return owner, 2 end
+  -- a debounce replaces a job that has not run yet: one delayed for a retry
+  -- (attempts made) has been active, and is deduplicated as an active one
+  if ARGV[s + 12] ~= '1' or state ~= 'delayed' or delay <= 0 or (tonumber(rec[2]) or 0) > 0 then
+    return owner, 2
+  end
   local run_at = now + delay
   local jk = job_key(owner)
   redis.call('HDEL', jk, unpack(REPLACED))
