@@ -304,8 +304,8 @@ class QueueSchedulers:
         first = after = ""
         if cron is not None:
             now = _server_ms(self._context)
-            if immediately:
-                first_ms = now
+            if immediately:  # at once, or at the start when it is ahead (as every)
+                first_ms = now if start_s is None else max(now, round(start_s * 1000))
             else:
                 begin = now if start_s is None else max(now, round(start_s * 1000) - 1)
                 first_ms = next_cron_slot(cron, tz, begin)

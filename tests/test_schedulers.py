@@ -9,6 +9,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -415,6 +416,18 @@ def test_cron_ticks_missed_while_no_worker_ran_make_one_job(
         assert scheduler.count == len(ids) + 1  # nothing else was produced
     finally:
         queue.remove_scheduler("c")
+
+
+@pytest.mark.parametrize("schedule", [{"cron": "0 0 1 1 *"}, {"every": 600}])
+def test_immediately_with_a_start_ahead_makes_the_first_tick_at_the_start(
+    queue: Queue, redis_client: redis.Redis, schedule: dict[str, Any]
+) -> None:
+    """No tick before the schedule's start, immediately or not."""
+    start = _server_ms(redis_client) / 1000 + 3600
+    s = queue.upsert_scheduler("ahead", immediately=True, start=start, **schedule)
+    assert s.next_run is not None and round(s.next_run * 1000) == round(start * 1000)
+    tick = queue.get_job(f"repeat:ahead:{round(start * 1000)}")
+    assert tick is not None and tick.get_state() == "delayed"
 
 
 def test_cron_immediately_makes_the_first_tick_now(
