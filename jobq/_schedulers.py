@@ -239,7 +239,7 @@ class QueueSchedulers:
         zone, default UTC). ``start`` / ``end`` (epoch seconds) bound the
         schedule, ``limit`` caps its jobs. With ``every`` the first job comes
         at once, with ``cron`` at the first matching time (at once when
-        ``immediately``). ``name`` (default: the scheduler id), ``data`` and
+        ``immediately``); never before ``start``. ``name`` (default: the scheduler id), ``data`` and
         ``job_options`` (those of ``add`` but job_id, delay and dedup) make
         each job. Upserting the same schedule again keeps the pending job
         (its id and time) and gives it the new template, unless a worker
