@@ -45,7 +45,7 @@ from . import _tracing, serializer
 from .errors import JobqError, ScriptCode
 from .job import record_number
 from .keys import lookup_key, validate_job_id
-from .options import JobOptions
+from .options import MAX_SECONDS, JobOptions
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -128,6 +128,8 @@ def _number(name: str, value: Any, positive: bool = False) -> float | None:
         raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, not {value!r}")
+    if abs(value) > MAX_SECONDS:  # (start and end: epoch seconds, far below it)
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value!r}")
     return float(value)
 
 

@@ -19,12 +19,20 @@ MAX_PRIORITY = 2**21 - 1
 MAX_BACKOFF = 365 * 24 * 3600.0
 
 
+#: Longest time any argument in seconds may name (some 31,700 years): in ms,
+#: added to the clock, it stays an exact whole number of a double; a larger
+#: (finite) one, such as 1e308, would overflow only later, converting to ms.
+MAX_SECONDS = 1e12
+
+
 def _number(name: str, value: Any, minimum: float = 0.0) -> float:
     # NaN and infinity are refused: both would fail only later, converting to ms
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a number of seconds, not {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum:g}, not {value!r}")
+    if abs(value) > MAX_SECONDS:
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:g} seconds, not {value!r}")
     return float(value)
 
 

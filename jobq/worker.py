@@ -45,7 +45,7 @@ from .errors import ClosedError, JobqError
 from .events import Event
 from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
-from .options import byte_limit, wait_timeout
+from .options import MAX_SECONDS, byte_limit, wait_timeout
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
 from .tasks import refuse_async
 
@@ -75,8 +75,11 @@ _BAD_NAME = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    # (infinity too: it overflows converting to ms, in a background thread)
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+            or not value <= MAX_SECONDS):
+        raise ValueError(f"{name} must be a positive number of seconds, at most "
+                         f"{MAX_SECONDS:g}, not {value!r}")
     return float(value)
 
 

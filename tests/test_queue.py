@@ -203,6 +203,10 @@ def test_unknown_option_raises_type_error(queue: Queue, redis_client: redis.Redi
         {"delay": -0.001},
         {"delay": float("nan")},
         {"delay": float("inf")},
+        {"delay": 1e308},  # finite, but no ms count of a double
+        {"timeout": 1e13},
+        {"backoff": 1e300},
+        {"remove_on_complete": {"age": 1e20}},
         {"delay": "1"},
         {"delay": True},
         {"attempts": 0},
@@ -1020,11 +1024,12 @@ def test_clean_failed_delayed_and_waiting(queue: Queue, redis_url: str) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"state": "active"}, {"state": "bogus"}, {"limit": -1}, {"limit": 1.5}],
+    [{"state": "active"}, {"state": "bogus"}, {"limit": -1}, {"limit": 1.5},
+     {"grace": 1e308}],
 )
 def test_clean_bad_arguments(queue: Queue, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        queue.clean(0, **kwargs)
+        queue.clean(**{"grace": 0, **kwargs})
 
 
 def test_clean_negative_grace(queue: Queue) -> None:

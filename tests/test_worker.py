@@ -1431,10 +1431,11 @@ def test_worker_validates_its_arguments(queue_name: str, redis_url: str) -> None
         Worker(queue_name, {}, connection=redis_url)
     with pytest.raises(ValueError):
         Worker(queue_name, lambda job: None, connection=redis_url, concurrency=0)
-    with pytest.raises(ValueError):
-        Worker(queue_name, lambda job: None, connection=redis_url, lock_duration=0)
-    with pytest.raises(ValueError):
-        Worker(queue_name, lambda job: None, connection=redis_url, limiter={"max": 0})
+    for seconds in ({"lock_duration": 0}, {"lock_duration": float("inf")},
+                    {"heartbeat_ttl": 1e308}, {"stalled_interval": float("nan")},
+                    {"limiter": {"max": 1, "duration": 1e308}}, {"limiter": {"max": 0}}):
+        with pytest.raises(ValueError):
+            Worker(queue_name, lambda job: None, connection=redis_url, **seconds)
 
 
 def test_a_take_says_whether_more_jobs_wait(queue: Queue) -> None:
