@@ -25,6 +25,13 @@ logger = logging.getLogger(__name__)
 BATCH = 1000
 
 
+def ranked(client: Any, key: str, start: int, end: int, reverse: bool) -> list[bytes]:
+    """Members ``start``..``end`` of a sorted set, highest score first when
+    ``reverse``: ZRANGE ... REV, not redis-py's ``desc=True``, which sends
+    ZREVRANGE (not granted by the read-only ACL of docs/guide/security.md)."""
+    return list(client.execute_command("ZRANGE", key, start, end, *(("REV",) if reverse else ())))
+
+
 def record_queue(owner: Any) -> None:
     """List the queue of ``owner`` (a Queue or a ShardedQueue, after a
     write) in the known-queues set, once. Concurrent first writes send one
@@ -119,8 +126,7 @@ class QueueReading:
                 ordered = waiting if asc else waiting[::-1]
                 ids.extend(_slice(ordered, start, end))
             else:
-                key = keys.state_set(state)
-                ids.extend(client.zrange(key, start, end, desc=not asc))
+                ids.extend(ranked(client, keys.state_set(state), start, end, not asc))
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id.decode()))

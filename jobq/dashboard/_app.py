@@ -79,7 +79,7 @@ _UNSAFE_IN_LOCATION = re.compile(r"[\x00-\x20\x7f]")
 
 _REASONS = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
             403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-            409: "Conflict", 503: "Service Unavailable"}
+            409: "Conflict", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 class _Response:
@@ -211,6 +211,9 @@ class Dashboard:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             logger.warning("dashboard: Redis unreachable: %s", exc)
             response = self._error(ctx, 503, f"Redis is unreachable: {exc}")
+        except redis.exceptions.RedisError as exc:  # NOPERM, OOM, READONLY...
+            logger.warning("dashboard: Redis refused %s: %s", path, exc)
+            response = self._error(ctx, 502, f"Redis refused: {exc}")
         response.headers += SECURITY_HEADERS
         if not path.startswith("/static/"):
             response.headers.append(("Cache-Control", "no-store"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _fork
+from .._queue_ops import ranked
 from ..events import Event, from_stream
 from ..job import STATES, Dependencies, Job
 from ..registry import WorkerInfo
@@ -225,7 +226,7 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
         key = keys.state_set(state)
         total = int(client.zcard(key))
         newest_first = state in ("completed", "failed")
-        ids.extend(client.zrange(key, start, end, desc=newest_first))
+        ids.extend(ranked(client, key, start, end, newest_first))
     pipe = client.pipeline(transaction=False)
     for job_id in ids:
         pipe.hgetall(keys.job(job_id.decode()))

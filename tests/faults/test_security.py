@@ -105,6 +105,28 @@ def test_acl_producer_worker_monitor(acl_server: RedisServer, queue_name: str) -
         q.resume()
         assert q.retry_jobs("failed") == 1
         assert q.remove(failing.id)
+    # the read-only dashboard as the monitor: every page of every state
+    from werkzeug import test as werkzeug_test
+
+    from jobq.dashboard import create_app
+
+    with create_app(monitor_url, read_only=True, cache_ttl=0) as dashboard:
+        browser = werkzeug_test.Client(dashboard)
+        pages = ["/", f"/queue?q={queue_name}", f"/job?q={queue_name}&id={job.id}",
+                 f"/workers?q={queue_name}", f"/schedulers?q={queue_name}"]
+        pages += [f"/jobs?q={queue_name}&state={state}" for state in
+                  ("waiting", "delayed", "active", "completed", "failed", "waiting-children")]
+        for page in pages:
+            assert browser.get(page).status_code == 200, page
+    # a refusal (here the monitor's line without +zrange) is an error page
+    with server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "jobq-monitor", "-zrange")
+    with create_app(monitor_url, read_only=True, cache_ttl=0) as dashboard:
+        refused = werkzeug_test.Client(dashboard).get(f"/jobs?q={queue_name}&state=failed")
+        assert refused.status_code == 502
+        assert "Redis refused: " in refused.get_data(as_text=True)
+    with server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "jobq-monitor", "+zrange")
     # the monitor reads but cannot write, run admin commands or touch other keys
     with redis.Redis.from_url(monitor_url) as monitor:
         assert monitor.hget(f"jobq:{{{queue_name}}}:job:{job.id}", "state") == b"completed"
