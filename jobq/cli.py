@@ -771,9 +771,12 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
     wait.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    from .dashboard._command import add_arguments, port_number
+
     server = command("server", _cmd_server,
                      "run a local Redis-compatible server for development")
-    server.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    server.add_argument("--port", type=port_number, default=None,
+                        help="port (default: a free one)")
     server.add_argument("--dir", default=None,
                         help="keep the data in this directory (default: a temporary one)")
 
@@ -781,11 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "serve Prometheus metrics at http://HOST:PORT/metrics")
     metrics.add_argument("queues", nargs="*", metavar="QUEUE",
                          help="queues to report (default: every known queue)")
-    metrics.add_argument("--port", type=int, default=9090, help="port (default: 9090)")
+    metrics.add_argument("--port", type=port_number, default=9090, help="port (default: 9090)")
     metrics.add_argument("--host", default="127.0.0.1",
                          help="address to listen on (default: 127.0.0.1)")
-
-    from .dashboard._command import add_arguments
 
     add_arguments(command("dashboard", _cmd_dashboard,
                           "serve the web dashboard at http://HOST:PORT/"))
@@ -808,6 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a reader gone is caught (below)
     except _UsageError as exc:
         print(f"jobq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -827,4 +829,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the output's reader left (`jobq job Q ID | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as exc:  # a port taken, a host unknown, a --dir that is a file
+        print(f"jobq {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     return code

@@ -6,6 +6,7 @@ uses is listed here), and ``obliterate`` deletes what this schema says."""
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 #: whitespace, control characters and lone surrogates (not encodable as
 #: UTF-8: a key or argument with one fails only when it is sent)
@@ -16,9 +17,14 @@ _JOB_ID_RE = re.compile(rf"[^{_BAD}]{{1,200}}")
 SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
+def is_valid_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a valid queue name (see ``validate_name``)."""
+    return isinstance(value, str) and _NAME_RE.fullmatch(value) is not None
+
+
 def validate_name(value: object, what: str = "queue name") -> str:
     """Return ``value`` if it is a valid queue name or prefix, else raise ValueError."""
-    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+    if not is_valid_name(value):
         raise ValueError(
             f"invalid {what} {value!r}: 1 to 100 characters, without braces, "
             "'*', '?', '[', ']', whitespace, control characters or lone surrogates"

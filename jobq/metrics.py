@@ -211,4 +211,7 @@ def serve(
         return prometheus_text(queues() if callable(queues) else queues)
 
     handler = type("MetricsHandler", (_Handler,), {"render": staticmethod(render)})
-    return ThreadingHTTPServer((host, port), handler)
+    try:
+        return ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:  # named: a port taken, a host unknown
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc

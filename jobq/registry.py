@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import serializer
 from .job import record_number
-from .keys import queues_key
+from .keys import is_valid_name, queues_key
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -123,5 +123,8 @@ def _info(name: str, flat: list[bytes]) -> WorkerInfo:
 
 
 def known_queues(client: Any, prefix: str) -> list[str]:
-    """Names of the queues seen under ``prefix`` (by a Queue or a Worker), sorted."""
-    return sorted(name.decode("utf-8", "replace") for name in client.smembers(queues_key(prefix)))
+    """Names of the queues seen under ``prefix`` (by a Queue or a Worker),
+    sorted; a member that is no valid queue name (written by hand, or by
+    another program) is left out, not fatal to every listing."""
+    names = (name.decode("utf-8", "replace") for name in client.smembers(queues_key(prefix)))
+    return sorted(name for name in names if is_valid_name(name))

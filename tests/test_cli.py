@@ -11,6 +11,7 @@ import queue as _queue
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -229,6 +230,40 @@ def test_a_burst_run_whose_server_goes_away_closes_its_workers_and_raises(
             stopper.join(WAIT)
     assert running.is_set()
     assert [t.name for t in threading.enumerate() if t.name.startswith("jobq-")] == []
+
+
+def test_listening_and_directory_errors_are_one_line(redis_url: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for command in ("dashboard", "metrics"):
+            done = jobq(redis_url, command, "--port", port)
+            assert done.returncode == 1, done.stderr
+            assert done.stderr == (f"jobq {command}: [Errno 98] cannot listen on "
+                                   f"127.0.0.1:{port}: Address already in use\n")
+    for command in ("dashboard", "metrics", "server"):
+        done = jobq(redis_url, command, "--port", "70000")
+        assert done.returncode == 2 and "a port is 0 to 65535, not 70000" in done.stderr
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    done = jobq(redis_url, "server", "--dir", str(a_file))
+    assert done.returncode == 1 and done.stderr.startswith("jobq server: [Errno 17] File exists")
+
+
+def test_output_to_a_reader_that_left_ends_quietly(queue: Queue, redis_url: str) -> None:
+    """`jobq job Q ID | head -1`: no BrokenPipeError traceback."""
+    job = queue.add("x", {"text": "y" * 100_000})
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        done = subprocess.run(_command(redis_url, ["job", queue.name, job.id]),
+                              env=_env(redis_url), cwd=ROOT, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
 
 
 def test_redact_hides_every_password_of_a_url() -> None:

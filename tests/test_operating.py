@@ -174,6 +174,29 @@ def test_obliterate_removes_metrics_and_registry(
     assert queue.name.encode() not in redis_client.smembers("jobq:queues")
 
 
+def test_a_member_of_the_queue_list_that_is_no_queue_name_is_left_out(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Written by another program (or by hand), it must not break every
+    listing: the dashboard's overview, `jobq info`, `jobq metrics`."""
+    from werkzeug import test as werkzeug_test
+
+    from jobq.cli import main
+    from jobq.dashboard import create_app
+    from jobq.registry import known_queues
+
+    queue.add("x")
+    redis_client.sadd("jobq:queues", "bad name", "{tagged}")
+    try:
+        names = known_queues(redis_client, "jobq")
+        assert queue.name in names and "bad name" not in names and "{tagged}" not in names
+        with create_app(queue.client, cache_ttl=0) as dashboard:
+            assert werkzeug_test.Client(dashboard).get("/").status_code == 200
+        assert main(["--url", redis_url, "info"]) == 0
+    finally:
+        redis_client.srem("jobq:queues", "bad name", "{tagged}")
+
+
 def test_prometheus_text_parses_back(queue: Queue, redis_url: str, queue_name: str,
                                      redis_client: redis.Redis) -> None:
     from prometheus_client.parser import text_string_to_metric_families

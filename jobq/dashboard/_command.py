@@ -39,7 +39,10 @@ def serve(app: Dashboard, host: str = "127.0.0.1", port: int = 9181) -> WSGIServ
     Call ``serve_forever()`` on it, and ``shutdown()`` / ``server_close()``
     to stop it.
     """
-    return make_server(host, port, app, server_class=_Server, handler_class=_Handler)
+    try:
+        return make_server(host, port, app, server_class=_Server, handler_class=_Handler)
+    except OSError as exc:  # named: a port taken, a host unknown
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 def is_loopback(host: str) -> bool:
@@ -52,12 +55,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def port_number(text: str) -> int:
+    """A ``--port`` argument: 0 (a free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``jobq dashboard``."""
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1); another than "
                              "loopback needs --auth")
-    parser.add_argument("--port", type=int, default=9181, help="port (default: 9181)")
+    parser.add_argument("--port", type=port_number, default=9181, help="port (default: 9181)")
     parser.add_argument("--read-only", action="store_true",
                         help="show everything, allow no action")
     parser.add_argument("--auth", metavar="MODULE:CALLABLE", default=None,
