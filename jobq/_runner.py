@@ -72,7 +72,9 @@ def failure_reason(exc: BaseException) -> str:
     clipped to ``MAX_REASON`` characters."""
     kind = type(exc).__name__
     try:
-        text = str(exc)
+        # str.__str__: a plain str of it (a str subclass returned by __str__
+        # may break on use, as its __str__ may)
+        text = str.__str__(str(exc))
     except BaseException:  # a broken __str__ must not break the failure path
         return _clip(f"{kind} (its message could not be read)", MAX_REASON)
     return _clip(f"{kind}: {text}" if text else kind, MAX_REASON)

@@ -75,10 +75,12 @@ _BAD_NAME = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
 def _positive(name: str, value: Any) -> float:
-    # (infinity too: it overflows converting to ms, in a background thread)
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    # at least a whole ms: the server's lock and key ttls are in ms, and 0 ms
+    # is refused there (a take would fail half-way); at most MAX_SECONDS, as
+    # infinity overflows converting to ms, in a background thread
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.001
             or not value <= MAX_SECONDS):
-        raise ValueError(f"{name} must be a positive number of seconds, at most "
+        raise ValueError(f"{name} must be a number of seconds from 0.001 to "
                          f"{MAX_SECONDS:g}, not {value!r}")
     return float(value)
 
@@ -230,6 +232,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         self._state = Lifecycle.NEW
         self._pause = Pausing(self._cond)
         self._force = False  # set by close(force=True) or a second signal; read, never waited
+        self._closer: int | None = None  # the thread that began the close
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
         self._events: QueueEvents | ShardedQueueEvents | None = None
@@ -269,9 +272,17 @@ class Worker(ListenerMethods, ClosedOnExit):
                 raise ClosedError(f"worker {self.name!r} is closed")
             if self._state is Lifecycle.RUNNING:
                 return self
-            self._run_context = worker_context(self._context, self._shards)  # see sharding.py
-            if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
-                self._ensure_events(wait=True)
+            try:
+                self._run_context = worker_context(self._context, self._shards)  # sharding.py
+                if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
+                    self._ensure_events(wait=True)
+                if self._state is not Lifecycle.NEW:
+                    # closed meanwhile, by a signal handler on this thread (the
+                    # condition's lock is re-entrant): it stays closed
+                    raise ClosedError(f"worker {self.name!r} was closed while it started")
+            except BaseException:
+                self._undo_start()
+                raise
             route = functools.partial(_handler_for, self._routes, self._processor, self.name)
             roles = self._roles = Roles.build(
                 self._run_context, self._settings, self._listeners, paused=self._pause.paused,
@@ -280,6 +291,16 @@ class Worker(ListenerMethods, ClosedOnExit):
             self._state = Lifecycle.RUNNING
             roles.start()
         return self
+
+    def _undo_start(self) -> None:
+        """Close what a start that did not end opened (its events reader, a
+        sharded worker's own context)."""
+        events, self._events = self._events, None
+        if events is not None:
+            events.close(JOIN_GRACE)
+        if self._run_context is not self._context:
+            self._run_context.close()
+            self._run_context = self._context
 
     def run(self) -> None:
         """Run until ``close()``. In the main thread, SIGINT / SIGTERM close
@@ -317,7 +338,10 @@ class Worker(ListenerMethods, ClosedOnExit):
         Called from a handler, it starts the close in the background and
         returns at once. A second call waits (up to ``timeout``) for the
         first to end (a listener's returns at once: the first waits for
-        it); with ``force`` it makes the first abandon its jobs.
+        it); with ``force`` it makes the first abandon its jobs. One on the
+        thread already closing (from a signal handler: the second of two
+        signals) returns at once, as the close under way cannot end while
+        its thread waits for it.
         """
         timeout = wait_timeout(timeout)
         _fork.check()
@@ -335,7 +359,10 @@ class Worker(ListenerMethods, ClosedOnExit):
                 self._cond.notify_all()
             elif self._state is Lifecycle.RUNNING:
                 self._state = Lifecycle.CLOSING
+                self._closer = threading.get_ident()
             else:
+                if self._closer == threading.get_ident():
+                    return  # a signal handler on the closing thread: `force` is seen
                 if roles is None or threading.current_thread() is not roles.dispatcher.thread:
                     self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
                 return

@@ -1432,6 +1432,7 @@ def test_worker_validates_its_arguments(queue_name: str, redis_url: str) -> None
     with pytest.raises(ValueError):
         Worker(queue_name, lambda job: None, connection=redis_url, concurrency=0)
     for seconds in ({"lock_duration": 0}, {"lock_duration": float("inf")},
+                    {"lock_duration": 0.0004}, {"heartbeat_ttl": 0.0001},
                     {"heartbeat_ttl": 1e308}, {"stalled_interval": float("nan")},
                     {"limiter": {"max": 1, "duration": 1e308}}, {"limiter": {"max": 0}}):
         with pytest.raises(ValueError):

@@ -87,6 +87,20 @@ class BadStrExit(Exception):
         raise SystemExit("str exits")
 
 
+class _BrokenText(str):
+    """A str whose use raises."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("no length")
+
+
+class BadStrSubclass(Exception):
+    """An exception whose ``__str__`` returns a str subclass that breaks on use."""
+
+    def __str__(self) -> str:
+        return _BrokenText(super().__str__())
+
+
 def _unreadable(name: str) -> str:
     return f"{name} (its message could not be read)"
 
@@ -108,6 +122,7 @@ RAISERS: dict[str, Raiser] = {
     "bad_str": lambda m: (BadStr(m), _unreadable("BadStr")),
     "bad_str_repr": lambda m: (BadStrRepr(m), _unreadable("BadStrRepr")),
     "bad_str_exit": lambda m: (BadStrExit(m), _unreadable("BadStrExit")),
+    "bad_str_subclass": lambda m: (BadStrSubclass(m), f"BadStrSubclass: {m}"),
 }
 
 #: Results a worker cannot store: (value factory, expected reason substring).
@@ -677,6 +692,22 @@ def test_message_with_a_lone_surrogate_fails_the_job_with_its_reason(
             job.wait_until_finished(timeout=WAIT)
     assert (info.value.failed_reason or "").startswith("ValueError: bad "), info.value.failed_reason
     assert stream_names(redis_client, queue.name, job.id).count("active") == 1
+
+
+@pytest.mark.parametrize("how", ["bad_str", "bad_str_subclass", "bad_str_exit"])
+def test_an_exception_whose_message_breaks_fails_the_job_with_a_reason(
+    queue: Queue, redis_url: str, how: str
+) -> None:
+    error, reason = RAISERS[how]("m")
+
+    def handler(job: Job) -> None:
+        raise error
+
+    job = queue.add("odd", None)
+    with make_worker(queue.name, redis_url, handler, max_stalled_count=0):
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+    assert info.value.failed_reason == reason
 
 
 def test_result_whose_encoding_raises_a_base_exception_fails_the_attempt(

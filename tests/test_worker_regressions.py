@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobq import Job, JobFailedError, Queue, Worker
+from jobq import ClosedError, Job, JobFailedError, Queue, Worker
 from jobq.cli import main as cli_main
 from jobq.scripts import _library, function_name
 from jobq.testing import RedisServer, find_server_binary
@@ -932,3 +932,90 @@ def test_an_id_in_the_wait_list_whose_record_is_elsewhere_is_not_run_again(
     assert ran == ["next"]  # the listed id came first
     assert queue.get_job_state(job.id) == state
     assert queue.get_job_counts("waiting")["waiting"] == 0
+
+
+@pytest.fixture
+def on_signal() -> Iterator[Any]:
+    """Install a handler of SIGUSR1 for the test (the main thread runs it)."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGUSR1)
+
+    def install(handler: Any) -> None:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: handler())
+
+    try:
+        yield install
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_forcing_close_from_a_signal_handler_on_the_closing_thread_forces(
+    queue: Queue, redis_url: str, on_signal: Any
+) -> None:
+    """An app's second SIGTERM calls close(force=True) while its first
+    close() runs on the same (main) thread: the nested call waited for the
+    close it interrupted, for ever. It returns at once and the close under
+    way abandons its jobs."""
+    import signal
+
+    running, release = threading.Event(), threading.Event()
+
+    def processor(job: Job) -> None:
+        running.set()
+        release.wait(WAIT)
+
+    nested: list[str] = []
+
+    def handler() -> None:
+        nested.append("called")
+        worker.close(force=True)
+        nested.append("returned")
+
+    on_signal(handler)
+    worker = make_worker(queue.name, redis_url, processor).start()
+    queue.add("x")
+    assert running.wait(WAIT)
+
+    def signal_while_closing() -> None:
+        if until(lambda: worker.state.value == "closing", timeout=WAIT):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    sender = threading.Thread(target=signal_while_closing, name="test-signal")
+    sender.start()
+    try:
+        started = time.monotonic()
+        worker.close(timeout=WAIT)  # the handler runs in here
+        assert time.monotonic() - started < WAIT / 2  # forced: not the job's WAIT
+        assert nested == ["called", "returned"]
+        assert worker.state.value == "closed"
+    finally:
+        release.set()
+        sender.join(WAIT)
+
+
+def test_a_close_from_a_signal_handler_during_start_leaves_the_worker_closed(
+    private_server: RedisServer, queue_name: str, on_signal: Any
+) -> None:
+    """start() waits on the server (here held by CLIENT PAUSE) and a signal
+    handler closes the worker meanwhile: start() then set the worker
+    running, after close() had returned. It raises ClosedError and runs
+    nothing."""
+    import signal
+
+    ran: list[str] = []
+    with Queue(queue_name, connection=private_server.url) as queue:
+        queue.add("x")
+    worker = Worker(queue_name, lambda job: ran.append(job.id), connection=private_server.url)
+    on_signal(worker.close)
+    with private_server.client() as admin:
+        admin.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with pytest.raises(ClosedError, match="closed while it started"):
+            worker.start()
+    finally:
+        timer.join(WAIT)
+    assert worker.state.value == "closed" and not worker.is_running()
+    assert jobq_threads(queue_name) == [] and ran == []
