@@ -123,7 +123,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
 #: reaches ``_default`` (a str Enum, say, is not packed as a plain str).
 _NATIVE: tuple[tuple[type, Callable[[Any], Any]], ...] = (
     (int, int.__int__), (float, float.__float__), (str, str.__str__),
-    (bytes, bytes), (bytearray, bytes), (dict, dict), (list, list), (tuple, list),
+    (bytes, bytes), (bytearray, bytes), (dict, lambda d: dict(d.items())), (list, list),
+    (tuple, list),
 )
 
 _packer_kwargs: dict[str, Any] = {
