@@ -45,8 +45,9 @@ ALL = "*"
 #: Events that end a run of a job (they carry the run's token).
 RUN_ENDS = frozenset({"completed", "failed", "removed"})
 _RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
-#: Seconds between two looks for a trimmed gap while events keep coming.
-GAP_CHECK_INTERVAL = 5.0
+#: Seconds between two looks for a trimmed gap while events keep coming
+#: (each reads the stream's length again: a Queue may have lowered it).
+GAP_CHECK_INTERVAL = 1.0
 #: Entries read at most per XREAD: a reader behind catches up in few reads.
 READ_COUNT = 5000
 #: The stream entry a Queue writes when it stores pub/sub mode: a reader
@@ -102,6 +103,15 @@ class Dispatcher:
     def call_soon(self, action: Callable[[], None]) -> None:
         """Run ``action`` on the dispatcher thread."""
         self._queue.put(action)
+
+    def error(self, exc: BaseException) -> None:
+        """Tell the ``error`` listeners of a background error, on this
+        thread: a slow one must not hold up the reader that met it."""
+        def tell() -> None:
+            for callback in self._listeners.take("error"):
+                call_safely(callback, "error", exc)
+
+        self.call_soon(tell)
 
     def wake(self) -> None:
         """End a wait for work (close)."""
@@ -160,6 +170,8 @@ class EventMode:
         self.mode = "stream"
         self.undecided = False
         self.gap_batch = 1000  # a read this long may follow a trimmed gap
+        self._next_look = 0.0  # the next timed look for a gap (monotonic)
+        self._unlooked = 0  # the longest read since that no look followed
         self.standby: Any = None
         self._standby_client: Any = None  # its client (a cluster's has more connections)
 
@@ -176,8 +188,28 @@ class EventMode:
             )
         self.mode = "pubsub" if mode == b"pubsub" else "stream"
         self.undecided = mode is None and not client.exists(keys.events)
-        self.gap_batch = min(1000, int(max_events or 10_000))
+        self.gap_batch = _gap_batch(max_events)
         return self.mode
+
+    def gap_look(self, read: int, now: float) -> bool | None:
+        """After a read of ``read`` entries: whether to look for a trimmed
+        gap. None: no; False: the read is long enough to follow one; True:
+        the timed look (every GAP_CHECK_INTERVAL), which also asks ``missed``."""
+        if now >= self._next_look:
+            self._next_look = now + GAP_CHECK_INTERVAL
+            return True
+        if read >= self.gap_batch:
+            return False
+        self._unlooked = max(self._unlooked, read)
+        return None
+
+    def missed(self, client: Client) -> bool:
+        """Read the stream's length again (a Queue may have lowered
+        ``max_events`` since): whether a read that no look followed was long
+        enough to follow a gap at that length."""
+        self.gap_batch = _gap_batch(client.hget(self._context.keys.meta, "maxev"))
+        missed, self._unlooked = self._unlooked >= self.gap_batch, 0
+        return missed
 
     def subscribe(self, client: Client, stopping: Callable[[], bool]) -> Any:
         """After ``read``: the subscription to read in pub/sub mode, None in
@@ -261,7 +293,6 @@ class EventReader:
         self.event_mode.reset()
         self.read_id: StreamId | None = None
         self.first_id: StreamId | None = None  # where reading began
-        self._next_gap_check = 0.0
         self._blocked: _connection.Blocked | None = None
         self._client: Client | None = None  # the reader thread's own
         self._held: Any = None  # its connection for reads, kept between them
@@ -398,20 +429,29 @@ class EventReader:
         if reconnect or (self.table is not None and not self.table.empty()):
             self._lost()
 
+    def _forget(self) -> None:
+        """Events read up to here may be lost: no run added by now is
+        followed (see ``follows``), and every waiter re-checks."""
+        if self.table is not None and self.read_id is not None:
+            self.table.forget_upto(self.read_id)
+        self._lost()
+
     def _release_held(self, client: Client) -> None:
         if self._held is not None:
             client.connection_pool.release(self._held)
             self._held = None
 
-    def _detect_gap(self, client: Client, since: StreamId | None = None) -> None:
-        """Warn and re-check all waiters if events after ``since`` (the last read) were trimmed."""
+    def _detect_gap(self, client: Client, since: StreamId | None = None,
+                    timed: bool = False) -> None:
+        """Warn and re-check all waiters if events after ``since`` (the last
+        read) were trimmed, or (``timed``) may have been in a read that no
+        look followed, the stream's length having been lowered."""
         self._release_held(client)  # the look runs on it, through the pool
-        if trimmed(client, self._context.keys.events, since or self.read_id):
-            logger.warning(
-                "events of %r were trimmed before they were read; re-checking waiters",
-                self.name,
-            )
-            self._lost()
+        missed = timed and self.event_mode.missed(client)
+        if missed or trimmed(client, self._context.keys.events, since or self.read_id):
+            logger.warning("events of %r were trimmed before they were read%s; re-checking "
+                           "waiters", self.name, " (max_events was lowered)" if missed else "")
+            self._forget()
 
     def _read_stream(self, client: Client) -> None:
         assert self.read_id is not None
@@ -453,8 +493,11 @@ class EventReader:
                 self.event_mode.decided()
             if (not listened and name not in _RUN_ENDS_RAW and name != b"obliterated"
                     and raw.get(b"ev:2") not in _RUN_ENDS_RAW):
-                # nobody listens and no waiter needs it: skip decoding
+                # nobody listens and no waiter needs it: skip decoding (it
+                # counts as dispatched, as in _handle)
                 self.read_id = sid(entry)
+                if self._dispatcher.idle():
+                    self._dispatcher.dispatched_id = entry
                 continue
             try:
                 events = _events.from_stream(entry, raw)
@@ -470,12 +513,11 @@ class EventReader:
         # stopped, starved or far behind): the stream's first id can. Trimming
         # keeps at least max_events entries, so a loss shows as a read of
         # min(1000, max_events) entries or more; a manual trim_events to less
-        # is caught by a look every few seconds.
-        now = time.monotonic()
-        if entries and self._pubsub is None and (
-                len(entries) >= self.event_mode.gap_batch or now >= self._next_gap_check):
-            self._next_gap_check = now + GAP_CHECK_INTERVAL
-            self._detect_gap(client, since)
+        # is caught by a look every second (see EventMode.gap_look).
+        if entries and self._pubsub is None:
+            timed = self.event_mode.gap_look(len(entries), time.monotonic())
+            if timed is not None:
+                self._detect_gap(client, since, timed)
 
     def _read_pubsub(self, pubsub: Any) -> None:
         message = pubsub.get_sharded_message(timeout=self._block)
@@ -519,7 +561,7 @@ class EventReader:
             answered += ((waiter, outcome) for waiter in waiters)
         elif event.name == "obliterated" and not event._custom:
             # every record is gone: each waiter learns it from its own check
-            self._lost()
+            self._forget()
         if self._listeners.has_any():
             self._dispatcher.put(event)
         elif event.id is not None and not event._more and self._dispatcher.idle():
@@ -587,6 +629,12 @@ def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
         logger.warning("events of %r after %s were trimmed before they were read",
                        keys.queue, start_id)
     return since
+
+
+def _gap_batch(max_events: bytes | None) -> int:
+    """The least read that may follow a trimmed gap: trimming keeps at least
+    ``max_events`` entries (its stored text, as the scripts read it)."""
+    return min(1000, int(max_events) if max_events and max_events.isdigit() else 10_000)
 
 
 def trimmed(client: Client, key: str, since: StreamId | None) -> bool:

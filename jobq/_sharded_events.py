@@ -105,7 +105,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         block = max(0.01, min(float(blocking_timeout), BLOCK_CAP))
         self._reader = ShardReader(
             self._name, self._client, tuple(part._reader for part in self._readers), block,
-            self._stop, self._emit_error,
+            self._stop, self._dispatcher.error,
         )
         self._started = False
         self._restart = bool(autorun)  # no I/O here: start on first use
@@ -248,10 +248,6 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     def off_all_events(self, callback: Listener) -> bool:
         """Remove an ``on_all_events`` listener."""
         return self._listeners.off(ALL, callback)
-
-    def _emit_error(self, exc: BaseException) -> None:
-        for callback in self._listeners.take("error"):
-            call_safely(callback, "error", exc)
 
     # -- waiting ------------------------------------------------------------
 

@@ -448,6 +448,13 @@ class WaiterTable:
             return [w for w in self._by_job.get(job_id, ())
                     if not w.stale and w.matches(run)]
 
+    def forget_upto(self, at: StreamId) -> None:
+        """Events up to ``at`` may have been lost (trimmed unread, or an
+        obliterate took the records): a run added by then is no longer
+        followed, its waiters look at the record (``EventReader.follows``)."""
+        with self._lock:
+            self.evicted_upto = max(self.evicted_upto, at)
+
     def remembered(self, waiter: Waiter) -> Outcome | None:
         """The remembered outcome of the waiter's run, if any."""
         found = self._recent.get(waiter.job_id)

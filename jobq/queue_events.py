@@ -28,7 +28,7 @@ from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, 
 from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .keys import lookup_id
-from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
+from .listeners import Listener, ListenerMethods, ListenerRegistry
 from .options import blocking_seconds, wait_timeout
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         block = max(0.01, min(float(blocking_timeout), BLOCK_CAP))
         self._reader = EventReader(
             self._context, last_event_id, block, self._stop, self._dispatcher,
-            self._listeners, self._poke_all, self._emit_error,
+            self._listeners, self._poke_all, self._dispatcher.error,
         )
         self._table = WaiterTable(self._context, self._reader)
         self._reader.table = self._table
@@ -368,10 +368,6 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def _wake_loop(self) -> None:
         """The waker thread (see ``wake_loop``)."""
         wake_loop(self.name, self._table.gate, [self], self._stop)
-
-    def _emit_error(self, exc: BaseException) -> None:
-        for callback in self._listeners.take("error"):
-            call_safely(callback, "error", exc)
 
     def _recheck_futures(self) -> None:
         _check_futures(self, [w for w in self._table.snapshot() if w.callback is not None])

@@ -549,6 +549,21 @@ def test_replay_from_zero_and_resume_from_id(queue: Queue, redis_url: str,
         assert got == _stream_ids(redis_client, queue.name)[5:]  # each event once, in order
 
 
+def test_last_event_id_moves_on_without_listeners(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A reader nobody listens to skips decoding events no waiter needs;
+    its last_event_id stood still there (it moved only on the events that
+    end a run), so a reader resumed from it replayed them."""
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
+        assert qe.wait_until_ready(WAIT)
+        for i in range(3):
+            queue.emit("tick", i=i)
+        queue.add("job")  # added + waiting: no run ends
+        last = _stream_ids(redis_client, queue.name)[-1]
+        assert until(lambda: qe.last_event_id == last)
+
+
 @pytest.mark.parametrize("start", ["0", "1-0"])
 def test_a_replay_waits_on_a_job_whose_events_were_trimmed_by_its_record(
     queue_name: str, redis_url: str, start: str, caplog: pytest.LogCaptureFixture
@@ -647,6 +662,33 @@ def test_no_event_lost_across_empty_block_timeouts(queue: Queue, redis_url: str)
                 n += 1
             assert rec.wait_count(n)
         assert [e.seq for e in rec.snapshot()] == list(range(n))
+
+
+def test_a_slow_error_listener_holds_up_neither_the_reader_nor_a_wait(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The reader told its `error` listeners itself, on its own thread: one
+    that took its time stopped every event and wait behind it."""
+    told, release = threading.Event(), threading.Event()
+    threads: list[str] = []
+
+    def on_error(exc: BaseException) -> None:
+        threads.append(threading.current_thread().name)
+        told.set()
+        release.wait(WAIT)
+
+    with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
+        qe.on("error", on_error)
+        assert qe.wait_until_ready(WAIT)
+        try:
+            assert kill_readers(redis_client, queue.name)
+            assert told.wait(WAIT)  # the listener holds on...
+            job = queue.add("x")
+            with Worker(queue.name, echo, connection=redis_url):
+                assert job.wait_until_finished(qe, timeout=WAIT) is None  # ...the wait does not
+        finally:
+            release.set()
+    assert threads and not threads[0].startswith("jobq-events")
 
 
 def test_reader_connection_killed_loses_and_duplicates_nothing(

@@ -686,6 +686,70 @@ def test_obliterate_is_no_loss_of_events_to_warn_of(
     assert "trimmed before they were read" not in caplog.text
 
 
+def test_a_reader_learns_of_a_max_events_lowered_while_it_reads(
+    queue: Queue, qe: QueueEvents, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Queue that lowers max_events after the reader connected: reads
+    long enough to follow a trimmed gap went unchecked (the reader knew the
+    old length), and waiters whose events were trimmed waited for the next
+    re-check of every waiter. The reader reads the length again at its
+    timed look, and re-checks its waiters when it was lowered."""
+    with caplog.at_level(logging.WARNING, logger="jobq.queue_events"):
+        with Queue(queue.name, connection=redis_url, max_events=10) as small:
+            jobs = small.add_bulk([{"name": "x", "data": i} for i in range(300)])
+            with Worker(queue.name, echo, connection=redis_url, concurrency=8):
+                assert [job.wait_until_finished(qe, timeout=WAIT) for job in jobs] == \
+                    list(range(300))
+    assert "trimmed before they were read" in caplog.text
+
+
+def test_a_gap_in_a_read_too_short_for_the_old_length_is_found_at_the_timed_look(
+    queue: Queue, qe: QueueEvents, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_events lowered just after the reader's timed look, then a burst
+    trimmed in one call: the read after it is shorter than the old length's
+    threshold, so no look follows it; the next timed look reads the length
+    again and takes that read as a possible gap."""
+    seen = threading.Event()
+    qe.on("tick", lambda event: seen.set())
+    queue.emit("tick")  # read: the timed look is behind the reader now
+    assert seen.wait(WAIT)
+    with caplog.at_level(logging.WARNING, logger="jobq.queue_events"):
+        with Queue(queue.name, connection=redis_url, max_events=10) as small:
+            small.add_bulk([{"name": "x"} for _ in range(500)])  # one call, trimmed in it
+            assert until(lambda: bool(small.emit("tick")) or  # events: the next look comes
+                         "trimmed before they were read" in caplog.text, timeout=WAIT)
+
+
+def test_a_wait_begun_after_its_jobs_events_were_trimmed_unread_looks_at_the_record(
+    queue_name: str, redis_url: str
+) -> None:
+    """The reader found events trimmed before it read them; a wait begun
+    afterwards on a job added before then took the reader to follow that
+    job's run (it began before the job was added), skipped its look at the
+    record, and waited for the next re-check of every waiter (10 s) for an
+    event long gone. Runs added before a loss are no longer followed."""
+    with Queue(queue_name, connection=redis_url, max_events=10) as small, \
+            QueueEvents(queue_name, connection=redis_url) as events:
+        assert events.wait_until_ready(WAIT)
+        jobs = small.add_bulk([{"name": "x", "data": i} for i in range(300)])
+        with Worker(queue_name, echo, connection=redis_url, concurrency=8):
+            for i, job in enumerate(jobs):  # one at a time: most begin after the loss
+                assert job.wait_until_finished(events, timeout=5) == i
+
+
+def test_a_wait_begun_after_an_obliterate_was_read_raises_not_found(
+    queue: Queue, qe: QueueEvents
+) -> None:
+    obliterated = threading.Event()
+    qe.on("obliterated", lambda event: obliterated.set())
+    job = queue.add("x")  # a run the reader saw added
+    queue.obliterate()
+    assert obliterated.wait(WAIT)
+    with pytest.raises(JobNotFoundError):
+        job.wait_until_finished(qe, timeout=5)  # not the next re-check of all (10 s)
+
+
 # -- waits and close under an outage, whatever the client's retries -------------
 
 
