@@ -193,8 +193,11 @@ class EventMode:
 
     def gap_look(self, read: int, now: float) -> bool | None:
         """After a read of ``read`` entries: whether to look for a trimmed
-        gap. None: no; False: the read is long enough to follow one; True:
-        the timed look (every GAP_CHECK_INTERVAL), which also asks ``missed``."""
+        gap. None: no; False: the read is long enough to follow one
+        (trimming keeps at least max_events entries, so a loss shows as a
+        read of min(1000, max_events) entries or more); True: the timed look
+        (every GAP_CHECK_INTERVAL: a manual trim_events to less, a length
+        lowered since it was read), which also asks ``missed``."""
         if now >= self._next_look:
             self._next_look = now + GAP_CHECK_INTERVAL
             return True
@@ -286,8 +289,7 @@ class EventReader:
     def after_fork(self) -> None:
         """Start afresh, as a new reader with the same start id would."""
         self.ready = threading.Event()
-        # set by the first attempt to connect, whatever its end; while the
-        # reader has never been ready, ``unreachable`` is that end's error
+        # set by the first connect, whatever its end (then ``unreachable``)
         self.tried = threading.Event()
         self.unreachable: Exception | None = None
         self.event_mode.reset()
@@ -308,8 +310,7 @@ class EventReader:
 
     def follows(self, run: str | None) -> bool:
         """Whether this reader sees every event of the run that began with
-        the ``added`` event ``run`` (it began before it, and has forgotten
-        nothing since)."""
+        ``added`` event ``run`` (it began before, and lost nothing since)."""
         if not run or self.mode != "stream" or self.first_id is None:
             return False
         first, _ = generation(run)  # a retried run: its generations too
@@ -327,7 +328,7 @@ class EventReader:
     def wake(self) -> None:
         """Cut the reader's current block short, so that close is prompt."""
         if self.mode == "pubsub":
-            self.publish_wake()
+            publish_wake(self._context)
         else:
             _connection.unblock(self._context.bounded, self._blocked)
 
@@ -339,15 +340,6 @@ class EventReader:
     def interrupt(self) -> None:
         """Cut the connections under a read or connect that does not return (close's last)."""
         _connection.cut_client(self._client)
-
-    def publish_wake(self) -> None:
-        """Publish a checkpoint on the events channel: it ends a wait for a message there."""
-        try:
-            message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
-            deadline = time.monotonic() + _connection.UNBLOCK_TIMEOUT
-            self._context.command_by(deadline, "SPUBLISH", self._context.keys.events, message)
-        except Exception:  # the wait ends by itself within a second
-            pass
 
     # -- the loop ---------------------------------------------------------
 
@@ -430,8 +422,7 @@ class EventReader:
             self._lost()
 
     def _forget(self) -> None:
-        """Events read up to here may be lost: no run added by now is
-        followed (see ``follows``), and every waiter re-checks."""
+        """Events up to here may be lost: no run added by now is followed."""
         if self.table is not None and self.read_id is not None:
             self.table.forget_upto(self.read_id)
         self._lost()
@@ -509,11 +500,8 @@ class EventReader:
             self.read_id = sid(entry)  # only after its outcome is recorded
         self.table.gate.add(answered)
         self.table.settle()
-        # XREAD cannot tell that entries after ``since`` were trimmed (a reader
-        # stopped, starved or far behind): the stream's first id can. Trimming
-        # keeps at least max_events entries, so a loss shows as a read of
-        # min(1000, max_events) entries or more; a manual trim_events to less
-        # is caught by a look every second (see EventMode.gap_look).
+        # XREAD cannot tell that entries after ``since`` were trimmed: the
+        # stream's first id can (see EventMode.gap_look for when to look)
         if entries and self._pubsub is None:
             timed = self.event_mode.gap_look(len(entries), time.monotonic())
             if timed is not None:
@@ -629,6 +617,17 @@ def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
         logger.warning("events of %r after %s were trimmed before they were read",
                        keys.queue, start_id)
     return since
+
+
+def publish_wake(context: QueueContext) -> None:
+    """Publish a checkpoint on a queue's events channel: it ends a reader's
+    wait for a message there."""
+    try:
+        message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
+        deadline = time.monotonic() + _connection.UNBLOCK_TIMEOUT
+        context.command_by(deadline, "SPUBLISH", context.keys.events, message)
+    except Exception:  # the wait ends by itself within a second
+        pass
 
 
 def _gap_batch(max_events: bytes | None) -> int:

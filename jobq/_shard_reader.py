@@ -28,7 +28,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from . import connection as _connection
-from ._reader import READ_COUNT, EventReader, ModeChanged
+from ._reader import READ_COUNT, EventReader, ModeChanged, publish_wake
 from ._threads import BackgroundLoop, reached
 from .connection import Client, blocking_client, close_subscription, ssubscribe
 
@@ -95,7 +95,7 @@ class ShardReader:
         if self._multi is not None:
             _connection.unblock(self._client, self._blocked)
         for node in list(self._nodes):
-            self._readers[next(iter(node.channels.values()))].publish_wake()
+            publish_wake(self._readers[next(iter(node.channels.values()))]._context)
 
     def interrupt(self) -> None:
         """Cut the reader's connections under a read (or connect) that does

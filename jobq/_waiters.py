@@ -354,8 +354,7 @@ class WaiterTable:
     reader's memory of recent outcomes and the checks of jobs' records."""
 
     def __init__(self, context: QueueContext, reader: ReaderPosition) -> None:
-        self._context = context
-        self._reader = reader
+        self._context, self._reader = context, reader
         self._reset()
 
     def _reset(self) -> None:
@@ -449,9 +448,7 @@ class WaiterTable:
                     if not w.stale and w.matches(run)]
 
     def forget_upto(self, at: StreamId) -> None:
-        """Events up to ``at`` may have been lost (trimmed unread, or an
-        obliterate took the records): a run added by then is no longer
-        followed, its waiters look at the record (``EventReader.follows``)."""
+        """Events up to ``at`` may be lost: see ``EventReader.follows``."""
         with self._lock:
             self.evicted_upto = max(self.evicted_upto, at)
 
@@ -521,10 +518,8 @@ class WaiterTable:
         as MOVED, a run whose events need a longer scan): each must be
         checked on its own; with ``unreached`` False, not those a transient
         error left unchecked (the periodic look leaves them to its next round).
-
-        Ten thousand waiters re-checked after a gap in the events cost
-        twenty round trips here, against ten thousand (each woken thread
-        checking its own record) otherwise.
+        Ten thousand waiters re-checked after a gap cost twenty round trips
+        here, against ten thousand (each thread checking its own record).
         """
         client = self._context.bounded
         if isinstance(client, redis.RedisCluster):  # the node serving the queue's slot

@@ -175,11 +175,10 @@ class Job(JobFlow):
         # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
         # the record: waits answer for it (or a later generation) alone
         self._run: str | None = None
-        # whether this object's token is that of a run this process began
-        # (by add or retry) and no wait has been made on it since: its first
-        # wait may then skip the record, since the reader sees every event of
-        # that run. Otherwise a wait reads the record first (a retry made
-        # elsewhere since may have begun a later generation: see _waiters.py).
+        # whether this process began that run (add, retry) and made no wait
+        # on it since: its first wait may skip the record (the reader sees
+        # every event of the run; else a retry made elsewhere may have begun
+        # a later generation: see _waiters.py)
         self._fresh = False
         # Set by a worker: its local ``progress`` listeners.
         self._on_progress: Callable[[Job, Any], None] | None = None
@@ -293,9 +292,8 @@ class Job(JobFlow):
         return cancel_job(self._context, self.id, reason)
 
     def retry(self, state: str = "failed", *, reset_attempts: bool = False) -> None:
-        """Move a failed (or completed) job back to waiting (a parent whose
-        children are not all done, one having failed it, waits for them
-        again: waiting-children).
+        """Move a failed (or completed) job back to waiting (a parent with
+        children pending to waiting-children).
 
         The job keeps ``attempts_made``, ``stalled_counter`` and its stack
         traces (as in BullMQ), so a job that used up its attempts gets one

@@ -235,7 +235,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         self._closer: int | None = None  # the thread that began the close
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
-        self._events: QueueEvents | ShardedQueueEvents | None = None
+        self._channel = _Channel(self._cond)
         self._take_args = TakeTokens(self._settings)
         self._run_context = self._context
         _LIVE.add(self)
@@ -275,7 +275,7 @@ class Worker(ListenerMethods, ClosedOnExit):
             try:
                 self._run_context = worker_context(self._context, self._shards)  # sharding.py
                 if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
-                    self._ensure_events(wait=True)
+                    self._channel.open(self._run_context, self._emit, self.name, wait=True)
                 if self._state is not Lifecycle.NEW:
                     # closed meanwhile, by a signal handler on this thread (the
                     # condition's lock is re-entrant): it stays closed
@@ -286,19 +286,17 @@ class Worker(ListenerMethods, ClosedOnExit):
             route = functools.partial(_handler_for, self._routes, self._processor, self.name)
             roles = self._roles = Roles.build(
                 self._run_context, self._settings, self._listeners, paused=self._pause.paused,
-                handler_for=route, take_args=self._take_args, status=self._status,
+                handler_for=route, take_args=self._take_args,
+                status=functools.partial(_status, self),
             )
             self._state = Lifecycle.RUNNING
             roles.start()
         return self
 
     def _undo_start(self) -> None:
-        """Close what a start that did not end opened (its events reader, a
-        sharded worker's own context)."""
-        events, self._events = self._events, None
-        if events is not None:
-            events.close(JOIN_GRACE)
-        if self._run_context is not self._context:
+        """Close what a start that did not end opened."""
+        self._channel.close(JOIN_GRACE)
+        if self._run_context is not self._context:  # a sharded worker's own
             self._run_context.close()
             self._run_context = self._context
 
@@ -386,9 +384,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         emit = roles.dispatcher.emit
         emit("closing")
         until = roles.stop(self.name, deadline, self._forced, self._run_context)
-        events, self._events = self._events, None
-        if events is not None:
-            events.close(max(0.0, until - time.monotonic()))
+        self._channel.close(max(0.0, until - time.monotonic()))
         _leave_registry(self._context, self.name, until, deadline)
         emit("closed")
         # past the deadline too: the thread ends at once unless a listener runs
@@ -410,7 +406,7 @@ class Worker(ListenerMethods, ClosedOnExit):
                                                                       self._settings)
         self._cond = self._pause.cond = threading.Condition()
         self._listeners.after_fork()
-        self._events = None
+        self._channel = _Channel(self._cond)
         self._signals = None
         if self._state in (Lifecycle.RUNNING, Lifecycle.CLOSING):
             self._state = Lifecycle.NEW
@@ -451,7 +447,7 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     def _listener_added(self, event: str) -> None:
         if event in _CHANNEL_EVENTS and self._state is Lifecycle.RUNNING:
-            self._ensure_events(wait=False)
+            self._channel.open(self._run_context, self._emit, self.name, wait=False)
 
     def _emit(self, event: str, *args: Any) -> None:
         roles = self._roles
@@ -460,26 +456,16 @@ class Worker(ListenerMethods, ClosedOnExit):
         else:
             self._listeners.emit(event, *args)
 
-    def _ensure_events(self, wait: bool) -> None:
-        """Subscribe to the queue's event channel for ``drained`` / ``stalled``."""
-        with self._cond:
-            if self._events is None:
-                self._events = _channel_events(self._run_context, self._emit)
-            events = self._events
-        if wait and not events.wait_until_ready(EVENTS_READY_TIMEOUT):
-            logger.warning("worker %r: the queue's event channel is not readable yet; "
-                           "drained / stalled listeners may miss events", self.name)
 
-    # -- what the roles ask of the worker --------------------------------------
-
-    def _status(self) -> dict[str, Any]:
-        roles = self._roles
-        return {
-            "queues": self._announced_queues, "concurrency": self.concurrency,
-            "done": roles.finisher.done if roles else 0,
-            "failed": roles.finisher.failed if roles else 0,
-            "active": len(roles.table) if roles else 0, "paused": self._pause.paused,
-        }
+def _status(worker: Worker) -> dict[str, Any]:
+    """What a worker's heartbeat records of it (``Queue.get_workers``)."""
+    roles = worker._roles
+    return {
+        "queues": worker._announced_queues, "concurrency": worker.concurrency,
+        "done": roles.finisher.done if roles else 0,
+        "failed": roles.finisher.failed if roles else 0,
+        "active": len(roles.table) if roles else 0, "paused": worker._pause.paused,
+    }
 
 
 def _handler_for(
@@ -534,6 +520,33 @@ def _own_client(connection: object, name: str, concurrency: int) -> Any:
     if owned:
         close_client(client)
     return own
+
+
+class _Channel:
+    """A worker's reader of its queue's event channel, which forwards
+    ``drained`` and ``stalled`` to the worker's local listeners: opened by
+    ``start()`` when such a listener is there, or by the first one added
+    later."""
+
+    def __init__(self, lock: threading.Condition) -> None:
+        self._lock = lock
+        self._events: QueueEvents | ShardedQueueEvents | None = None
+
+    def open(self, context: QueueContext, emit: Callable[..., None], worker: str,
+             wait: bool) -> None:
+        """Open it unless open; with ``wait``, until it reads (bounded)."""
+        with self._lock:
+            if self._events is None:
+                self._events = _channel_events(context, emit)
+            events = self._events
+        if wait and not events.wait_until_ready(EVENTS_READY_TIMEOUT):
+            logger.warning("worker %r: the queue's event channel is not readable yet; "
+                           "drained / stalled listeners may miss events", worker)
+
+    def close(self, timeout: float) -> None:
+        events, self._events = self._events, None
+        if events is not None:
+            events.close(timeout)
 
 
 def _channel_events(

@@ -285,7 +285,7 @@ def test_drained_is_not_written_while_the_last_jobs_are_active(
         assert "drained" not in [name for name, _, _ in events]
         # the worker's reader has passed every event written so far (the
         # `active` of each job), and none was a drained for its listeners
-        reader = worker._events
+        reader = worker._channel._events
         assert reader is not None
         last_id = redis_client.xrevrange(f"jobq:{{{queue.name}}}:events", count=1)[0][0]
         until(lambda: reader.last_event_id == last_id.decode(), timeout=WAIT)

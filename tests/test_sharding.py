@@ -398,7 +398,7 @@ def test_drained_is_heard_only_when_every_shard_is_drained(
         # both readers have passed shard 0's drained once they hear an event
         # written on shard 0 after it (a shard's events come in order)
         seen = [threading.Event(), threading.Event()]
-        reader = worker._events
+        reader = worker._channel._events
         assert reader is not None
         for target, done in zip((events, reader), seen, strict=True):
             target.on("delayed", lambda event, done=done: done.set())
