@@ -67,10 +67,22 @@ def _reset_client(client: Any) -> None:
             _reset_pool(sentinel.connection_pool)
 
 
-def thread_started() -> None:
-    """Count a thread jobq starts (see ``check``)."""
+def thread_started(thread: threading.Thread) -> None:
+    """Count a thread jobq starts (see ``check``), and mark it as started
+    in this process (see ``forked_off``)."""
     global _threads_started
     _threads_started += 1
+    thread.jobq_pid = os.getpid()  # type: ignore[attr-defined]
+
+
+def forked_off() -> bool:
+    """Whether the calling thread is a jobq thread that a fork carried into
+    a child process (a handler or a listener that forked): the child's only
+    thread, still in the parent's work. It must finish nothing of the
+    parent's and end, raising on what its callback raised (so that a
+    ``sys.exit()`` there ends the child, as it would without jobq)."""
+    born = getattr(threading.current_thread(), "jobq_pid", None)
+    return born is not None and born != os.getpid()
 
 
 def check() -> None:

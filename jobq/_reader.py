@@ -16,9 +16,9 @@ from typing import Any
 
 import redis
 
+from . import _fork, serializer
 from . import connection as _connection
 from . import events as _events
-from . import serializer
 from ._context import QueueContext
 from ._threads import BackgroundLoop, reached
 from ._waiters import (
@@ -142,6 +142,8 @@ class Dispatcher:
                         else (item.name, f"{item.name}:{item.job_id}", ALL))
             for channel, callback in self._listeners.take_many(channels):
                 call_safely(callback, channel, item)
+            if _fork.forked_off():  # a listener forked: none of the parent's work here
+                return
             if item.id is not None and not item._more:
                 self.dispatched_id = item.id
 

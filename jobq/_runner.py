@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import _tracing, serializer
+from . import _fork, _tracing, serializer
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
 from ._sentinel import brief
@@ -112,6 +112,16 @@ def retry_delay_ms(job: Job, exc: BaseException, attempt_no: int) -> int:
     except (TypeError, ValueError):  # a record written by hand: retry at once
         return 0
     return 0 if backoff is None else round(backoff.delay_for(attempt_no) * 1000)
+
+
+class _ForkedOff(BaseException):
+    """A handler forked and its child came back to the pool thread: the
+    attempt is the parent's, so the child finishes nothing, and the thread
+    (the child's only one) ends with the handler's exception, if any."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__()
+        self.error = error
 
 
 class Finisher:
@@ -413,10 +423,14 @@ class Runner:
                 try:
                     while attempt is not None:
                         attempt = self._serve(attempt, conn)
+                except _ForkedOff as off:  # this thread ends: in the child, its only one
+                    if off.error is not None:
+                        raise off.error from None  # sys.exit() ends the child
+                    return
                 finally:
                     self._slots.release()
         finally:
-            if conn is not None:
+            if conn is not None and not _fork.forked_off():
                 conn.release()
 
     def _serve(self, attempt: Attempt, conn: _HeldConnection | None) -> Attempt | None:
@@ -441,16 +455,22 @@ class Runner:
                     raise attempt.error
                 result = run_as_current(job, self._handler_for(job))
             except BaseException as exc:  # whatever the handler raised fails the attempt only
+                if _fork.forked_off():  # in a child the handler forked: not the parent's job's end
+                    raise _ForkedOff(exc) from None
                 self._in_user_code.discard(name)
                 trace = format_trace(exc)
                 if self._table.claim(attempt):
                     return self._finisher.fail(attempt, exc, trace, conn, True)
                 return None
+            if _fork.forked_off():
+                raise _ForkedOff(None)
             self._in_user_code.discard(name)
             if self._table.claim(attempt):
                 return self._finisher.complete(attempt, result, conn, True)
             logger.info("job %r returned after its attempt ended; result discarded", job.id)
             return None
+        except _ForkedOff:
+            raise
         except BaseException as exc:
             logger.exception("worker failed to run job %r; it will be recovered as stalled",
                              attempt.job_id)
@@ -458,7 +478,7 @@ class Runner:
             self._emit("error", exc)
             return None
         finally:
-            if attempt.span is not None:
+            if attempt.span is not None and not _fork.forked_off():
                 attempt.span.end()
 
     def _progress(self, job: Job, value: Any) -> None:

@@ -227,7 +227,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._started = False
         self._threads.clear()
         self._restart = was_running
-        if was_running and self._listeners.has_any():
+        # (not when a handler or listener forked, on a thread of jobq's: that
+        # child is its own, and the parent's listeners are not its work)
+        if was_running and self._listeners.has_any() and not _fork.forked_off():
             return self.run
         return None
 

@@ -159,6 +159,8 @@ def call_safely(callback: Listener, event: str, *args: Any) -> None:
     try:
         callback(*args)
     except BaseException:  # a listener must never kill the thread that calls it
+        if _fork.forked_off():  # ...but in a child it forked, it ends it (sys.exit())
+            raise
         logger.exception("listener %r of %r raised", callback, event)
 
 
@@ -179,8 +181,8 @@ class ListenerDispatcher:
     def start(self) -> None:
         """Start the dispatching thread."""
         self.thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        _fork.thread_started(self.thread)
         self.thread.start()
-        _fork.thread_started()
 
     def emit(self, event: str, *args: Any) -> None:
         """Have every listener of ``event`` called with ``args``."""
@@ -213,3 +215,5 @@ class ListenerDispatcher:
                 return
             event, args = item
             self._registry.emit(event, *args)
+            if _fork.forked_off():  # a listener forked: none of the parent's work here
+                return

@@ -522,3 +522,76 @@ def test_a_loop_that_reached_its_server_is_the_one_told_under_gevent() -> None:
     pytest.importorskip("gevent")
     process = _run_script(_LOOPS_PATCHED_LATER)
     assert process.stdout == "[(True, False)]", process.stderr[-3000:]
+
+
+# -- forks from jobq's own threads (a handler or a listener that forks) ---------
+
+
+def _reaped(pid: int, timeout: float = 20.0) -> int | None:
+    """The exit status of child ``pid`` once it ends; None (and the child
+    killed) if it is still running after ``timeout``."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        threading.Event().wait(0.05)  # bounded poll of another process
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.parametrize("ending", ["returns", "exits", "raises"])
+def test_a_child_forked_by_a_handler_finishes_nothing_and_ends(
+    queue: Queue, redis_url: str, ending: str
+) -> None:
+    """The child of a handler's fork came back into the pool thread: it
+    completed or failed the parent's job (whatever the parent's handler
+    then did) and, with nothing to run, never exited."""
+    children: list[int] = []
+
+    def handler(job: Job) -> str:
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread
+            if ending == "exits":
+                sys.exit(0)
+            if ending == "raises":
+                raise FileNotFoundError("as an exec of a missing program")
+            return "the child's"
+        children.append(pid)
+        return "the parent's"
+
+    job = queue.add("x")
+    with Worker(queue.name, handler, connection=redis_url):
+        assert job.wait_until_finished(timeout=WAIT) == "the parent's"
+    assert job.refresh().return_value == "the parent's" and job.attempts_made == 1
+    assert [_reaped(pid) is not None for pid in children] == [True]
+
+
+def test_a_child_forked_by_a_listener_that_exits_ends(queue: Queue, redis_url: str) -> None:
+    """sys.exit() in the child of a listener's fork was swallowed as a
+    listener's error, and the child, its readers started again by the fork
+    hook, never ended."""
+    from jobq import QueueEvents
+
+    children: list[int] = []
+    forked = threading.Event()
+
+    def on_completed(event: Event) -> None:
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        children.append(pid)
+        forked.set()
+
+    with QueueEvents(queue.name, connection=redis_url) as qe:
+        qe.on("completed", on_completed)
+        assert qe.wait_until_ready(WAIT)
+        job = queue.add("x")
+        with Worker(queue.name, lambda job: 1, connection=redis_url):
+            assert job.wait_until_finished(qe, timeout=WAIT) == 1
+            assert forked.wait(WAIT)
+    assert [_reaped(pid) is not None for pid in children] == [True]
