@@ -10,11 +10,23 @@ from ._context import QueueContext
 _T = TypeVar("_T", bound="ClosedOnExit")
 
 
+def not_picklable(obj: object) -> TypeError:
+    """The error of pickling a jobq object: it holds connections and threads."""
+    return TypeError(
+        f"a jobq {type(obj).__name__} cannot be pickled (it holds connections and "
+        "threads): pass names and ids to the other process instead (a job's queue "
+        "name and id, and there Queue(name).get_job(id))"
+    )
+
+
 class ClosedOnExit:
     """``with obj:`` closes it when the block ends."""
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def __reduce__(self) -> Any:
+        raise not_picklable(self)
 
     def __enter__(self: _T) -> _T:
         return self

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
+from ._closing import not_picklable
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -40,6 +41,9 @@ class JobFlow:
 
     _context: QueueContext
     id: str
+
+    def __reduce__(self) -> Any:
+        raise not_picklable(self)
 
     def get_children_values(self) -> dict[str, Any]:
         """The results of the job's completed children (or dependencies), by

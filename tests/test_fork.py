@@ -595,3 +595,19 @@ def test_a_child_forked_by_a_listener_that_exits_ends(queue: Queue, redis_url: s
             assert job.wait_until_finished(qe, timeout=WAIT) == 1
             assert forked.wait(WAIT)
     assert [_reaped(pid) is not None for pid in children] == [True]
+
+
+def test_jobq_objects_refuse_pickling_saying_what_to_pass(queue: Queue, redis_url: str) -> None:
+    """A Job handed to a spawn pool (or returned from one) failed with
+    "cannot pickle '_thread.lock' object"."""
+    import pickle
+
+    from jobq import QueueEvents
+
+    job = queue.add("x")
+    with QueueEvents(queue.name, connection=redis_url, autorun=False) as qe, \
+            Worker(queue.name, print, connection=redis_url) as worker:
+        for obj in (queue, job, qe, worker):
+            with pytest.raises(TypeError, match=rf"a jobq {type(obj).__name__} cannot be "
+                                                r"pickled.*Queue\(name\)\.get_job\(id\)"):
+                pickle.dumps(obj)
