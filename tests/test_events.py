@@ -677,11 +677,19 @@ def test_a_slow_error_listener_holds_up_neither_the_reader_nor_a_wait(
         told.set()
         release.wait(WAIT)
 
+    queue.emit("warm")  # the stream exists: one connection reads it (no standby)
     with QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1) as qe:
         qe.on("error", on_error)
         assert qe.wait_until_ready(WAIT)
         try:
-            assert kill_readers(redis_client, queue.name)
+            live: list[dict[str, Any]] = []
+
+            def one_reader() -> bool:  # its stream reader, reading
+                live[:] = reader_clients(redis_client, queue.name, reading=True)
+                return len(live) == 1
+
+            assert until(one_reader)
+            assert redis_client.client_kill_filter(_id=live[0]["id"]) == 1
             assert told.wait(WAIT)  # the listener holds on...
             job = queue.add("x")
             with Worker(queue.name, echo, connection=redis_url):
