@@ -167,6 +167,9 @@ class NewJob(NamedTuple):
     keep_failed_age_ms: int
     #: (dedup id or '', ttl ms or 0, extend '1' | '0', replace '1' | '0')
     dedup: tuple[str, int, str, str]
+    #: its failure policy for when it is (or becomes) a child: '' its parent
+    #: waits on it, or a code of options.FAILURE_POLICIES (field fpol)
+    policy: str = ""
     #: the trace context to store with the job ('' for none: see _tracing.py)
     trace: str = ""
 
@@ -196,12 +199,11 @@ class Counts(NamedTuple):
 
 class FlowNode(NamedTuple):
     """One node of addFlow.lua: its queue's base, its parent node's index
-    (1-based, 0 for none), its failure policy, and the job (its name ''
-    for a reference to an existing job)."""
+    (1-based, 0 for none), and the job (its name '' for a reference to an
+    existing job)."""
 
     base: str
     parent: int
-    policy: str
     job: NewJob
 
 
@@ -234,11 +236,11 @@ class OutcomeReply(NamedTuple):
 
 
 def _settings(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """add.lua's 13 settings of a job from ``NewJob[4:]``."""
+    """add.lua's 14 settings of a job from ``NewJob[4:]``."""
     (delay_ms, priority, lifo, attempts, keep_completed, keep_completed_ms, keep_failed,
-     keep_failed_ms, dedup, trace) = values
+     keep_failed_ms, dedup, policy, trace) = values
     return (delay_ms, priority, "1" if lifo else "0", attempts, keep_completed,
-            keep_completed_ms, keep_failed, keep_failed_ms, *dedup, trace)
+            keep_completed_ms, keep_failed, keep_failed_ms, *dedup, policy, trace)
 
 
 class QueueScripts:
@@ -254,7 +256,7 @@ class QueueScripts:
         argv: list[Any]
         settings = jobs[0][4:]
         if all(job[4:] == settings for job in jobs):
-            # the usual bulk add: settings sent once, 4 values a job, not 17
+            # the usual bulk add: settings sent once, 4 values a job, not 18
             # (a tenth less of the server's work per job of a bulk)
             argv = [len(jobs), "1", *_settings(settings)]
             for job in jobs:
@@ -279,7 +281,7 @@ class QueueScripts:
         argv: list[Any] = [len(nodes)]
         for node in nodes:
             job = node.job
-            argv += (node.base, node.parent, node.policy, *job[:6], "1" if job.lifo else "0",
+            argv += (node.base, node.parent, job.policy, *job[:6], "1" if job.lifo else "0",
                      *job[7:12], *job.dedup, job.trace)
         reply = self._run("addFlow", *argv)
         if len(reply) == 2 and int(reply[0]) < 0:

@@ -22,7 +22,7 @@ from .calls import FlowNode, NewJob
 from .errors import JobNotFoundError, JobqError
 from .job import Job
 from .keys import QueueKeys, validate_name, validate_prefix
-from .options import FAILURE_POLICIES, NO_DEDUP
+from .options import NO_DEDUP
 
 if TYPE_CHECKING:
 
@@ -59,7 +59,6 @@ class _Pending(NamedTuple):
     opts: dict[str, Any]
     data: Any
     parent: int
-    policy: str
 
 
 def _reference(job_id: str) -> NewJob:
@@ -138,8 +137,8 @@ def _write(
     (None for one under a node that existed)."""
     prefix = root.prefix
     flow = [
-        FlowNode(n.queue._context.keys.base, n.parent, n.policy, n.new) for n in nodes
-    ] + [FlowNode(QueueKeys(prefix, q).base, 1, "", _reference(i)) for q, i in refs]
+        FlowNode(n.queue._context.keys.base, n.parent, n.new) for n in nodes
+    ] + [FlowNode(QueueKeys(prefix, q).base, 1, _reference(i)) for q, i in refs]
     _check_slots(client, (node.base for node in flow))
     timestamp, added, code, index = root._context.calls.add_flow(flow)
     if code < 0:
@@ -176,10 +175,6 @@ def _write(
     return jobs
 
 
-def _policy(options: Mapping[str, Any]) -> str:
-    return next((code for name, code in FAILURE_POLICIES.items() if options.get(name)), "")
-
-
 def add_with_dependencies(
     queue: Queue, name: str, data: Any, options: dict[str, Any], depends_on: Iterable[Any]
 ) -> Job:
@@ -201,12 +196,11 @@ def add_with_dependencies(
             raise TypeError(
                 f"depends_on takes job ids, (queue, id) pairs or Jobs, not {dep!r}"
             )
-    if options.get("dedup") is not None:
-        raise ValueError("dedup cannot be combined with depends_on")
     _check_names(refs)
     new, plain = queue._prepare(name, data, options)
-    job = _traced(queue, queue.client, [_Pending(queue, new, plain, data, 0, _policy(options))],
-                  refs)[0]
+    if new.dedup != NO_DEDUP:  # given, or one of the queue's default options
+        raise ValueError("dedup cannot be combined with depends_on")
+    job = _traced(queue, queue.client, [_Pending(queue, new, plain, data, 0)], refs)[0]
     assert job is not None
     return job
 
@@ -265,10 +259,10 @@ class FlowProducer(ClosedOnExit):
                 if key not in spec:
                     raise ValueError(f"each flow node needs a {key!r}")
             options = {k: v for k, v in spec.items() if k not in _NODE_KEYS}
-            if options.get("dedup") is not None:
-                raise ValueError("dedup cannot be used in a flow")
             queue = self.queue(validate_name(spec["queue"]))
             new, plain = queue._prepare(spec["name"], spec.get("data"), options)
+            if new.dedup != NO_DEDUP:
+                raise ValueError("dedup cannot be used in a flow")
             if new.job_id:  # one job per id: a tree naming one twice is refused
                 if (queue.name, new.job_id) in named:
                     raise ValueError(
@@ -276,7 +270,7 @@ class FlowProducer(ClosedOnExit):
                         "the flow: each node is a job of its own"
                     )
                 named.add((queue.name, new.job_id))
-            nodes.append(_Pending(queue, new, plain, spec.get("data"), parent, _policy(options)))
+            nodes.append(_Pending(queue, new, plain, spec.get("data"), parent))
             shape.append([])
             index = len(nodes)
             children = spec.get("children") or []

@@ -27,7 +27,7 @@ from .errors import (
 )
 from .job import Job
 from .keys import SURROGATE, validate_job_id
-from .options import FAILURE_POLICIES, NO_DEDUP, JobOptions, byte_limit, stored_form
+from .options import NO_DEDUP, JobOptions, byte_limit, stored_form
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class _Parsed(NamedTuple):
     #: add.lua's first argument of the job: its id, '' to generate one
     job_id: str
     #: add.lua's arguments of the job after its name and data (``NewJob``'s
-    #: fields from ``opts`` to ``dedup``), the same for every job with these options
+    #: fields from ``opts`` to ``policy``), the same for every job with these options
     rest: tuple[Any, ...]
 
 
@@ -170,6 +170,8 @@ class Queue(
                 f"result_ttl must be seconds from 0.001 to 30 days, not {result_ttl!r}"
             )
         defaults = dict(default_job_options or {})
+        if defaults.get("job_id") is not None:  # every add after the first would be it
+            raise ValueError("job_id is one job's own: it cannot be a default job option")
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
         self._tasks: dict[str, Task[Any]] = {}
@@ -277,6 +279,7 @@ class Queue(
             fail_count,
             fail_age,
             NO_DEDUP if opts.dedup is None else opts.dedup.to_script(),
+            opts.on_failure,
         ))
         if not options:
             self._default_options = parsed
@@ -315,8 +318,9 @@ class Queue(
         until each has completed (see ``FlowProducer``): those completed
         already count as done, failed ones follow their failure policy.
         A failure policy option (``fail_parent_on_failure``,
-        ``ignore_dependency_on_failure``, ``remove_dependency_on_failure``)
-        is kept with the job for when it becomes a child.
+        ``ignore_dependency_on_failure``, ``remove_dependency_on_failure``),
+        given here, in ``add_bulk`` or in ``default_job_options``, is kept
+        with the job for when it becomes a child.
 
         Raises:
             SerializationError: data is not msgpack-encodable.
@@ -329,7 +333,7 @@ class Queue(
             TypeError: an unknown option.  ValueError: a bad option value.
         """
         depends_on = options.pop("depends_on", None)
-        if depends_on is not None or (options and any(options.get(p) for p in FAILURE_POLICIES)):
+        if depends_on is not None:
             from .flow import add_with_dependencies
 
             return add_with_dependencies(self, name, data, options, depends_on or ())

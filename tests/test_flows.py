@@ -237,6 +237,37 @@ def test_depends_on_a_failed_job_follows_its_policy(redis_url: str, prefix: str)
         assert waits.get_dependencies().failed == {f"fd:{meh.id}": "ValueError: meh"}
 
 
+@pytest.mark.parametrize("given", ["add_bulk", "default_job_options"])
+def test_a_policy_given_in_a_bulk_or_as_a_default_is_kept(
+    redis_url: str, prefix: str, given: str
+) -> None:
+    defaults = {"fail_parent_on_failure": True} if given == "default_job_options" else None
+    with Queue("fk", connection=redis_url, prefix=prefix, default_job_options=defaults) as q:
+        if given == "add_bulk":
+            bad = q.add_bulk([{"name": "x", "data": {"fail": "boom"},
+                               "fail_parent_on_failure": True}])[0]
+        else:
+            bad = q.add("x", {"fail": "boom"})
+        parent = q.add("p", depends_on=[bad.id])  # waits on bad, which has not run
+        assert parent.get_state() == "waiting-children"
+        with Worker("fk", work, connection=redis_url, prefix=prefix):
+            with pytest.raises(JobFailedError):
+                parent.wait_until_finished(timeout=WAIT)
+        assert parent.refresh().failed_reason == f"child fk:{bad.id} failed: ValueError: boom"
+
+
+def test_dedup_with_depends_on_is_refused_even_as_a_default(redis_url: str, prefix: str) -> None:
+    with Queue("fdd", connection=redis_url, prefix=prefix) as q:
+        dep = q.add("d")
+        with pytest.raises(ValueError, match="dedup cannot be combined with depends_on"):
+            q.add("p", depends_on=[dep.id], dedup={"id": "k"})
+    defaults = {"dedup": {"id": "k"}}
+    with Queue("fdd", connection=redis_url, prefix=prefix, default_job_options=defaults) as q:
+        with pytest.raises(ValueError, match="dedup cannot be combined with depends_on"):
+            q.add("p", depends_on=[dep.id])
+        assert q.get_job_counts("waiting-children")["waiting-children"] == 0
+
+
 @pytest.mark.parametrize("policy", ["default", "fail_parent", "ignore", "remove"])
 def test_failure_policies(policy: str, flow: FlowProducer, workers: Workers) -> None:
     options = {} if policy == "default" else {

@@ -1298,7 +1298,8 @@ def test_default_job_options(queue_name: str, redis_url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("defaults", "error"), [({"bogus": 1}, TypeError), ({"attempts": 0}, ValueError)]
+    ("defaults", "error"),
+    [({"bogus": 1}, TypeError), ({"attempts": 0}, ValueError), ({"job_id": "one"}, ValueError)],
 )
 def test_bad_default_job_options(
     queue_name: str, redis_url: str, defaults: dict[str, Any], error: type[Exception]

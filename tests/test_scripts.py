@@ -108,7 +108,7 @@ def _exercise(
         "extendLocks": lambda: worker.extend_locks(1000, [("nope", "tok")]),
         "stalledCheck": lambda: worker.stalled_check(1, 0, 10),
         "add": lambda: q.add([new]),
-        "addFlow": lambda: q.add_flow([FlowNode(base, 0, "", new)]),
+        "addFlow": lambda: q.add_flow([FlowNode(base, 0, new)]),
         "emit": lambda: q.emit("custom", [("a", packed)]),
         "getCounts": q.get_counts,
         "pause": lambda: q.pause(False),

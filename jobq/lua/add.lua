@@ -4,9 +4,9 @@
 
   KEYS[1]  queue base prefix
   ARGV[1]  N, the number of jobs
-  ARGV[2]  '1': the jobs share their settings, ARGV[3..15] hold them once
-           and each job is 4 values from ARGV[16] (job_id, name, data,
-           opts); '0': each job is those 4 values and its 13 settings, 17
+  ARGV[2]  '1': the jobs share their settings, ARGV[3..16] hold them once
+           and each job is 4 values from ARGV[17] (job_id, name, data,
+           opts); '0': each job is those 4 values and its 14 settings, 18
            values per job from ARGV[3]. A job's values:
            job_id ('' to generate one), name, data (msgpack), opts (msgpack);
            its settings: delay_ms, priority, lifo ('1' | '0'), attempts,
@@ -14,8 +14,10 @@
            keep_failed_count, keep_failed_age_ms,
            dedup id ('' for none), dedup ttl ms (0: simple mode, the key
            holds until its job is finished), extend ('1' | '0'), replace
-           ('1' | '0'), trace context ('' for none: sent only while
-           tracing is on, stored as the record's tc; see jobq/_tracing.py)
+           ('1' | '0'), failure policy ('' or a code of fpol: what the
+           job's failure does to a parent it has or will have), trace
+           context ('' for none: sent only while tracing is on, stored as
+           the record's tc; see jobq/_tracing.py)
   Returns  {timestamp ms, id, duplicated, added, id, duplicated, added, ...}
            (duplicated: 0 added; 1 a job with that custom id already
            existed, left as it was; 2 deduplicated: id is the job that owns
@@ -46,7 +48,7 @@ local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
 local out = { fmt(now) }
 -- the settings a debounce replaces on the pending job (others are kept)
-local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa' }
+local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa', 'fpol' }
 -- The owner of a dedup key if the key holds: 2 deduplicated, 3 debounced
 -- (the owner, delayed, takes the add's content and delay), or nil.
 -- `a`: the job's first value in ARGV; its settings from ARGV[s + 1].
@@ -84,6 +86,7 @@ local function dedup_hit(a, s, now)
   for i, name in ipairs(SETTINGS) do
     if ARGV[s + 3 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[s + 3 + i] }) end
   end
+  if ARGV[s + 13] ~= '' then append(fields, { 'fpol', ARGV[s + 13] }) end
   redis.call('HSET', jk, unpack(fields))
   add_delayed(owner, run_at)
   emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
@@ -92,11 +95,11 @@ end
 -- plain jobs made ready by a bulk, pushed together at the end (nothing in
 -- between reads the wait list)
 local ready = {}
-local first, stride = 3, 17
-if shared then first, stride = 16, 4 end
+local first, stride = 3, 18
+if shared then first, stride = 17, 4 end
 for j = 0, n - 1 do
   local a = first + j * stride
-  local s = shared and 2 or a + 3  -- the job's settings: ARGV[s + 1 .. s + 13]
+  local s = shared and 2 or a + 3  -- the job's settings: ARGV[s + 1 .. s + 14]
   local id = ARGV[a]
   local added = ''
   local owner, dup = dedup_hit(a, s, now)
@@ -147,7 +150,8 @@ for j = 0, n - 1 do
         append(fields, { 'ddk', ddk })
       end
     end
-    if ARGV[s + 13] ~= '' then append(fields, { 'tc', ARGV[s + 13] }) end
+    if ARGV[s + 13] ~= '' then append(fields, { 'fpol', ARGV[s + 13] }) end
+    if ARGV[s + 14] ~= '' then append(fields, { 'tc', ARGV[s + 14] }) end
     redis.call('HSET', job_key(id), unpack(fields))
     if delay > 0 then
       add_delayed(id, run_at)
