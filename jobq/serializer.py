@@ -56,10 +56,16 @@ def register(
 
     Raises:
         ValueError: the code is out of range or taken by another type.
-        TypeError: ``cls`` is not a type, or a function is not callable.
+        TypeError: ``cls`` is not a type, or one msgpack packs itself (a
+            ``dict``, ``list``, ``str``, an aware ``datetime``...: its
+            encoder would never be called; register a subclass), or a
+            function is not callable.
     """
     if not isinstance(cls, type):
         raise TypeError(f"cls must be a type, not {cls!r}")
+    if cls in _PACKED_NATIVELY:
+        raise TypeError(f"{cls.__qualname__} is packed by msgpack itself: its encoder would "
+                        "never be called (register a subclass of it instead)")
     if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 127:
         raise ValueError(f"code must be an int from 0 to 127, not {code!r}")
     if not callable(encode) or not callable(decode):
@@ -73,8 +79,16 @@ def register(
 
 
 def _default(value: Any) -> Any:
-    """msgpack's hook for a value it cannot pack."""
-    if isinstance(value, _dt.datetime):
+    """msgpack's hook for a value it cannot pack: a registered type's first,
+    then a datetime (of a subclass, or naive), then a subclass of a native
+    type or a tuple."""
+    found = _registry.by_type.get(type(value))
+    if found is None:
+        for cls, entry in list(_registry.by_type.items()):
+            if isinstance(value, cls):
+                found = entry
+                break
+    if found is None and isinstance(value, _dt.datetime):
         if value.tzinfo is not None and value.utcoffset() is not None:
             # a subclass (freezegun's FakeDatetime, pendulum's DateTime):
             # msgpack packs only datetime itself before this hook
@@ -84,12 +98,6 @@ def _default(value: Any) -> Any:
             "means different instants on different hosts; pass an aware one "
             "(e.g. datetime.now(timezone.utc))"
         )
-    found = _registry.by_type.get(type(value))
-    if found is None:
-        for cls, entry in list(_registry.by_type.items()):
-            if isinstance(value, cls):
-                found = entry
-                break
     if found is None:
         for native, convert in _NATIVE:
             if isinstance(value, native):
@@ -125,6 +133,12 @@ _NATIVE: tuple[tuple[type, Callable[[Any], Any]], ...] = (
     (int, int.__int__), (float, float.__float__), (str, str.__str__),
     (bytes, bytes), (bytearray, bytes), (dict, lambda d: dict(d.items())), (list, list),
     (tuple, list),
+)
+
+#: Types whose values msgpack packs itself, never through ``_default``
+#: (a naive datetime does reach it, only to be refused).
+_PACKED_NATIVELY = frozenset(
+    {type(None), bool, int, float, str, bytes, bytearray, memoryview, dict, list, _dt.datetime}
 )
 
 _packer_kwargs: dict[str, Any] = {
@@ -190,10 +204,15 @@ def encoder() -> Callable[[Any, str], bytes]:
 
 def _check(packed: bytes, what: str) -> None:
     """Refuse data which packs but could never be read back (non-string map
-    keys, which strict_map_key refuses) by decoding it once. Extension types
-    are left packed here: no application decoder runs."""
+    keys, which strict_map_key refuses; an aware datetime whose UTC time is
+    outside years 1 to 9999) by decoding it once, as ``decode`` does.
+    Extension types are left packed here: no application decoder runs."""
     try:
-        msgpack.unpackb(packed, raw=False, strict_map_key=True)
+        msgpack.unpackb(packed, raw=False, strict_map_key=True, timestamp=3)
+    except OverflowError as exc:  # the only one: a timestamp out of datetime's range
+        raise SerializationError(
+            f"{what} is not msgpack-encodable: it has a datetime outside years 1 to 9999 "
+            f"in UTC, which could not be read back ({exc})") from exc
     except (TypeError, ValueError) as exc:
         reason = str(exc)
         if "map key" in reason:  # msgpack: "int is not allowed for map key when ..."

@@ -54,6 +54,21 @@ def test_a_naive_datetime_is_refused_with_the_reason(queue: Queue) -> None:
     assert queue.get_job_counts()["waiting"] == 0
 
 
+@pytest.mark.parametrize("when", [
+    dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+    dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+])
+def test_an_aware_datetime_outside_utc_years_1_to_9999_is_refused(
+    queue: Queue, when: dt.datetime
+) -> None:
+    # it packs, but no process could read it back: data, result or event field
+    with pytest.raises(SerializationError, match="outside years 1 to 9999 in UTC"):
+        queue.add("remind", {"at": when})
+    assert queue.get_job_counts()["waiting"] == 0
+    with pytest.raises(SerializationError, match="outside years 1 to 9999 in UTC"):
+        serializer.encoder()([when], "return value")
+
+
 class FrozenDatetime(dt.datetime):
     """A datetime subclass, as freezegun and pendulum make."""
 
@@ -97,6 +112,10 @@ def test_register_checks_its_arguments(decimals: None) -> None:
         serializer.register(uuid.UUID, 42, lambda u: u.bytes, lambda b: uuid.UUID(bytes=b))
     with pytest.raises(TypeError):
         serializer.register(uuid.UUID, 7, "bytes", lambda b: b)  # type: ignore[arg-type]
+    for native in (list, dict, str, int, dt.datetime):  # their encoder would never run
+        with pytest.raises(TypeError, match="packed by msgpack itself"):
+            serializer.register(native, 7, lambda v: b"", lambda b: b)
+    assert 7 not in serializer._registry.by_code
 
 
 def test_tuples_come_back_as_lists() -> None:
@@ -118,6 +137,10 @@ class Settings(dict):  # type: ignore[type-arg]
     pass
 
 
+class Stamp(dt.datetime):
+    pass
+
+
 @pytest.fixture
 def native_subclasses() -> Iterator[None]:
     """Subclasses of types msgpack packs natively, registered for the test."""
@@ -128,6 +151,7 @@ def native_subclasses() -> Iterator[None]:
          lambda b: Point(*map(int, b.decode().split(",")))),
         (Settings, lambda v: serializer.encode(dict(v)),
          lambda b: Settings(serializer.decode(b))),
+        (Stamp, lambda v: v.isoformat().encode(), lambda b: Stamp.fromisoformat(b.decode())),
     ]
     for code, (cls, encode, decode) in enumerate(kinds, start=50):
         serializer.register(cls, code, encode, decode)
@@ -146,7 +170,8 @@ def test_registered_subclasses_of_native_types_round_trip(
     """msgpack packs an int, str, tuple or dict subclass as its base type
     before asking the hook: a registered one must still come back as itself,
     through a worker and back."""
-    data = {"c": Color.RED, "m": Mode.FAST, "p": [Point(1, 2)], "s": Settings(a=[Point(3, 4)])}
+    data = {"c": Color.RED, "m": Mode.FAST, "p": [Point(1, 2)], "s": Settings(a=[Point(3, 4)]),
+            "t": Stamp(2026, 1, 2, 3, 4, tzinfo=dt.timezone(dt.timedelta(hours=2)))}
     seen: list[Any] = []
 
     def processor(job: Job) -> Any:
@@ -161,6 +186,7 @@ def test_registered_subclasses_of_native_types_round_trip(
         assert type(value["c"]) is Color and type(value["m"]) is Mode
         assert type(value["p"][0]) is Point and type(value["s"]) is Settings
         assert type(value["s"]["a"][0]) is Point
+        assert type(value["t"]) is Stamp and value["t"].utcoffset() == dt.timedelta(hours=2)
 
 
 def test_unregistered_subclasses_of_native_types_travel_as_their_base() -> None:
