@@ -210,10 +210,13 @@ class QueueAdmin:
 
         The queue's settings (event mode, ``max_events``) and its generated-id
         counter stay, so the name keeps its mode and never reuses an id; the
-        paused flag is cleared. Emits ``obliterated`` once everything is gone.
+        paused flag is cleared. The queue is held paused while the jobs go
+        (a call per 1000), so that no worker takes one meanwhile. Emits
+        ``obliterated`` once everything is gone.
 
         Raises:
-            JobqError: the queue has active jobs and ``force`` is False.
+            JobqError: the queue has active jobs and ``force`` is False
+                (nothing is deleted).
         """
         while True:
             deleted = self._context.calls.obliterate(force, BATCH)

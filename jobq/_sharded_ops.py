@@ -203,12 +203,20 @@ class ShardedAdmin:
 
         Raises:
             JobqError: a shard has active jobs and ``force`` is False
-                (checked on every shard before any is touched).
+                (checked on every shard, each held paused from then on so
+                that no worker takes a job, before any is touched).
         """
         shards = self._every()
         if not force:
+            held = []  # shards paused here, to let go of on a refusal
+            for shard in shards:
+                meta = shard._context.keys.meta
+                if shard._context.redis.hsetnx(meta, "paused", "1"):
+                    held.append(shard)
             busy = [s.name for s in shards if s.get_job_counts("active")["active"]]
             if busy:
+                for shard in held:
+                    shard._context.redis.hdel(shard._context.keys.meta, "paused")
                 raise JobqError(
                     f"queue {self._context.name!r} has active jobs (shards {', '.join(busy)}); "
                     "obliterate(force=True) removes them anyway"

@@ -1072,6 +1072,25 @@ def test_obliterate_many_jobs(queue: Queue, redis_client: redis.Redis) -> None:
     assert kept_keys(redis_client, queue.name) == []
 
 
+def test_obliterate_takes_all_or_nothing_while_a_worker_takes_jobs(
+    queue: Queue, redis_url: str
+) -> None:
+    """A worker taking a job between two of obliterate's batches made the
+    next batch refuse, after the first batches were gone: the queue is
+    held paused from the first batch, which alone may refuse."""
+    limiter = {"max": 1, "duration": 0.01}  # a take now and then, each one brief
+    with worker(queue.name, redis_url, lambda job: None, limiter=limiter):
+        for _ in range(8):
+            queue.add_bulk([{"name": "n", "data": i} for i in range(4000)])
+            try:
+                queue.obliterate()
+            except JobqError:  # refused: nothing deleted (a job taken is completed)
+                assert sum(queue.get_job_counts().values()) == 4000
+            else:
+                assert sum(queue.get_job_counts().values()) == 0
+            queue.obliterate(force=True)
+
+
 def test_obliterate_refuses_with_active_jobs_unless_forced(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:

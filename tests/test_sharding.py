@@ -210,6 +210,33 @@ def test_a_worker_told_the_count_serves_a_queue_not_yet_written(
         sharded.obliterate(force=True)
 
 
+def test_a_refused_obliterate_leaves_every_shard_as_it_was(
+    queue_name: str, redis_url: str
+) -> None:
+    """Every shard is held paused while obliterate looks for active jobs
+    (a worker taking one on a shard already looked at would see it
+    deleted); a refusal lets go of them, their jobs untouched."""
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> None:
+        started.set()
+        assert release.wait(WAIT)
+
+    with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+        sharded.add("busy", job_id=ids_on(0, 1)[0])
+        with Worker(queue_name, handler, connection=redis_url, shards=SHARDS):
+            try:
+                assert started.wait(WAIT)
+                sharded.add_bulk([{"name": "x", "job_id": i} for i in ids_on(1, 3, "wait")])
+                with pytest.raises(JobqError, match="active jobs"):
+                    sharded.obliterate()
+                assert not any(shard.is_paused() for shard in sharded.shards)
+                assert sharded.get_job_counts("active", "waiting") == {"active": 1, "waiting": 3}
+            finally:
+                release.set()
+        sharded.obliterate(force=True)
+
+
 def check_no_shard_starves(sharded: ShardedQueue, url: str, first: int, others: int) -> None:
     """Shard 0 holds ``first`` jobs, every other shard ``others``; one slot,
     so takes are sequential: while every shard has jobs the takes go round,

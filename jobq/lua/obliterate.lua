@@ -17,7 +17,9 @@
   ARGV[3..] the queue's keys to delete once its jobs are gone (suffixes of
            the base: keys.OBLITERATED, derived from the schema in keys.py)
   Returns  jobs deleted in this call (less than the batch size: the queue is
-           gone); -4 when active jobs exist and force is not set
+           gone); -4 when active jobs exist and force is not set (then
+           nothing is deleted: each call pauses the queue, so only the first
+           can find a job active that it did not find before)
   Flows    each child deleted is dropped from its parent (in any queue),
            which moves on if it was the last; parents' children elsewhere
            are detached (see delete_job)
@@ -26,6 +28,9 @@
   Dedup    releases each deleted job's dedup key, whatever its mode
 ]]
 if ARGV[1] ~= '1' and redis.call('ZCARD', K_ACTIVE) > 0 then return -4 end
+-- held paused until the last call clears the flag: a worker taking a job
+-- between two calls would make the next one refuse, part of the queue gone
+redis.call('HSET', K_META, 'paused', '1')
 local batch = tonumber(ARGV[2])
 local n = 0
 for _, id in ipairs(redis.call('LPOP', K_WAIT, batch) or {}) do
