@@ -172,7 +172,13 @@ class QueueAdmin:
         return remove_job(self._context, lookup_id(job_id))
 
     def drain(self, delayed: bool = False) -> int:
-        """Remove every waiting job (and delayed ones when asked); return how many."""
+        """Remove every waiting job (and delayed ones when asked); return how many.
+
+        As with ``remove``, a parent (in ``waiting-children``) whose last
+        pending children this removes moves on: it is waiting once the
+        drain returns, and runs."""
+        if not isinstance(delayed, bool):
+            raise ValueError(f"delayed must be a bool, not {delayed!r}")
         total = 0
         while True:
             removed = self._context.calls.drain(delayed, BATCH)

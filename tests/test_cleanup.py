@@ -136,10 +136,11 @@ def test_clean_waiting_one_call_looks_at_one_batch(
     before = command_calls(redis_client)
     ids, cursor = queue._context.run("clean", "waiting", 60_000, 100, "")
     after = command_calls(redis_client)
-    assert ids == [] and cursor == b"w100"  # 100 looked at, all kept
-    ids, cursor = queue._context.run("clean", "waiting", 60_000, 100, "w500")
+    # 100 looked at, all kept; the last of them, 100th from the end, is job 100
+    assert ids == [] and cursor == b"w100:100"
+    ids, cursor = queue._context.run("clean", "waiting", 60_000, 100, "w500:500")
     after2 = command_calls(redis_client)
-    assert len(ids) == 50 and cursor == b"w550"
+    assert len(ids) == 50 and cursor == b"w550:600"
     # bounded work: one LRANGE, one HMGET per job looked at (and one for the
     # queue's settings when it writes events), one more per job removed (its
     # run token, dedup key and a flow's parent or children), one LREM per call
@@ -185,6 +186,33 @@ def test_clean_waiting_keeps_order_and_removes_exactly_the_old(
     assert queue.get_job_state(lifo.id) == "waiting"
     assert all(queue.get_job(i) is None for i in old)
     assert queue.clean(60, state="waiting") == []
+
+
+@pytest.mark.parametrize("leave", [4, 1])
+@pytest.mark.parametrize("state", ["delayed", "waiting", "prioritized"])
+def test_clean_goes_on_from_where_it_was_when_jobs_leave_between_calls(
+    queue: Queue, redis_client: redis.Redis, state: str, leave: int
+) -> None:
+    """Jobs looked at and kept by one call that leave before the next
+    (taken, promoted, removed) made the next call skip as many jobs never
+    looked at: old jobs outlived the clean."""
+    options: dict[str, object] = {"delayed": {"delay": 50}, "waiting": {},
+                                  "prioritized": {"priority": 3}}[state]
+    young = queue.add_bulk([{"name": "y", **options} for _ in range(4)])  # first in line
+    later = {"delay": 100} if state == "delayed" else options
+    old = queue.add_bulk([{"name": "o", **later} for _ in range(6)])
+    age(redis_client, queue.name, [j.id for j in old])
+    removed: list[str] = []
+    ids, cursor = queue._context.run("clean", state.replace("prioritized", "waiting"), 60_000, 2,
+                                     "p" if state == "prioritized" else "")
+    removed += [i.decode() for i in ids]
+    for job in young[:leave]:  # they leave: the first looked at, or all four
+        assert queue.remove(job.id)
+    while cursor:
+        ids, cursor = queue._context.run("clean", "waiting" if state != "delayed" else state,
+                                         60_000, 2, cursor)
+        removed += [i.decode() for i in ids]
+    assert sorted(removed) == sorted(j.id for j in old)
 
 
 def test_clean_limit_with_young_jobs_first(queue: Queue, redis_client: redis.Redis) -> None:

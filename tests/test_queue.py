@@ -1032,6 +1032,13 @@ def test_clean_bad_arguments(queue: Queue, kwargs: dict[str, Any]) -> None:
         queue.clean(**{"grace": 0, **kwargs})
 
 
+def test_drain_takes_a_bool(queue: Queue) -> None:
+    queue.add("d", delay=60)
+    with pytest.raises(ValueError, match="delayed must be a bool"):
+        queue.drain(delayed="no")  # type: ignore[arg-type]
+    assert queue.get_job_counts("delayed") == {"delayed": 1}
+
+
 def test_clean_negative_grace(queue: Queue) -> None:
     with pytest.raises(ValueError, match="grace must be >= 0"):
         queue.clean(-1)

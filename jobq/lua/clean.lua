@@ -20,7 +20,9 @@
   ARGV[2]  grace, ms
   ARGV[3]  batch: jobs looked at (and at most removed) per call, >= 1
   ARGV[4]  cursor: '' on the first call, then the one the previous call
-           returned (how far the scan got)
+           returned (how far the scan got: in a sorted set, a score and the
+           kept jobs of that score looked at; in the wait list, the entries
+           looked at and kept and the last of them)
   Flows    a child removed is dropped from its parent, which moves on if
            it was the last; a parent removed detaches its children
   Returns  {ids removed, next cursor ('' when done)}
@@ -54,16 +56,30 @@ local function old(id)
   return ts == nil or ts <= cutoff
 end
 
--- A slice of a sorted set by rank, from `offset`: remove the old ones.
-local function scan_zset(key, offset)
-  local ids = redis.call('ZRANGE', key, offset, offset + batch - 1)
-  local kept = 0
-  for _, id in ipairs(ids) do
-    if old(id) then out[#out + 1] = id else kept = kept + 1 end
+-- A slice of a sorted set in score order, from where `cursor` (its
+-- `prefix`, then 'n:score') left off: remove the old ones; return the next
+-- cursor, or nil at the set's end. The cursor is the last score looked at
+-- and how many kept members of that score were, not a rank: jobs leaving
+-- the set between two calls (promoted, taken, removed) must not shift the
+-- next slice past jobs never looked at.
+local function scan_zset(key, prefix)
+  local n, from = string.match(cursor, '^' .. prefix .. '(%d+):(.+)$')
+  from, n = from or '-inf', tonumber(n) or 0
+  local got = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, n + batch)
+  local last, kept, looked = from, 0, 0
+  for i = 1, #got, 2 do
+    local id, score = got[i], got[i + 1]
+    if score == from and i <= 2 * n and looked == 0 then
+      kept = kept + 1  -- looked at by the last call, and kept
+    elseif looked < batch then
+      looked = looked + 1
+      if score ~= last then last, kept = score, 0 end
+      if old(id) then out[#out + 1] = id else kept = kept + 1 end
+    end
   end
   if #out > 0 then redis.call('ZREM', key, unpack(out)) end
-  if #ids < batch then return nil end
-  return offset + kept
+  if #got < 2 * (n + batch) then return nil end
+  return prefix .. kept .. ':' .. last
 end
 
 if state == 'completed' or state == 'failed' then
@@ -74,22 +90,41 @@ if state == 'completed' or state == 'failed' then
 elseif state == 'delayed' or state == 'waiting-children' then
   local set = K_DELAYED
   if state ~= 'delayed' then set = base .. 'waiting-children' end
-  local offset = scan_zset(set, tonumber(string.match(cursor, '^z(%d+)$')) or 0)
-  if offset then nxt = 'z' .. offset end
+  nxt = scan_zset(set, 'z') or ''
 elseif string.sub(cursor, 1, 1) == 'p' then
-  local offset = scan_zset(K_PRIO, tonumber(string.match(cursor, '^p(%d+)$')) or 0)
-  if offset then nxt = 'p' .. offset end
+  nxt = scan_zset(K_PRIO, 'p') or ''
 else
   -- the wait list, from its right end (the next job to run) leftwards;
-  -- `skip` entries at that end were looked at before and kept
-  local skip = tonumber(string.match(cursor, '^w(%d+)$')) or 0
-  local ids = redis.call('LRANGE', K_WAIT, -(skip + batch), -(skip + 1))
+  -- `skip` entries at that end were looked at before and kept, the last
+  -- of them `mark`. Workers take from that end and lifo jobs join it
+  -- between two calls: the mark is looked for near where it was, and the
+  -- scan goes on from it (from the end again when it is gone)
+  local skip, mark = string.match(cursor, '^w(%d+):(.*)$')
+  skip = tonumber(skip) or 0
+  local ids
+  if skip > 0 then  -- the slice, and the mark where it was at its right
+    ids = redis.call('LRANGE', K_WAIT, -(skip + batch), -skip)
+    if ids[#ids] == mark then
+      ids[#ids] = nil
+    else
+      local near = math.max(1, skip - batch)
+      local window = redis.call('LRANGE', K_WAIT, -(skip + batch), -near)
+      local found = 0
+      for i = #window, 1, -1 do
+        if window[i] == mark then found = near + #window - i break end
+      end
+      skip, ids = found, nil
+    end
+  end
+  ids = ids or redis.call('LRANGE', K_WAIT, -(skip + batch), -(skip + 1))
   local gone = {}  -- distances from the right end of the entries to remove
   local at_end = skip == 0  -- whether they are all the list's last entries
+  local removed = {}  -- by index in ids
   for i = #ids, 1, -1 do
     local from_end = skip + #ids - i
     if old(ids[i]) then
       out[#out + 1] = ids[i]
+      removed[i] = true
       gone[#gone + 1] = from_end
       if from_end ~= #gone - 1 then at_end = false end
     end
@@ -107,7 +142,15 @@ else
       redis.call('LREM', K_WAIT, #gone, TOMBSTONE)
     end
   end
-  if #ids < batch then nxt = 'p0' else nxt = 'w' .. (skip + #ids - #gone) end
+  if #ids < batch then
+    nxt = 'p'
+  else
+    -- the leftmost entry looked at and kept (none: the mark stays)
+    for i = 1, #ids do
+      if not removed[i] then mark = ids[i] break end
+    end
+    nxt = 'w' .. (skip + #ids - #gone) .. ':' .. (mark or '')
+  end
 end
 
 for _, id in ipairs(out) do
