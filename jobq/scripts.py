@@ -29,7 +29,7 @@ from redis.exceptions import (
 
 from . import _fork
 from ._coalesce import Coalescer, shared
-from .connection import Client, connected, pooled, read_by, take_connection
+from .connection import Client, connected, is_transient, pooled, read_by, take_connection
 
 _SCRIPT_NAMES = (
     "add",
@@ -232,6 +232,21 @@ class Scripts:
             raise redis.exceptions.ConnectionError("closing: no more calls are sent")
 
     def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
+        """``_run``, with an error reply that says the call was not run for
+        now (BUSY: the server runs another client's long script; TRYAGAIN,
+        CLUSTERDOWN, MASTERDOWN, READONLY) raised as redis-py's
+        ``ConnectionError``, as a server away is: the error callers retry
+        on. It is safe to: nothing of the call ran."""
+        try:
+            return self._run(name, base, *args, client=client)
+        except ResponseError as exc:
+            if isinstance(exc, redis.exceptions.NoScriptError) or not is_transient(exc):
+                raise
+            raise redis.exceptions.ConnectionError(
+                f"the server did not run the call: {exc} (nothing of it ran; try again)"
+            ) from exc
+
+    def _run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
         """Run script ``name`` with KEYS = [base, guard] and ARGV = args.
 
         Neither key is ever written: ``base`` routes the call to the queue's

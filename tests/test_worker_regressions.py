@@ -268,6 +268,28 @@ def test_a_wait_and_a_worker_start_meeting_busy_wait_for_the_server(
             admin.config_set("busy-reply-threshold", 5000)
 
 
+def test_a_call_meeting_busy_raises_connection_error_saying_nothing_ran(
+    private_server: RedisServer,
+) -> None:
+    """An add (or any script call of the caller's) refused with BUSY raised
+    redis-py's bare ResponseError: the docs promise ConnectionError /
+    TimeoutError in an outage, the errors callers retry on; BUSY means
+    that the call did not run."""
+    url = private_server.url
+    with private_server.client() as admin, Queue("busy-add", connection=url) as q:
+        q.obliterate(force=True)
+        admin.config_set("busy-reply-threshold", 100)
+        try:
+            busy = _busy(private_server)
+            with pytest.raises(redis.exceptions.ConnectionError, match="BUSY.*nothing of it ran"):
+                q.add("x")
+            busy.join(WAIT)
+        finally:
+            admin.config_set("busy-reply-threshold", 5000)
+        assert q.get_job_counts("waiting") == {"waiting": 0}
+        assert q.add("x").get_state() == "waiting"
+
+
 def _busy(server: RedisServer) -> threading.Thread:
     """A thread running a 1.5 s script on ``server``, started; returned once
     the server answers BUSY (busy-reply-threshold set low by the caller)."""
