@@ -129,9 +129,10 @@ class Maintenance:
             return
         self._sharded_told = True
         error = JobqError(
-            f"queue {context.name!r} is now a sharded queue of {count} shards, but this "
-            "worker started before it was written to and serves it as a plain queue: "
-            f"restart the worker, or start it with Worker(..., shards={count})"
+            f"queue {context.name!r} is a sharded queue of {count} shards, but this worker "
+            "serves it as a plain queue (it started before the queue's first write, or "
+            "while the server could not say): restart the worker, or start it with "
+            f"Worker(..., shards={count})"
         )
         logger.error("%s", error)
         self._on_error(error)

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from ._context import QueueContext
 from ._sentinel import brief
 from ._shards import shard_keys, shard_of, stored_count
+from ._threads import RetryBackoff
 from .connection import is_transient
 from .errors import JobqError
 from .keys import QueueKeys
@@ -156,23 +159,41 @@ class ShardedContext(QueueContext):
         return [lost, cancelled]
 
 
-def worker_context(context: QueueContext, shards: int | None) -> QueueContext:
+#: How long a Worker's start waits for the server to say whether its queue
+#: is sharded (a worker started with the server, in a deploy).
+SHARD_LOOK_WAIT = 10.0
+
+
+def worker_context(
+    context: QueueContext, shards: int | None, stopping: Callable[[], bool] = lambda: False
+) -> QueueContext:
     """The context a Worker's run uses: a ``ShardedContext`` when ``shards``
     is given (stored, or checked against the stored count, by the fetcher)
-    or a shard count is stored with the queue, else ``context``."""
+    or a shard count is stored with the queue, else ``context``. A server
+    away or busy is waited for, SHARD_LOOK_WAIT at most (or until
+    ``stopping()``): a sharded queue's worker that took its name for a
+    plain queue would serve none of its jobs."""
     if shards is not None:
         return ShardedContext(context, shards)
-    try:
-        count = stored_count(context.client, context.prefix, context.name)
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        # a worker may start while the server is away or busy (its loops
-        # retry); a sharded queue's worker must then be started again once
-        # it is back
-        logger.warning("worker of %r: cannot read whether the queue is sharded (%s); "
-                       "serving it as a plain queue", context.name, brief(exc))
-        return context
+    deadline = time.monotonic() + SHARD_LOOK_WAIT
+    backoff = RetryBackoff(cap=1.0)
+    while True:
+        try:
+            count = stored_count(context.client, context.prefix, context.name)
+            break
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if stopping() or time.monotonic() >= deadline:
+                # the worker still starts (its loops retry); if the queue is
+                # sharded, its maintenance says so once the server is back
+                logger.warning(
+                    "worker of %r: cannot read whether the queue is sharded (%s); serving "
+                    "it as a plain queue (if it is a sharded queue, start the worker again "
+                    "once the server is back, or with Worker(..., shards=N))",
+                    context.name, brief(exc))
+                return context
+        threading.Event().wait(min(backoff.next(), max(0.0, deadline - time.monotonic())))
     if count is None:
         return context
     logger.debug("queue %r is sharded over %d shards", context.name, count)

@@ -273,7 +273,8 @@ class Worker(ListenerMethods, ClosedOnExit):
             if self._state is Lifecycle.RUNNING:
                 return self
             try:
-                self._run_context = worker_context(self._context, self._shards)  # sharding.py
+                self._run_context = worker_context(  # sharding.py
+                    self._context, self._shards, lambda: self._state is not Lifecycle.NEW)
                 if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
                     self._channel.open(self._run_context, self._emit, self.name, wait=True)
                 if self._state is not Lifecycle.NEW:

@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobq import ClosedError, Job, JobFailedError, Queue, Worker
+from jobq import ClosedError, Job, JobFailedError, Queue, ShardedQueue, Worker
 from jobq.cli import main as cli_main
 from jobq.scripts import _library, function_name
 from jobq.testing import RedisServer, find_server_binary
@@ -288,6 +288,32 @@ def test_a_call_meeting_busy_raises_connection_error_saying_nothing_ran(
             admin.config_set("busy-reply-threshold", 5000)
         assert q.get_job_counts("waiting") == {"waiting": 0}
         assert q.add("x").get_state() == "waiting"
+
+
+def test_a_worker_started_while_the_server_is_away_waits_to_learn_the_queue_is_sharded() -> None:
+    """A worker started (without shards=) while the server was away took a
+    sharded queue's name for a plain queue's, for good: it served none of
+    its jobs once the server was back. Its start now waits for the server
+    (SHARD_LOOK_WAIT at most)."""
+    with RedisServer(find_server_binary(), appendonly=True) as server:
+        with ShardedQueue("sh", shards=4, connection=server.url) as sharded:
+            jobs = sharded.add_bulk([{"name": "x", "data": i} for i in range(8)])
+        server.shutdown()
+        worker = make_worker("sh", server.url, echo)
+        starter = threading.Thread(target=worker.start, name="test-starter")
+        starter.start()
+        try:
+            starter.join(0.3)
+            assert starter.is_alive()  # waiting for the server, not serving a plain queue
+            server.restart()
+            starter.join(WAIT)
+            assert not starter.is_alive() and worker.is_running()
+            with ShardedQueue("sh", shards=4, connection=server.url) as sharded:
+                assert [sharded.get_job(j.id).wait_until_finished(timeout=WAIT)  # type: ignore[union-attr]
+                        for j in jobs] == list(range(8))
+        finally:
+            starter.join(WAIT)
+            worker.close()
 
 
 def _busy(server: RedisServer) -> threading.Thread:
