@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from . import _fork, serializer
+from . import _fork
 from . import connection as _connection
 from . import events as _events
 from ._context import QueueContext
@@ -28,13 +28,16 @@ from ._waiters import (
     Failed,
     Outcome,
     StreamId,
+    Unreadable,
     Waiter,
     WaiterTable,
+    completed,
     generation,
     sid,
     valid_id,
 )
 from .connection import Client, blocking_client
+from .errors import SerializationError
 from .events import Event
 from .keys import QueueKeys
 from .listeners import ListenerRegistry, call_safely
@@ -494,9 +497,11 @@ class EventReader:
                 continue
             try:
                 events = _events.from_stream(entry, raw)
-            except Exception:
+            except Exception as exc:
                 logger.exception("skipping undecodable event %s of %r", entry, self.name)
                 events = []
+                if name == b"completed" and raw.get(b"jid"):  # its waiters raise the error
+                    answered += _unreadable(self.table, entry, raw, exc)
             for event in events:
                 self._handle(event, answered)
             self.read_id = sid(entry)  # only after its outcome is recorded
@@ -558,6 +563,19 @@ class EventReader:
             self._dispatcher.dispatched_id = event.id
 
 
+def _unreadable(
+    table: WaiterTable, entry: str, raw: dict[bytes, bytes], exc: Exception
+) -> list[tuple[Waiter, Outcome]]:
+    """The waiters of a `completed` entry that cannot be decoded here,
+    answered with the error (a result of a type registered elsewhere)."""
+    error = exc if isinstance(exc, SerializationError) else SerializationError(
+        f"the completed event of job {_text(raw[b'jid'])!r} could not be decoded: {exc}")
+    outcome = Unreadable(error)
+    run = _text(raw[b"run"]) if b"run" in raw else None
+    waiters = table.record(_text(raw[b"jid"]), run, outcome, sid(entry))
+    return [(waiter, outcome) for waiter in waiters]
+
+
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -589,9 +607,13 @@ def outcome_of(context: QueueContext, event: Event, run: str | None) -> tuple[Ou
         raw = client.get(f"{context.keys.base}result:{run}")
     if raw is None:
         return MISSING, event
-    result = serializer.decode(raw, "return value")
-    fields = {**event.fields, "result": result}
-    return Completed(result), dataclasses.replace(event, fields=fields)
+    outcome = completed(raw)
+    if not isinstance(outcome, Completed):  # listeners get the event without it
+        logger.warning("events reader of %r: result of job %r: %s", context.name,
+                       event.job_id, outcome.error)
+        return outcome, event
+    fields = {**event.fields, "result": outcome.value}
+    return outcome, dataclasses.replace(event, fields=fields)
 
 
 #: The highest sequence number of a stream id.

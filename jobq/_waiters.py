@@ -30,7 +30,13 @@ from . import serializer
 from ._context import QueueContext
 from .calls import OutcomeReply, outcome_args, outcome_reply
 from .connection import TRANSIENT_ERRORS, is_transient
-from .errors import ClosedError, JobCancelledError, JobFailedError, JobNotFoundError
+from .errors import (
+    ClosedError,
+    JobCancelledError,
+    JobFailedError,
+    JobNotFoundError,
+    SerializationError,
+)
 from .scripts import function_missing, load_library
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
@@ -77,6 +83,14 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """The run completed, with a value this process cannot decode: waiters
+    raise ``error`` (a SerializationError)."""
+
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
 class Missing:
     """The run does not exist, or was removed."""
 
@@ -86,7 +100,7 @@ class Closed:
     """The QueueEvents was closed during the wait."""
 
 
-Outcome = Completed | Failed | Missing | Closed
+Outcome = Completed | Failed | Unreadable | Missing | Closed
 MISSING = Missing()
 CLOSED = Closed()
 
@@ -202,10 +216,20 @@ class Waiter:
         self.event.set()
 
 
+def completed(raw: bytes | None) -> Completed | Unreadable:
+    """The outcome of a run that completed with the encoded value ``raw``."""
+    try:
+        return Completed(serializer.decode(raw, "return value"))
+    except SerializationError as exc:  # its waiters raise it; the reader reads on
+        return Unreadable(exc)
+
+
 def result_of(job_id: str, outcome: Outcome | None, what: str) -> Any:
     """The value of a completed run, or the error its outcome stands for."""
     if isinstance(outcome, Completed):
         return outcome.value
+    if isinstance(outcome, Unreadable):
+        raise outcome.error
     if isinstance(outcome, Failed):
         error = JobCancelledError if outcome.cancelled else JobFailedError
         raise error(job_id, outcome.reason, outcome.stacktrace or [], outcome.exc_type)
@@ -596,7 +620,7 @@ class WaiterTable:
             known = self.remembered(waiter) if stale else None
         outcome: Outcome | None = None
         if reply.state == "completed":
-            outcome = Completed(serializer.decode(reply.value, "return value"))
+            outcome = completed(reply.value)
         elif reply.state in ("failed", "cancelled"):
             stacktrace = reply.stacktrace
             trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None

@@ -170,8 +170,8 @@ class Queue(
                 f"result_ttl must be seconds from 0.001 to 30 days, not {result_ttl!r}"
             )
         defaults = dict(default_job_options or {})
-        if defaults.get("job_id") is not None:  # every add after the first would be it
-            raise ValueError("job_id is one job's own: it cannot be a default job option")
+        if defaults.get("job_id") is not None:  # every add after the first would be its job
+            raise ValueError("job_id cannot be a default job option")
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
         self._tasks: dict[str, Task[Any]] = {}
@@ -317,10 +317,8 @@ class Queue(
         pairs or Jobs) makes the job wait in state ``waiting-children``
         until each has completed (see ``FlowProducer``): those completed
         already count as done, failed ones follow their failure policy.
-        A failure policy option (``fail_parent_on_failure``,
-        ``ignore_dependency_on_failure``, ``remove_dependency_on_failure``),
-        given here, in ``add_bulk`` or in ``default_job_options``, is kept
-        with the job for when it becomes a child.
+        A failure policy option (``fail_parent_on_failure``, ...; here,
+        in ``add_bulk`` or a default) is kept for when the job becomes a child.
 
         Raises:
             SerializationError: data is not msgpack-encodable.
@@ -336,7 +334,7 @@ class Queue(
         if depends_on is not None:
             from .flow import add_with_dependencies
 
-            return add_with_dependencies(self, name, data, options, depends_on or ())
+            return add_with_dependencies(self, name, data, options, depends_on)
         return self.add_bulk([{"name": name, "data": data, **options}])[0]
 
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 
@@ -25,6 +26,7 @@ from jobq import (
     JobNotFoundError,
     Queue,
     QueueEvents,
+    SerializationError,
     ShardedQueue,
     WaitUntilFinishedTimeoutError,
     Worker,
@@ -736,6 +738,46 @@ def test_a_wait_begun_after_its_jobs_events_were_trimmed_unread_looks_at_the_rec
         with Worker(queue_name, echo, connection=redis_url, concurrency=8):
             for i, job in enumerate(jobs):  # one at a time: most begin after the loss
                 assert job.wait_until_finished(events, timeout=5) == i
+
+
+@pytest.mark.parametrize("size", [10, 2000])  # in the event, or read from the record
+def test_a_result_the_reader_cannot_decode_fails_its_wait_not_the_reader(
+    queue: Queue, qe: QueueEvents, redis_url: str, size: int
+) -> None:
+    """A result of an extension type registered in the worker's process
+    alone: read from the record (over 1 KiB), it failed the reader's whole
+    read, which it retried for ever, and no listener heard of any later
+    event; in the event, the wait waited for the next re-check (10 s)."""
+    heard: list[str] = []
+    qe.on("completed", lambda event: heard.append(event.job_id))
+    release = threading.Event()
+
+    def handler(job: Job) -> Any:
+        if job.name == "odd":
+            assert release.wait(WAIT)
+            return msgpack.ExtType(7, b"x" * size)
+        return job.data
+
+    odd = queue.add("odd")
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            odd.wait_until_finished(qe, timeout=5)  # under the 10 s re-check
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    with Worker(queue.name, handler, connection=redis_url):
+        waiter.start()
+        until(lambda: waiting_on(qe, odd.id), timeout=WAIT)
+        release.set()
+        waiter.join(WAIT)
+        assert [type(e) for e in outcome] == [SerializationError]
+        assert "extension type 7" in str(outcome[0])
+        later = queue.add("ok", 5)
+        assert later.wait_until_finished(qe, timeout=WAIT) == 5
+        until(lambda: later.id in heard, timeout=WAIT)
 
 
 def test_a_wait_begun_after_an_obliterate_was_read_raises_not_found(
