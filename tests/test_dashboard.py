@@ -6,6 +6,7 @@ command; a Flask mount. Real server; bounded waits."""
 from __future__ import annotations
 
 import json
+import http.client
 import os
 import re
 import signal
@@ -627,6 +628,16 @@ def test_command_serves_until_interrupted(queue: Queue, redis_url: str) -> None:
             body = response.read().decode()
             assert response.status == 200 and "read-only" in body
             assert response.headers["Content-Security-Policy"]
+        # served on loopback without auth: only requests to a loopback name
+        # (a rebound name of another site is refused, before any page)
+        for host, status in (("attacker.example", 421), ("localhost", 200), ("[::1]", 200)):
+            conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=WAIT)
+            try:
+                conn.request("GET", f"/queue?q={queue.name}",
+                             headers={"Host": f"{host}:{match.group(1)}"})
+                assert conn.getresponse().status == status, host
+            finally:
+                conn.close()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=WAIT) == 0
     finally:
