@@ -14,7 +14,7 @@ from . import _fork
 from . import connection as _connection
 from ._threads import start_thread
 from .calls import QueueScripts
-from .errors import ClosedError
+from .errors import ClosedError, PayloadTooLarge
 from .keys import QueueKeys, validate_name, validate_prefix
 from .scripts import Scripts
 
@@ -26,6 +26,9 @@ E = TypeVar("E")
 
 #: Connections of a pool left to shared use when threads keep some to themselves.
 POOL_RESERVE = 16
+
+#: The default of ``Queue(max_payload_bytes=...)``: 1 MiB.
+PAYLOAD_LIMIT = 1024 * 1024
 
 
 class _Held:
@@ -101,11 +104,25 @@ class QueueContext:
         #: where ``shared_events`` comes from instead (a shard's: its part of
         #: the sharded queue's events)
         self.events_source: Callable[[], QueueEvents] | None = None
+        #: the largest value (encoded) a job's data, progress or log line,
+        #: or a custom event, may be: the Queue's max_payload_bytes
+        self.payload_limit: int | None = PAYLOAD_LIMIT
         self._lock = threading.Lock()
         self._setup: Callable[[], None] | None = None
         self._setup_lock = threading.Lock()
         self.closed = False
         _fork.track(self)
+
+    def sized(self, packed: bytes, what: str) -> bytes:
+        """``packed``, unless it is over ``payload_limit`` (PayloadTooLarge)."""
+        limit = self.payload_limit
+        if limit is not None and len(packed) > limit:
+            raise PayloadTooLarge(
+                f"{what} encodes to {len(packed)} bytes, over the queue's "
+                f"max_payload_bytes={limit}; store large data elsewhere and pass a reference, "
+                "or raise max_payload_bytes"
+            )
+        return packed
 
     def on_first_use(self, setup: Callable[[], None]) -> None:
         """Have ``setup`` run before the first command (again on the next

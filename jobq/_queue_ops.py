@@ -276,8 +276,7 @@ class QueueAdmin:
 
     def trim_events(self, max_len: int) -> int:
         """Trim the event stream to about ``max_len`` entries; return how many went."""
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
-            raise ValueError(f"max_len must be an int >= 0, not {max_len!r}")
+        max_len = list_index("max_len", max_len, minimum=0)
         return int(self._context.redis.xtrim(self._context.keys.events, maxlen=max_len))
 
 def remove_job(context: QueueContext, job_id: str) -> bool:

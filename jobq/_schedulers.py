@@ -280,7 +280,8 @@ class QueueSchedulers:
         if not isinstance(job_name, str) or not job_name or len(job_name) > 200:
             raise ValueError(f"name must be a non-empty str of at most 200 characters, "
                              f"not {job_name!r}")
-        packed_data = serializer.encode(data, "scheduler data")
+        packed_data = self._context.sized(serializer.encode(data, "scheduler data"),
+                                          "scheduler data")
         plain = opts.to_plain()
         complete_count, complete_age = opts.remove_on_complete.to_script()
         fail_count, fail_age = opts.remove_on_fail.to_script()

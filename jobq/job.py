@@ -351,7 +351,7 @@ class Job(JobFlow):
             SerializationError: data is not msgpack-encodable.
             JobNotFoundError: no such job.
         """
-        packed = serializer.encode(data, "data")
+        packed = self._context.sized(serializer.encode(data, "data"), "job data")
         self._checked(self._context.calls.update_job(self.id, "data", packed), "update_data")
         self.data = data
 
@@ -362,7 +362,7 @@ class Job(JobFlow):
             SerializationError: value is not msgpack-encodable.
             JobNotFoundError: no such job.
         """
-        packed = serializer.encode(value, "progress")
+        packed = self._context.sized(serializer.encode(value, "progress"), "progress")
         code = self._context.calls.update_job(self.id, "progress", packed)
         self._checked(code, "update_progress")
         self.progress = value
@@ -378,7 +378,11 @@ class Job(JobFlow):
         if not isinstance(message, str):
             raise TypeError(f"log message must be a str, not {type(message).__name__}")
         list_index("keep", keep, minimum=0)
-        return self._checked(self._context.calls.update_job(self.id, "log", message, keep), "log")
+        try:
+            line = self._context.sized(message.encode("utf-8"), "log line")
+        except UnicodeEncodeError as exc:  # a lone surrogate
+            raise ValueError(f"log message is not valid text: {exc}") from None
+        return self._checked(self._context.calls.update_job(self.id, "log", line, keep), "log")
 
     # -- waiting ----------------------------------------------------------
 

@@ -66,9 +66,10 @@ def blocking_seconds(value: Any) -> float:
 def list_index(name: str, value: Any, minimum: int | None = None) -> int:
     """An index into a list (``start``, ``end``; negative counts from the
     end, as LRANGE does) or a count: an int, not a bool, NaN or a float
-    that the server would refuse with a bare "value is not an integer"."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, not {value!r}")
+    that the server would refuse with a bare "value is not an integer"
+    (nor one beyond its 64-bit range)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise ValueError(f"{name} must be a 64-bit int, not {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
     return value
@@ -81,12 +82,16 @@ def byte_limit(name: str, value: Any) -> int | None:
     return value
 
 
-def _int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+#: The largest count an option may hold: the scripts' numbers are doubles,
+#: exact up to 2**53.
+MAX_COUNT = 2**53
+
+
+def _int(name: str, value: Any, minimum: int, maximum: int = MAX_COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, not {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f" and <= {maximum}" if maximum is not None else ""
-        raise ValueError(f"{name} must be >= {minimum}{bound}, not {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be >= {minimum} and <= {maximum}, not {value!r}")
     return value
 
 

@@ -11,7 +11,7 @@ from . import _tracing, serializer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._closing import ClosedOnExit, OfQueue
-from ._context import QueueContext
+from ._context import PAYLOAD_LIMIT, QueueContext
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading, record_queue
 from ._reader import tell_readers_pubsub
@@ -21,7 +21,6 @@ from .calls import NewJob
 from .connection import unreachable
 from .errors import (
     JobqError,
-    PayloadTooLarge,
     RedisOOMError,
     SerializationError,
 )
@@ -43,7 +42,7 @@ DEFAULT_MAX_EVENTS = 10_000
 #: result of a job removed on completion): see complete.lua.
 DEFAULT_RESULT_TTL = 60.0
 #: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
-DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = PAYLOAD_LIMIT
 #: Longest job name, in characters.
 MAX_JOB_NAME = 200
 
@@ -177,6 +176,7 @@ class Queue(
         self._tasks: dict[str, Task[Any]] = {}
         self._default_options: _Parsed | None = None
         self._context = QueueContext(name, connection, prefix)
+        self._context.payload_limit = self.max_payload_bytes
         self._settings = (event_mode, max_events, result_ttl)
         self._recorded = False
         # no I/O here: a module-level Queue must not break an import while the
@@ -294,12 +294,7 @@ class Queue(
         value checked; ``batch``: what the jobs of one ``add_bulk`` share."""
         parsed = self._options(options, batch)
         packed = (serializer.encode if batch is None else batch.encode)(data, "job data")
-        if self.max_payload_bytes is not None and len(packed) > self.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"job data encodes to {len(packed)} bytes, over the queue's "
-                f"max_payload_bytes={self.max_payload_bytes}; store large data elsewhere "
-                "and pass a reference, or raise max_payload_bytes"
-            )
+        self._context.sized(packed, "job data")
         return NewJob(parsed.job_id, _job_name(name), packed, *parsed.rest), parsed.plain
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
@@ -400,6 +395,7 @@ class Queue(
             if key in ("ev", "jid", "c", "ts"):
                 raise SerializationError(f"event field name {key!r} is reserved")
             packed.append((key, serializer.encode(value, f"event field {key!r}")))
+        self._context.sized(b"".join(value for _, value in packed), f"event {event!r}")
         self._context.calls.emit(event, packed)
         self._record()
 

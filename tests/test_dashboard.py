@@ -5,8 +5,8 @@ command; a Flask mount. Real server; bounded waits."""
 
 from __future__ import annotations
 
-import json
 import http.client
+import json
 import os
 import re
 import signal

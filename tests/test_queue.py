@@ -16,7 +16,7 @@ import pytest
 import redis
 
 import jobq
-from jobq import ClosedError, JobqError, Queue, SerializationError, Worker
+from jobq import ClosedError, JobqError, PayloadTooLarge, Queue, SerializationError, Worker
 from tests.streams import stream_events
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
@@ -236,6 +236,9 @@ def test_unknown_option_raises_type_error(queue: Queue, redis_client: redis.Redi
         {"remove_on_complete": {"bogus": 1}},
         {"remove_on_fail": -2},
         {"remove_on_fail": {"age": "1"}},
+        {"attempts": 10**20},  # past the scripts' exact numbers: not a msgpack error
+        {"remove_on_fail": 10**20},
+        {"remove_on_complete": {"count": 2**53 + 1}},
     ],
     ids=repr,
 )
@@ -1030,6 +1033,42 @@ def test_clean_failed_delayed_and_waiting(queue: Queue, redis_url: str) -> None:
 def test_clean_bad_arguments(queue: Queue, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         queue.clean(**{"grace": 0, **kwargs})
+
+
+def test_indices_past_64_bits_and_bad_log_text_raise_value_error(queue: Queue) -> None:
+    job = queue.add("x", delay=60)
+    for call in (lambda: job.get_logs(0, 2**64), lambda: queue.get_jobs("delayed", 0, 2**64),
+                 lambda: queue.get_jobs("waiting", -(2**63) - 1), lambda: queue.trim_events(2**64)):
+        with pytest.raises(ValueError, match="must be a 64-bit int"):
+            call()
+    with pytest.raises(ValueError, match="log message is not valid text"):
+        job.log("half a pair \udc80")
+    assert job.get_logs() == []
+
+
+def test_every_write_of_a_value_keeps_to_max_payload_bytes(
+    queue_name: str, redis_url: str
+) -> None:
+    """Only add checked the limit: update_data, update_progress, log, emit
+    and a scheduler's data wrote megabytes (progress and custom events
+    into the event stream)."""
+    big = "x" * 200
+    with Queue(queue_name, connection=redis_url, max_payload_bytes=100) as q:
+        job = q.add("x", "small")
+        writes = {
+            "job data": lambda: job.update_data(big),
+            "progress": lambda: job.update_progress(big),
+            "log line": lambda: job.log(big),
+            "event 'custom'": lambda: q.emit("custom", v=big),
+            "scheduler data": lambda: q.upsert_scheduler("s", every=60, data=big),
+        }
+        for what, write in writes.items():
+            with pytest.raises(PayloadTooLarge, match=f"{what} encodes to .*_bytes=100"):
+                write()
+        job.update_progress("ok")  # under the limit
+        fresh = q.get_job(job.id)
+        assert fresh is not None and fresh.data == "small" and fresh.progress == "ok"
+        assert job.get_logs() == [] and q.get_schedulers() == []
 
 
 def test_drain_takes_a_bool(queue: Queue) -> None:
