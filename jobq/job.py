@@ -375,13 +375,8 @@ class Job(JobFlow):
         Returns:
             The number of lines in the log.
         """
-        if not isinstance(message, str):
-            raise TypeError(f"log message must be a str, not {type(message).__name__}")
+        line = _log_line(self._context, message)
         list_index("keep", keep, minimum=0)
-        try:
-            line = self._context.sized(message.encode("utf-8"), "log line")
-        except UnicodeEncodeError as exc:  # a lone surrogate
-            raise ValueError(f"log message is not valid text: {exc}") from None
         return self._checked(self._context.calls.update_job(self.id, "log", line, keep), "log")
 
     # -- waiting ----------------------------------------------------------
@@ -438,3 +433,13 @@ def _events_for(job: Job, queue_events: QueueEvents | None) -> QueueEvents:
             f"queue {queue_events.name!r} (prefix {queue_events.prefix!r})"
         )
     return queue_events
+
+
+def _log_line(context: QueueContext, message: Any) -> bytes:
+    """A log message as stored: UTF-8 text within the payload limit."""
+    if not isinstance(message, str):
+        raise TypeError(f"log message must be a str, not {type(message).__name__}")
+    try:
+        return context.sized(message.encode("utf-8"), "log line")
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise ValueError(f"log message is not valid text: {exc}") from None
