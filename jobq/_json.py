@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,3 +48,18 @@ def _key(key: Any) -> str:
         return json.dumps(jsonable(key)).strip('"')
     converted = jsonable(key)
     return converted if isinstance(converted, str) else json.dumps(converted)
+
+
+#: Characters that drive a terminal or a log rather than show: C0 and C1
+#: controls (ESC starts colour, title and screen sequences), DEL, and the
+#: bidirectional overrides that make text read in another order.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_CONTROLS_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """``text`` as a terminal or a log line may show it: each control
+    character written as its escape (``\\x1b``); ``lines`` keeps newlines
+    and tabs (a stack trace)."""
+    pattern = _CONTROLS_BUT_LINES if lines else _CONTROLS
+    return pattern.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)

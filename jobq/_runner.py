@@ -21,6 +21,7 @@ from typing import Any
 from . import _fork, _tracing, serializer
 from ._attempt import Attempt, AttemptTable, TakeGate
 from ._context import QueueContext
+from ._json import printable
 from ._sentinel import brief
 from ._threads import RetryBackoff, start_thread, wait_event
 from .calls import FinishReply, TakeArgs, WorkerScripts
@@ -186,8 +187,8 @@ class Finisher:
         with self._lock:
             self.done += 1
         if self._job_log.isEnabledFor(logging.INFO):
-            self._job_log.info("job %s (%s) completed in %.3f s", job.id, job.name,
-                               time.monotonic() - attempt.started)
+            self._job_log.info("job %s (%s) completed in %.3f s", printable(job.id),
+                               printable(job.name), time.monotonic() - attempt.started)
         self._emit("completed", job, result)
         return taken
 
@@ -232,9 +233,9 @@ class Finisher:
         if self._job_log.isEnabledFor(level):
             self._job_log.log(
                 level,
-                "job %s (%s) failed in %.3f s, attempt %d%s: %s", job.id, job.name,
-                time.monotonic() - attempt.started, attempt_no,
-                ", will retry" if retrying else "", reason,
+                "job %s (%s) failed in %.3f s, attempt %d%s: %s", printable(job.id),
+                printable(job.name), time.monotonic() - attempt.started, attempt_no,
+                ", will retry" if retrying else "", printable(reason),
             )
         self._emit("failed", job, exc)
         return taken
@@ -251,7 +252,8 @@ class Finisher:
         with self._lock:
             self.failed += 1
         if self._job_log.isEnabledFor(logging.INFO):  # asked for: not a warning
-            self._job_log.info("job %s (%s) cancelled: %s", job.id, job.name, reason)
+            self._job_log.info("job %s (%s) cancelled: %s", printable(job.id),
+                               printable(job.name), printable(reason))
         error = JobCancelledError(job.id, reason)
         if attempt.span is not None:
             attempt.span.failed(error)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import redis
 
-from ._json import dumps
+from ._json import dumps, printable
 from ._signals import StopSignals
 from .connection import redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
@@ -136,7 +136,10 @@ def _json(value: Any) -> str:
 def _when(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    return datetime.fromtimestamp(seconds).isoformat(sep=" ", timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(seconds).isoformat(sep=" ", timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):  # a record's number out of any date's range
+        return f"{seconds!r} (not a valid time)"
 
 
 # -- worker ------------------------------------------------------------------------
@@ -330,8 +333,9 @@ def _cmd_events(args: argparse.Namespace) -> int:
         if args.json:
             line = _json(_event_record(event))
         else:
-            fields = " ".join(f"{k}={v!r}" for k, v in event.fields.items())
-            line = f"{event.id or '-'} {event.name} {event.job_id or '-'} {fields}".rstrip()
+            fields = " ".join(f"{printable(k)}={v!r}" for k, v in event.fields.items())
+            line = printable(f"{event.id or '-'} {event.name} {event.job_id or '-'}")
+            line = f"{line} {fields}".rstrip()
         with lock:
             if stop.stopped:
                 return
@@ -393,15 +397,15 @@ def _cmd_job(args: argparse.Namespace) -> int:
         if key in ("timestamp", "processed_on", "finished_on"):
             shown = _when(value)
         elif isinstance(value, str):
-            shown = value
+            shown = printable(value)
         else:
-            shown = "-" if value is None else _json(value)
+            shown = "-" if value is None else printable(_json(value))
         print(f"{key:<16}{shown}")
     for line in record["logs"]:
-        print(f"{'log':<16}{line}")
+        print(f"{'log':<16}{printable(line)}")
     if record["stacktrace"]:
         print("last stack trace:")
-        print(record["stacktrace"][-1].rstrip())
+        print(printable(record["stacktrace"][-1].rstrip(), lines=True))
     return EXIT_OK
 
 
@@ -474,7 +478,8 @@ def _cmd_schedulers(args: argparse.Namespace) -> int:
     for s in schedulers:
         schedule = f"every {s.every:g}s" if s.every is not None else f"cron {s.cron} ({s.tz})"
         limit = f"/{s.limit}" if s.limit is not None else ""
-        print(f"{s.id}\t{schedule}\tnext {_when(s.next_run)}\tjobs {s.count}{limit}")
+        print(f"{printable(s.id)}\t{printable(schedule)}\tnext {_when(s.next_run)}\t"
+              f"jobs {s.count}{limit}")
     return EXIT_OK
 
 
@@ -521,12 +526,12 @@ def _cmd_wait(args: argparse.Namespace) -> int:
                     result = future.result()
                 except JobFailedError as exc:
                     failed += 1
-                    line = f"{job_id} failed {exc.failed_reason}"
+                    line = f"{job_id} failed {printable(exc.failed_reason or '')}"
                 except JobNotFoundError:
                     failed += 1
                     line = f"{job_id} not-found"
                 else:
-                    line = f"{job_id} completed {_json(result)}"
+                    line = f"{job_id} completed {printable(_json(result))}"
                 if show_bar:
                     sys.stderr.write("\r\x1b[K")
                 print(line, flush=True)

@@ -491,6 +491,25 @@ def test_job_shows_a_job_and_exits_1_when_missing(queue: Queue, redis_url: str) 
     assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
 
 
+def test_job_shows_what_a_terminal_would_obey_as_escapes(
+    queue: Queue, redis_url: str, redis_client: Any
+) -> None:
+    """A job's name, data, log lines, reason and stack trace came out raw:
+    one with ESC sequences retitled the terminal or cleared the screen, a
+    newline forged an output line. A time out of any date's range (a
+    record's `ts` of 1e300) raised OverflowError with a traceback."""
+    evil = "x\x1b]0;title\x07\x1b[2J\nstate           completed\u202e"
+    job = queue.add(evil, {"v": evil})
+    job.log(evil)
+    redis_client.hset(f"jobq:{{{queue.name}}}:job:{job.id}", "ts", "1e300")
+    done = jobq(redis_url, "job", queue.name, job.id)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
+    assert re.search(r"^name +x\\x1b\]0;title\\x07\\x1b\[2J\\nstate", done.stdout, re.M)
+    assert len(re.findall(r"^state ", done.stdout, re.M)) == 1  # no forged line
+    assert re.search(r"^timestamp +1e\+297 \(not a valid time\)$", done.stdout, re.M)
+
+
 def _strict(text: str) -> Any:
     """JSON as a strict parser reads it: NaN and Infinity are not JSON."""
     def refuse(constant: str) -> None:

@@ -8,6 +8,7 @@ others use the session server.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -314,6 +315,25 @@ def test_a_worker_started_while_the_server_is_away_waits_to_learn_the_queue_is_s
         finally:
             starter.join(WAIT)
             worker.close()
+
+
+def test_a_job_log_line_escapes_what_would_forge_a_line_or_drive_a_terminal(
+    queue: Queue, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = "x\nERROR forged line \x1b[2J"
+
+    def handler(job: Job) -> None:
+        raise RuntimeError("bad \x1b]0;title\x07")
+
+    job = queue.add(name)
+    with caplog.at_level(logging.WARNING, logger=f"jobq.jobs.{queue.name}"):
+        with make_worker(queue.name, redis_url, handler):
+            with pytest.raises(JobFailedError):
+                job.wait_until_finished(timeout=WAIT)
+    lines = [r.getMessage() for r in caplog.records if r.name == f"jobq.jobs.{queue.name}"]
+    assert len(lines) == 1, lines
+    assert "\n" not in lines[0] and "\x1b" not in lines[0]
+    assert "x\\nERROR forged line \\x1b[2J" in lines[0] and "bad \\x1b]0;title\\x07" in lines[0]
 
 
 def _busy(server: RedisServer) -> threading.Thread:
