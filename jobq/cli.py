@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -248,6 +248,18 @@ def _table(snapshots: list[dict[str, Any]]) -> str:
     )
 
 
+def _snapshots(queues: Iterable[Queue]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The snapshot of each queue, and a line for each the server refused to
+    read (a key of the wrong type): one such queue hides none of the others."""
+    snapshots, refused = [], []
+    for queue in queues:
+        try:
+            snapshots.append(_snapshot(queue))
+        except redis.exceptions.ResponseError as exc:
+            refused.append(f"jobq info: queue {printable(queue.name)}: Redis refused: {exc}")
+    return snapshots, refused
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from .registry import known_queues
 
@@ -269,12 +281,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
                     print("[]")
                 print(f"no queues known under prefix {args.prefix!r}", file=sys.stderr)
                 return EXIT_OK
-            snapshots = [_snapshot(q) for q in queues]
+            snapshots, refused = _snapshots(queues)
             if args.json:
                 print(_json(snapshots))
             else:
                 _print_info(snapshots, sys.stdout)
-        return EXIT_OK
+            for line in refused:
+                print(line, file=sys.stderr)
+        return EXIT_FAILED if refused else EXIT_OK
     plain = args.plain or not sys.stdout.isatty()
     opened: dict[str, Queue] = {}
     frames = 0
@@ -285,10 +299,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 for name in current:
                     if name not in opened:
                         opened[name] = _queue(args, name)
-                snapshots = [_snapshot(opened[n]) for n in current]
+                snapshots, refused = _snapshots(opened[n] for n in current)
                 header = (f"jobq info, every {args.interval:g} s, "
                           f"{_when(time.time())[:19]} (Ctrl-C to quit)")
                 body = _table(snapshots) if snapshots else "(no queues)"
+                body += "".join("\n" + line for line in refused)
                 frame = f"{header}\n\n{body}\n"
                 if plain:
                     sys.stdout.write(("\n" if frames else "") + frame)
@@ -823,9 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = str(exc).partition(f"cannot reach the Redis server at {where}: ")
         print(f"jobq: cannot reach Redis at {where}: {reason[2] or reason[0]}", file=sys.stderr)
         return EXIT_REDIS
-    except redis.exceptions.RedisError as exc:
+    except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, WRONGTYPE...
         print(f"jobq: Redis error: {exc}", file=sys.stderr)
-        return EXIT_REDIS
+        return EXIT_FAILED
     except (ValueError, TypeError) as exc:  # e.g. an invalid queue name
         print(f"jobq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

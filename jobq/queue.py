@@ -78,6 +78,11 @@ class _Batch:
         self.parsed: dict[tuple[Any, ...], _Parsed] = {}
 
 
+def _stored_int(value: bytes | None, default: int) -> int:
+    """A whole number stored in the queue's settings, or ``default``."""
+    return int(value) if value is not None and value.isdigit() else default
+
+
 def _memo_key(options: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What options parse alike by, but their ``job_id``; None when a value
     is not a plain scalar (a dict, a subclass of int). Types are part of it,
@@ -215,11 +220,13 @@ class Queue(
                 f"queue {self.name!r} uses event mode {stored!r}, not {event_mode!r}"
             )
         self._event_mode = stored
-        self._max_events = int(stored_max or DEFAULT_MAX_EVENTS)
+        # a value that is no whole number (set by hand) counts as unset, as
+        # the scripts take it
+        self._max_events = _stored_int(stored_max, DEFAULT_MAX_EVENTS)
         if max_events is not None and max_events != self._max_events:
             client.hset(meta, "maxev", max_events)
             self._max_events = max_events
-        self._result_ttl = int(stored_ttl or DEFAULT_RESULT_TTL * 1000) / 1000.0
+        self._result_ttl = _stored_int(stored_ttl, round(DEFAULT_RESULT_TTL * 1000)) / 1000.0
         if result_ttl is not None and round(result_ttl * 1000) != round(self._result_ttl * 1000):
             client.hset(meta, "rttl", round(result_ttl * 1000))
             self._result_ttl = float(result_ttl)

@@ -197,6 +197,36 @@ def test_a_member_of_the_queue_list_that_is_no_queue_name_is_left_out(
         redis_client.srem("jobq:queues", "bad name", "{tagged}")
 
 
+def test_one_queue_the_server_refuses_to_read_hides_no_other(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key of the wrong type in one queue (set by hand) made the overview
+    502 and `jobq info` fail for every queue, with the exit code of Redis
+    unreachable (3)."""
+    from werkzeug import test as werkzeug_test
+
+    from jobq.cli import main
+    from jobq.dashboard import create_app
+
+    queue.add("x")
+    with Queue(f"{queue.name}-bad", connection=redis_url) as bad:
+        bad.add("x")
+        redis_client.set(f"jobq:{{{bad.name}}}:workers", "not a sorted set")
+        try:
+            with create_app(queue.client, cache_ttl=0) as dashboard:
+                page = werkzeug_test.Client(dashboard).get("/")
+                assert page.status_code == 200
+                body = page.get_data(as_text=True)
+                assert f'href="/queue?q={queue.name}"' in body and "Redis refused" in body
+            capsys.readouterr()
+            assert main(["--url", redis_url, "info", queue.name, bad.name]) == 1
+            out, err = capsys.readouterr()
+            assert queue.name in out and f"queue {bad.name}: Redis refused: WRONGTYPE" in err
+        finally:
+            redis_client.delete(f"jobq:{{{bad.name}}}:workers")
+            bad.obliterate(force=True)
+
+
 def test_prometheus_text_parses_back(queue: Queue, redis_url: str, queue_name: str,
                                      redis_client: redis.Redis) -> None:
     from prometheus_client.parser import text_string_to_metric_families

@@ -1071,6 +1071,18 @@ def test_every_write_of_a_value_keeps_to_max_payload_bytes(
         assert job.get_logs() == [] and q.get_schedulers() == []
 
 
+def test_settings_set_by_hand_to_no_number_count_as_unset(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A max_events or result TTL that is no whole number (set by hand) broke
+    every first use of the queue with int()'s ValueError, where the
+    scripts take it for unset."""
+    redis_client.hset(f"jobq:{{{queue_name}}}:meta", mapping={"maxev": "abc", "rttl": "x"})
+    with Queue(queue_name, connection=redis_url) as q:
+        assert q.add("x").get_state() == "waiting"
+        assert (q.max_events, q.result_ttl) == (10_000, 60.0)
+
+
 def test_drain_takes_a_bool(queue: Queue) -> None:
     queue.add("d", delay=60)
     with pytest.raises(ValueError, match="delayed must be a bool"):

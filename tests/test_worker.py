@@ -585,6 +585,18 @@ def test_limiter_is_shared_by_workers_of_a_queue(queue: Queue, redis_url: str) -
     assert starts[-1] - t0 >= 1.0 - MS, starts
 
 
+def test_a_limiter_key_that_holds_no_count_is_started_afresh(
+    queue: Queue, redis_url: str, redis_client: Any
+) -> None:
+    """A limiter key set by hand to no number made every take fail (a Lua
+    comparison with nil), with no ttl to end it: the worker took nothing."""
+    redis_client.set(queue._context.keys.base + "limiter", "abc")
+    job = queue.add("limited", 1)
+    with make_worker(queue.name, redis_url, lambda job: job.data,
+                     limiter={"max": 2, "duration": 0.5}):
+        assert job.wait_until_finished(timeout=WAIT) == 1
+
+
 # -- locks, stalls ---------------------------------------------------------------
 
 

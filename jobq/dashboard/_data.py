@@ -14,6 +14,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import redis
+
 from .. import _fork
 from .._queue_ops import ranked
 from ..events import Event, from_stream
@@ -113,6 +115,23 @@ class QueueSummary:
     completed_minutes: list[int] = field(default_factory=list)
     failed_minutes: list[int] = field(default_factory=list)
     scheduler_count: int = 0
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A queue whose summary the server refused to read (a key of the
+    wrong type, set by hand): its name and the server's reason."""
+
+    name: str
+    reason: str
+
+
+def summary_or_refusal(queue: Queue) -> QueueSummary | Refused:
+    """The overview's row of a queue: its summary, or why it has none."""
+    try:
+        return summary(queue, minutes=0)
+    except redis.exceptions.ResponseError as exc:
+        return Refused(queue.name, str(exc))
 
 
 def summary(queue: Queue, minutes: int = CHART_MINUTES) -> QueueSummary:

@@ -46,10 +46,15 @@ class Page:
 def overview(app: Dashboard, ctx: Ctx) -> Page:
     """Every known queue: counts by state, paused, workers, jobs per minute."""
     summaries = app.cache.get(("overview",), lambda: [
-        _data.summary(app.queue(name), minutes=0) for name in app.queue_names()
+        _data.summary_or_refusal(app.queue(name)) for name in app.queue_names()
     ])
     rows = []
     for s in summaries:
+        if isinstance(s, _data.Refused):  # one queue's key of the wrong type hides no other
+            link = f'<a class="queue" href="{e(ctx.url("/queue", q=s.name))}">{e(s.name)}</a>'
+            rows.append([link, f'<span class="error">Redis refused: {e(s.reason)}</span>',
+                         *[""] * (len(STATES) + 2)])
+            continue
         cells = [f'<a class="queue" href="{e(ctx.url("/queue", q=s.name))}">{e(s.name)}</a>'
                  + (' <span class="badge paused">paused</span>' if s.paused else "")]
         for state in STATES:

@@ -631,6 +631,10 @@ local function take_next(token, lock_ms, worker, limit_max, limit_ms, now)
   local K_LIMITER = base .. 'limiter'
   if limit_max > 0 then
     local used = tonumber(redis.call('GET', K_LIMITER) or '0')
+    if not used then  -- not a count (written by hand): start the window afresh
+      redis.call('DEL', K_LIMITER)
+      used = 0
+    end
     if used >= limit_max then
       local ttl = redis.call('PTTL', K_LIMITER)
       if ttl > 0 then return { 2, ttl } end
