@@ -71,7 +71,7 @@ test-all: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/mypy jobq
+	$(BIN)/mypy jobq tests/typed_usage.py
 
 # The documentation site (MkDocs Material, mkdocs.yml) into site/; any
 # warning (a broken link, a missing snippet, a bad docstring) fails it.

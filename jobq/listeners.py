@@ -7,13 +7,15 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from . import _fork
 
 logger = logging.getLogger(__name__)
 
 Listener = Callable[..., Any]
+#: A listener's own type, kept by ``on`` and ``once`` (they return it).
+L = TypeVar("L", bound=Listener)
 
 
 class _Entry:
@@ -128,7 +130,13 @@ class ListenerMethods:
     def _listener_added(self, event: str) -> None:
         """Called after a listener of ``event`` was added."""
 
-    def on(self, event: str, callback: Listener | None = None) -> Any:
+    @overload
+    def on(self, event: str, callback: L) -> L: ...
+
+    @overload
+    def on(self, event: str, callback: None = None) -> Callable[[L], L]: ...
+
+    def on(self, event: str, callback: L | None = None) -> L | Callable[[L], L]:
         """Call ``callback`` on each ``event``; return it. Without
         ``callback``, return a decorator that registers the function."""
         if callback is None:
@@ -138,7 +146,7 @@ class ListenerMethods:
         self._listener_added(event)
         return callback
 
-    def once(self, event: str, callback: Listener) -> Listener:
+    def once(self, event: str, callback: L) -> L:
         """Call ``callback`` on the next ``event`` only; return it."""
         _fork.check()
         self._listeners.once(event, callback)
