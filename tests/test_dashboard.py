@@ -21,7 +21,7 @@ import pytest
 import redis
 import werkzeug.test as werkzeug_test
 
-from jobq import FlowProducer, Queue, Worker
+from jobq import FlowProducer, Job, Queue, Worker
 from jobq.dashboard import create_app
 from jobq.dashboard._app import Dashboard, _redirect
 from jobq.dashboard._data import PAGE_SIZE
@@ -608,6 +608,25 @@ def test_command_refuses_an_auth_it_cannot_load_or_call(
     assert "cannot load 'no_such_module:check'" in capsys.readouterr().err
     assert main(["--url", redis_url, "dashboard", "--auth", "os:sep"]) == 2
     assert "not a callable" in capsys.readouterr().err
+
+
+def test_a_job_delayed_by_a_retry_shows_when_it_is_due(
+    client: Any, queue: Queue, redis_url: str, redis_client: Any
+) -> None:
+    """The delayed list showed added + delay: for a job waiting out its
+    retry backoff, the time it was added (its delay is the add's, 0)."""
+    from jobq.dashboard._html import when
+
+    job = queue.add("fails", attempts=2, backoff={"type": "fixed", "delay": 600})
+
+    def fail(job: Job) -> None:
+        raise RuntimeError("again later")
+
+    with Worker(queue.name, fail, connection=redis_url):
+        until(lambda: queue.get_job_state(job.id) == "delayed", WAIT)
+    ready = float(redis_client.hget(f"jobq:{{{queue.name}}}:job:{job.id}", "rdy")) / 1000
+    page = text(client.get(f"/jobs?q={queue.name}&state=delayed"))
+    assert when(ready) in page and when(queue.get_job(job.id).timestamp) not in page  # type: ignore[union-attr]
 
 
 def test_command_serves_until_interrupted(queue: Queue, redis_url: str) -> None:

@@ -203,6 +203,9 @@ class JobPage:
     page: int
     total: int
     jobs: list[Job | UnreadableJob]
+    #: of delayed jobs: when each is due (s), by id (a retry's backoff
+    #: counts from its failure, not from when the job was added)
+    due: dict[str, float] = field(default_factory=dict)
 
     @property
     def pages(self) -> int:
@@ -221,7 +224,13 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
         total = queue.get_job_counts(state)[state]
         newest_first = state in ("completed", "failed")
         found = queue.get_jobs(state, start, start + PAGE_SIZE - 1, asc=not newest_first)
-        return JobPage(state, page, total, [_checked(queue, job) for job in found])
+        due_at: dict[str, float] = {}
+        if state == "delayed":
+            for job in found:  # a page of one state: a read per job, as a merge does
+                at = _due(job._context.redis.hget(job._context.keys.job(job.id), "rdy"))
+                if at is not None:
+                    due_at[job.id] = at
+        return JobPage(state, page, total, [_checked(queue, job) for job in found], due_at)
     context = queue._context
     keys = context.keys
     client = context.redis
@@ -249,12 +258,23 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
     pipe = client.pipeline(transaction=False)
     for job_id in ids:
         pipe.hgetall(keys.job(job_id.decode()))
-    jobs = [
-        read_job(context, job_id.decode(), record)
-        for job_id, record in zip(ids, pipe.execute(), strict=True)
-        if record
-    ]
-    return JobPage(state, page, total, jobs)
+    records = [(raw_id.decode(), record)
+               for raw_id, record in zip(ids, pipe.execute(), strict=True) if record]
+    jobs = [read_job(context, jid, record) for jid, record in records]
+    when_due: dict[str, float] = {}
+    for jid, record in records if state == "delayed" else ():
+        at = _due(record.get(b"rdy"))
+        if at is not None:
+            when_due[jid] = at
+    return JobPage(state, page, total, jobs, when_due)
+
+
+def _due(ready: bytes | None) -> float | None:
+    """When a delayed job is due (s), from its record's `rdy` (ms)."""
+    try:
+        return float(ready) / 1000.0 if ready is not None else None
+    except ValueError:  # not a number (written by hand)
+        return None
 
 
 @dataclass(frozen=True)

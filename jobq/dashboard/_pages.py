@@ -143,7 +143,7 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
         elif state == "active":
             moment = when(job.processed_on)
         elif state == "delayed":
-            moment = when((job.timestamp or 0) + job.delay)
+            moment = when(found.due.get(job.id, (job.timestamp or 0) + job.delay))
         else:
             moment = when(job.timestamp)
         rows.append([
