@@ -90,6 +90,8 @@ class QueueContext:
         self.name = validate_name(name)
         self.prefix = validate_prefix(prefix)
         self.client, client_owned = _connection.resolve(connection)
+        if kind == "queue" and not client_owned:
+            _connection.check_shared_pool(self.client)
         if owned is not None:
             client_owned = owned
         self.keys = QueueKeys(self.prefix, self.name)

@@ -93,6 +93,19 @@ def resolve(connection: object) -> tuple[Client, bool]:
     )
 
 
+def check_shared_pool(client: Client) -> None:
+    """Refuse a caller's client whose pool cannot lend jobq two connections:
+    the calls of all threads go out on one that jobq keeps (_coalesce.py),
+    and loading the scripts takes another (a pool of one failed every call,
+    the caller's own included, for as long as the Queue was open)."""
+    size = getattr(getattr(client, "connection_pool", None), "max_connections", 2)
+    if isinstance(size, int) and size < 2 and getattr(client, "connection", None) is None:
+        raise ValueError(
+            f"the client's connection pool allows {size} connection; jobq keeps one for its "
+            "calls and needs another: give a pool of at least 2 (or a URL)"
+        )
+
+
 def describe(client: Client) -> str:
     """Where a client connects, as a URL without its password, for messages."""
     try:

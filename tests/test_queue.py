@@ -1083,6 +1083,27 @@ def test_settings_set_by_hand_to_no_number_count_as_unset(
         assert (q.max_events, q.result_ttl) == (10_000, 60.0)
 
 
+def test_a_client_whose_pool_cannot_lend_two_connections_is_refused(
+    queue_name: str, redis_url: str
+) -> None:
+    """jobq keeps one connection of a caller's pool for its calls, and
+    loading its scripts takes another: with a pool of one, every add
+    failed, and so did the caller's own commands while the Queue was open."""
+    url = redis_url.replace("redis+cluster://", "redis://", 1)
+    for pool in (redis.ConnectionPool.from_url(url, max_connections=1),
+                 redis.BlockingConnectionPool.from_url(url, max_connections=1, timeout=1)):
+        with redis.Redis(connection_pool=pool) as client:
+            with pytest.raises(ValueError, match="pool of at least 2"):
+                Queue(queue_name, connection=client)
+            assert client.ping()  # the caller's own client is left as it was
+    if url != redis_url:  # a cluster's node: a plain client reaches one slot range
+        return
+    with redis.Redis(connection_pool=redis.ConnectionPool.from_url(url, max_connections=2)) \
+            as client, Queue(queue_name, connection=client) as q:
+        assert q.add("x").get_state() == "waiting"
+        assert client.ping()
+
+
 def test_drain_takes_a_bool(queue: Queue) -> None:
     queue.add("d", delay=60)
     with pytest.raises(ValueError, match="delayed must be a bool"):
