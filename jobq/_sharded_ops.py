@@ -4,9 +4,12 @@ each call goes to the shard a job id names, or to every shard and sums."""
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import redis
 
 from ._shards import COUNT_FIELD, shard_of
 from .errors import JobqError
@@ -20,6 +23,8 @@ if TYPE_CHECKING:
     from ._context import QueueContext
     from ._schedulers import Scheduler
     from .queue import Queue
+
+logger = logging.getLogger("jobq.queue")
 
 
 def _order(state: str) -> Callable[[Job], float]:
@@ -208,15 +213,17 @@ class ShardedAdmin:
         """
         shards = self._every()
         if not force:
-            held = []  # shards paused here, to let go of on a refusal
-            for shard in shards:
-                meta = shard._context.keys.meta
-                if shard._context.redis.hsetnx(meta, "paused", "1"):
-                    held.append(shard)
-            busy = [s.name for s in shards if s.get_job_counts("active")["active"]]
+            held: list[Queue] = []  # shards paused here, let go of unless obliterated
+            try:
+                for shard in shards:
+                    if shard._context.redis.hsetnx(shard._context.keys.meta, "paused", "1"):
+                        held.append(shard)
+                busy = [s.name for s in shards if s.get_job_counts("active")["active"]]
+            except BaseException:  # a node away: nothing is deleted, nothing left paused
+                _let_go(held)
+                raise
             if busy:
-                for shard in held:
-                    shard._context.redis.hdel(shard._context.keys.meta, "paused")
+                _let_go(held)
                 raise JobqError(
                     f"queue {self._context.name!r} has active jobs (shards {', '.join(busy)}); "
                     "obliterate(force=True) removes them anyway"
@@ -266,3 +273,13 @@ class ShardedAdmin:
         """Publish a custom event (on the first shard's channel: every
         reader of the sharded queue reads every shard)."""
         self._every()[0].emit(event, **fields)
+
+
+def _let_go(shards: list[Queue]) -> None:
+    """Clear the paused flag obliterate set on ``shards`` (best effort: a
+    shard that cannot be reached keeps it, and says so in the log)."""
+    for shard in shards:
+        try:
+            shard._context.redis.hdel(shard._context.keys.meta, "paused")
+        except redis.exceptions.RedisError as exc:
+            logger.warning("shard %r stays paused: %s", shard.name, exc)

@@ -22,8 +22,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -31,7 +30,7 @@ import redis
 
 from ._json import dumps, printable
 from ._signals import StopSignals
-from .connection import redact
+from .connection import CLUSTER_SCHEMES, redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 
@@ -68,12 +67,6 @@ def _queue(args: argparse.Namespace, name: str) -> Queue:
     from .sharding import open_queue
 
     return cast("Queue", open_queue(name, connection=args.url, prefix=args.prefix))
-
-
-@contextmanager
-def _queues(args: argparse.Namespace, names: Sequence[str]) -> Iterator[list[Queue]]:
-    with ExitStack() as stack:
-        yield [stack.enter_context(_queue(args, name)) for name in names]
 
 
 def _ping(url: str | None) -> None:
@@ -248,15 +241,28 @@ def _table(snapshots: list[dict[str, Any]]) -> str:
     )
 
 
-def _snapshots(queues: Iterable[Queue]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The snapshot of each queue, and a line for each the server refused to
-    read (a key of the wrong type): one such queue hides none of the others."""
+def _snapshots(
+    args: argparse.Namespace, names: Iterable[str], opened: dict[str, Queue]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The snapshot of each queue (opened on first use, kept in ``opened``),
+    and a line for each that could not be read: one the server refused (a
+    key of the wrong type), or one on a cluster's node that is away. One
+    such queue hides none of the others; a lone server away raises."""
     snapshots, refused = [], []
-    for queue in queues:
+    for name in names:
         try:
-            snapshots.append(_snapshot(queue))
+            if name not in opened:
+                opened[name] = _queue(args, name)
+            snapshots.append(_snapshot(opened[name]))
+        except redis.exceptions.MovedError:
+            raise  # a plain URL of a cluster's node: said once, for all
         except redis.exceptions.ResponseError as exc:
-            refused.append(f"jobq info: queue {printable(queue.name)}: Redis refused: {exc}")
+            refused.append(f"jobq info: queue {printable(name)}: Redis refused: {exc}")
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            url = args.url or os.environ.get("JOBQ_REDIS_URL") or ""
+            if url.partition("://")[0] not in CLUSTER_SCHEMES:
+                raise  # the one server is away: none can be read
+            refused.append(f"jobq info: queue {printable(name)}: unreachable: {exc}")
     return snapshots, refused
 
 
@@ -274,32 +280,28 @@ def _cmd_info(args: argparse.Namespace) -> int:
         finally:
             close_client(client)
 
-    if not args.watch:
-        with _queues(args, names()) as queues:
-            if not queues:
+    opened: dict[str, Queue] = {}
+    try:
+        if not args.watch:
+            current = names()
+            if not current:
                 if args.json:
                     print("[]")
                 print(f"no queues known under prefix {args.prefix!r}", file=sys.stderr)
                 return EXIT_OK
-            snapshots, refused = _snapshots(queues)
+            snapshots, refused = _snapshots(args, current, opened)
             if args.json:
                 print(_json(snapshots))
             else:
                 _print_info(snapshots, sys.stdout)
             for line in refused:
                 print(line, file=sys.stderr)
-        return EXIT_FAILED if refused else EXIT_OK
-    plain = args.plain or not sys.stdout.isatty()
-    opened: dict[str, Queue] = {}
-    frames = 0
-    try:
+            return EXIT_FAILED if refused else EXIT_OK
+        plain = args.plain or not sys.stdout.isatty()
+        frames = 0
         with StopSignals() as stop:
             while True:
-                current = names()
-                for name in current:
-                    if name not in opened:
-                        opened[name] = _queue(args, name)
-                snapshots, refused = _snapshots(opened[n] for n in current)
+                snapshots, refused = _snapshots(args, names(), opened)
                 header = (f"jobq info, every {args.interval:g} s, "
                           f"{_when(time.time())[:19]} (Ctrl-C to quit)")
                 body = _table(snapshots) if snapshots else "(no queues)"
@@ -833,11 +835,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"jobq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+            redis.exceptions.RedisClusterException) as exc:  # a cluster none of whose nodes answers
         where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
         reason = str(exc).partition(f"cannot reach the Redis server at {where}: ")
         print(f"jobq: cannot reach Redis at {where}: {reason[2] or reason[0]}", file=sys.stderr)
         return EXIT_REDIS
+    except redis.exceptions.MovedError as exc:  # a plain URL of a cluster's node
+        print(f"jobq: the server is a node of a Redis Cluster (MOVED {exc}): give a "
+              "redis+cluster:// URL", file=sys.stderr)
+        return EXIT_USAGE
     except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, WRONGTYPE...
         print(f"jobq: Redis error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -175,10 +175,11 @@ def test_help_everywhere_and_usage_errors(
     assert bad.returncode == 2 and "invalid queue name" in bad.stderr
 
 
-def test_unreachable_redis_exits_3(queue_name: str) -> None:
-    done = jobq("redis://127.0.0.1:1/0", "info", queue_name, timeout=30)
-    assert done.returncode == 3
-    assert "cannot reach Redis at redis://127.0.0.1:1/0" in done.stderr
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis+cluster://127.0.0.1:1"])
+def test_unreachable_redis_exits_3(queue_name: str, url: str) -> None:
+    done = jobq(url, "info", queue_name, timeout=30)
+    assert done.returncode == 3, done.stderr
+    assert f"cannot reach Redis at {url}" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("command", [["info"], ["worker", "tests.tasks:double", "-q", "q"]])

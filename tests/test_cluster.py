@@ -222,6 +222,43 @@ def test_failover_of_the_queues_master(tmp_path: Path) -> None:
         assert {f"f-{i}" for i in range(20)} <= set(done)
 
 
+def test_jobq_info_with_a_master_down_shows_the_queues_it_can_read() -> None:
+    """With one master away (no replica, full coverage not required), `jobq
+    info` printed nothing and exited 3 ("unreachable"), though the queues
+    of the other masters could be read."""
+    with LocalCluster(masters=3) as cluster:
+        for server in cluster.servers:
+            with server.client() as client:
+                client.config_set("cluster-require-full-coverage", "no")
+        names = names_on_distinct_shards(cluster, "info-down", 3)
+        for name in names:
+            with Queue(name, connection=cluster.url) as queue:
+                queue.add("x")
+        with cluster.client() as client:
+            gone = cluster.server_of_slot(slot_of(client, names[0]))
+        gone.kill(signal.SIGKILL)
+        url = cluster.url
+        done = subprocess.run([sys.executable, "-m", "jobq", "--url", url, "info", *names],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 1, done.stderr
+        assert names[1] in done.stdout and names[2] in done.stdout
+        assert f"queue {names[0]}: unreachable" in done.stderr and names[0] not in done.stdout
+
+
+def test_jobq_given_a_plain_url_of_a_cluster_node_says_to_name_the_cluster(
+    cluster: LocalCluster,
+) -> None:
+    names = names_on_distinct_shards(cluster, "plain-url", 2)
+    node = cluster.servers[0].port
+    with cluster.client() as client:
+        other = next(n for n in names if cluster.server_of_slot(slot_of(client, n)).port != node)
+    done = subprocess.run(
+        [sys.executable, "-m", "jobq", "--url", f"redis://127.0.0.1:{node}", "info", other],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "give a redis+cluster:// URL" in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1", reason="cluster run")
 def test_cluster_url_form(cluster: LocalCluster) -> None:
     with Queue("url-form", connection=cluster.url) as queue:

@@ -237,6 +237,26 @@ def test_a_refused_obliterate_leaves_every_shard_as_it_was(
         sharded.obliterate(force=True)
 
 
+def test_an_obliterate_cut_short_leaves_no_shard_paused(
+    queue_name: str, redis_url: str, redis_client: Any
+) -> None:
+    """An error while obliterate held the shards paused (a node away) left
+    those it had paused paused for good, and is_paused() said False."""
+    with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+        sharded.add_bulk([{"name": "x", "job_id": i} for i in ids_on(0, 2) + ids_on(1, 2)])
+        broken = sharded.shards[2]._context.keys.meta
+        redis_client.delete(broken)
+        redis_client.set(broken, "not a hash")  # the pause of shard 2 fails
+        try:
+            with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+                sharded.obliterate()
+            assert not any(shard.is_paused() for shard in sharded.shards[:2])
+            assert sharded.shards[0].get_job_counts("waiting") == {"waiting": 2}
+        finally:
+            redis_client.delete(broken)
+        sharded.obliterate(force=True)
+
+
 def check_no_shard_starves(sharded: ShardedQueue, url: str, first: int, others: int) -> None:
     """Shard 0 holds ``first`` jobs, every other shard ``others``; one slot,
     so takes are sequential: while every shard has jobs the takes go round,

@@ -262,10 +262,11 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
                for raw_id, record in zip(ids, pipe.execute(), strict=True) if record]
     jobs = [read_job(context, jid, record) for jid, record in records]
     when_due: dict[str, float] = {}
-    for jid, record in records if state == "delayed" else ():
-        at = _due(record.get(b"rdy"))
-        if at is not None:
-            when_due[jid] = at
+    if state == "delayed":
+        for jid, record in records:
+            at = _due(record.get(b"rdy"))
+            if at is not None:
+                when_due[jid] = at
     return JobPage(state, page, total, jobs, when_due)
 
 
