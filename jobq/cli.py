@@ -254,9 +254,9 @@ def _snapshots(
             if name not in opened:
                 opened[name] = _queue(args, name)
             snapshots.append(_snapshot(opened[name]))
-        except redis.exceptions.MovedError:
-            raise  # a plain URL of a cluster's node: said once, for all
         except redis.exceptions.ResponseError as exc:
+            if _moved(exc):
+                raise  # a plain URL of a cluster's node: said once, for all
             refused.append(f"jobq info: queue {printable(name)}: Redis refused: {exc}")
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             url = args.url or os.environ.get("JOBQ_REDIS_URL") or ""
@@ -264,6 +264,13 @@ def _snapshots(
                 raise  # the one server is away: none can be read
             refused.append(f"jobq info: queue {printable(name)}: unreachable: {exc}")
     return snapshots, refused
+
+
+def _moved(exc: Exception) -> bool:
+    """Whether a plain client met a cluster's MOVED reply (redis-py 5.0
+    leaves it a plain ResponseError)."""
+    return isinstance(exc, redis.exceptions.MovedError) or (
+        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("MOVED "))
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -841,11 +848,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = str(exc).partition(f"cannot reach the Redis server at {where}: ")
         print(f"jobq: cannot reach Redis at {where}: {reason[2] or reason[0]}", file=sys.stderr)
         return EXIT_REDIS
-    except redis.exceptions.MovedError as exc:  # a plain URL of a cluster's node
-        print(f"jobq: the server is a node of a Redis Cluster (MOVED {exc}): give a "
-              "redis+cluster:// URL", file=sys.stderr)
-        return EXIT_USAGE
     except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, WRONGTYPE...
+        if _moved(exc):  # a plain URL of a cluster's node
+            print("jobq: the server is a node of a Redis Cluster (it answered MOVED): give a "
+                  "redis+cluster:// URL", file=sys.stderr)
+            return EXIT_USAGE
         print(f"jobq: Redis error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except (ValueError, TypeError) as exc:  # e.g. an invalid queue name
