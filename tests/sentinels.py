@@ -69,6 +69,12 @@ class SentinelSet:
         master = self.servers[0].start()
         self.servers.append(RedisServer(
             self._binary, extra_args=("--replicaof", "127.0.0.1", str(master.port))).start())
+        # the Sentinel's port, chosen once the servers have theirs: chosen
+        # before, it could be the one a server then took (the Sentinel did
+        # not start, and the server answered "unknown command 'SENTINEL'")
+        taken = {server.port for server in self.servers}
+        while self.port in taken:
+            self.port = free_port()
         (self._dir / "sentinel.conf").write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {self._dir}\n"
             f"sentinel monitor {SERVICE} 127.0.0.1 {master.port} 1\n"
