@@ -21,7 +21,8 @@ class Dependencies:
     processed: dict[str, Any] = field(default_factory=dict)
     #: those not finished yet (failed ones the parent still waits on included)
     pending: list[str] = field(default_factory=list)
-    #: failed ones the parent still waits on (default policy), and their reasons
+    #: failed ones the parent waits on until they are retried or removed (the
+    #: default policy and ``fail_parent_on_failure``), and their reasons
     failed: dict[str, str] = field(default_factory=dict)
     #: failed ones counted as done (``ignore_dependency_on_failure``), and their reasons
     ignored: dict[str, str] = field(default_factory=dict)

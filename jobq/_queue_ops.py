@@ -179,11 +179,11 @@ class QueueAdmin:
         drain returns, and runs."""
         if not isinstance(delayed, bool):
             raise ValueError(f"delayed must be a bool, not {delayed!r}")
-        total = 0
+        total, since = 0, 0
         while True:
-            removed = self._context.calls.drain(delayed, BATCH)
+            removed, looked, since = self._context.calls.drain(delayed, BATCH, since)
             total += removed
-            if removed < BATCH:
+            if looked < BATCH or removed == 0:  # done, or only released parents left
                 return total
 
     def clean(self, grace: float, limit: int = 0, state: str = "completed") -> list[str]:

@@ -314,9 +314,11 @@ class QueueScripts:
         """remove.lua: 1 removed, 0 no such job, -2 active with its lock held."""
         return int(self._run("remove", job_id))
 
-    def drain(self, delayed: bool, batch: int) -> int:
-        """drain.lua: remove up to ``batch`` waiting (and delayed) jobs."""
-        return int(self._run("drain", "1" if delayed else "0", batch))
+    def drain(self, delayed: bool, batch: int, since: int) -> tuple[int, int, int]:
+        """drain.lua: remove up to ``batch`` waiting (and delayed) jobs;
+        (removed, looked at, the drain's start: ``since`` of the next call)."""
+        removed, looked, start = self._run("drain", "1" if delayed else "0", batch, since)
+        return int(removed), int(looked), int(start)
 
     def clean(
         self, state: str, grace_ms: int, batch: int, cursor: bytes

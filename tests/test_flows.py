@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from jobq import (
     CrossSlotFlowError,
@@ -329,7 +330,8 @@ def test_a_parent_retried_while_a_child_is_pending_waits_for_it(
     how: str, flow: FlowProducer, workers: Workers
 ) -> None:
     """A parent failed by one child, while another has not run yet: retried,
-    it waits for that child again (waiting-children), not runs without it."""
+    it waits for both again (waiting-children), the failed one until it is
+    retried or removed; it never runs without them."""
     node = flow.add({
         "name": "p", "queue": "rtp", "data": {"v": 100},
         "children": [
@@ -339,6 +341,7 @@ def test_a_parent_retried_while_a_child_is_pending_waits_for_it(
         ],
     })
     parent = node.job
+    bad, later = (f"{c.job.queue_name}:{c.job.id}" for c in node.children)
     workers.start("rtp", "rtp-bad")
     with pytest.raises(JobFailedError, match="broke"):
         parent.wait_until_finished(timeout=WAIT)
@@ -347,9 +350,106 @@ def test_a_parent_retried_while_a_child_is_pending_waits_for_it(
     else:
         assert flow.queue("rtp").retry_jobs("failed") == 1
     assert parent.get_state() == "waiting-children"
-    assert parent.get_dependencies().pending == [f"rtp-later:{node.children[1].job.id}"]
+    deps = parent.get_dependencies()
+    assert sorted(deps.pending) == sorted([bad, later])
+    assert deps.failed == {bad: "ValueError: broke"}
     workers.start("rtp-later")
+    assert until(lambda: later in parent.get_dependencies().processed, timeout=WAIT)
+    assert parent.get_state() == "waiting-children"
+    assert node.children[0].job.remove()  # the failed child gone: the parent moves on
     assert parent.wait_until_finished(timeout=WAIT) == 105
+
+
+@pytest.mark.parametrize("order", ["parent first", "child first", "retry_jobs"])
+def test_a_parent_and_the_child_that_failed_it_retried_in_any_order(
+    order: str, flow: FlowProducer, workers: Workers
+) -> None:
+    """The parent runs once the retried child has completed, with its value,
+    whichever is retried first (retry_jobs("failed") takes the parent, id 1,
+    first)."""
+    node = flow.add({
+        "name": "p", "queue": "rany", "data": {"v": 100},
+        "children": [{"name": "c", "queue": "rany", "data": {"v": 1, "fail_once": "first"},
+                      "fail_parent_on_failure": True}],
+    })
+    parent, child = node.job, node.children[0].job
+    workers.start("rany")
+    with pytest.raises(JobFailedError, match="first"):
+        parent.wait_until_finished(timeout=WAIT)
+    if order == "parent first":
+        parent.retry()
+        assert parent.get_state() == "waiting-children"
+        child.retry()
+    elif order == "child first":
+        child.retry()
+        assert parent.get_state() == "waiting-children"
+        with pytest.raises(JobqError):  # reopened by its child: no longer failed
+            parent.retry()
+    else:
+        assert flow.queue("rany").retry_jobs("failed") == 2
+    assert parent.wait_until_finished(timeout=WAIT) == 101
+    assert child.get_state() == "completed"
+
+
+def test_a_sibling_retried_while_the_parent_is_failed_is_waited_for(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    """Two children that fail the parent: the one that failed second, retried
+    first (while the parent is failed by the other), still counts."""
+    node = flow.add({
+        "name": "p", "queue": "rsib", "data": {"v": 100},
+        "children": [{"name": "c", "queue": "rsib", "data": {"v": v, "fail_once": "first"},
+                      "fail_parent_on_failure": True} for v in (1, 2)],
+    })
+    parent = node.job
+    workers.start("rsib")
+    with pytest.raises(JobFailedError):
+        parent.wait_until_finished(timeout=WAIT)
+    kids = [c.job for c in node.children]
+    assert until(lambda: all(k.get_state() == "failed" for k in kids), timeout=WAIT)
+    culprit = parent.refresh().failed_reason.split()[1]  # "child <queue>:<id> failed: ..."
+    first, other = kids if culprit == f"rsib:{kids[0].id}" else kids[::-1]
+    other.retry()
+    assert other.wait_until_finished(timeout=WAIT) in (1, 2)
+    assert parent.get_state() == "failed"
+    first.retry()
+    assert parent.wait_until_finished(timeout=WAIT) == 103
+
+
+def test_retrying_a_failed_step_of_a_chain_reopens_the_steps_after_it(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    def step(job: Job) -> Any:
+        if job.data == "b" and job.attempts_made == 0:
+            raise ValueError("b broke")
+        return job.get_child_value(default="") + job.data
+
+    node = flow.chain([{"name": "s", "queue": "chr", "data": letter} for letter in "abcd"])
+    workers.start("chr", processor=step)
+    with pytest.raises(JobFailedError, match="b broke"):
+        node.job.wait_until_finished(timeout=WAIT)
+    b = flow.queue("chr").get_jobs("failed")
+    culprit = [j for j in b if j.data == "b"]
+    assert len(culprit) == 1
+    culprit[0].retry()
+    assert node.job.wait_until_finished(timeout=WAIT) == "abcd"
+
+
+def test_a_detached_child_is_not_taken_in_by_a_new_parent_of_the_same_id(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    old = flow.add({"name": "p", "queue": "det", "job_id": "report", "data": {"v": 100},
+                    "children": [{"name": "c", "queue": "det", "data": {"v": 1, "fail": "x"}}]})
+    old_child = old.children[0].job
+    workers.start("det")
+    assert until(lambda: old_child.get_state() == "failed", timeout=WAIT)
+    assert old.job.remove()  # detaches the failed child
+    new = flow.add({"name": "p", "queue": "det", "job_id": "report", "data": {"v": 100},
+                    "children": [{"name": "c", "queue": "det", "data": {"v": 2},
+                                  "job_id": "new-kid"}]})
+    old_child.retry()
+    assert new.job.wait_until_finished(timeout=WAIT) == 102
+    assert new.job.get_children_values() == {"det:new-kid": 2}
 
 
 def test_removing_a_child_moves_the_parent_on(flow: FlowProducer, workers: Workers) -> None:
@@ -364,6 +464,37 @@ def test_removing_a_child_moves_the_parent_on(flow: FlowProducer, workers: Worke
     assert node.job.get_state() == "waiting"
     workers.start("rm")
     assert node.job.wait_until_finished(timeout=WAIT) == 100
+
+
+@pytest.mark.parametrize("others", [10, 1500])
+def test_a_parent_a_drain_releases_is_left_waiting(
+    others: int, flow: FlowProducer, workers: Workers
+) -> None:
+    """However many batches the drain takes (1000 jobs each), the parent
+    its removals released stays and runs."""
+    queue = flow.queue("drp")
+    queue.add_bulk([{"name": "other", "data": {"v": i}} for i in range(others)])
+    node = flow.add({"name": "p", "queue": "drp", "data": {"v": 100},
+                     "children": [{"name": "c", "queue": "drp"} for _ in range(3)]})
+    assert queue.drain() == others + 3
+    assert node.job.get_state() == "waiting"
+    workers.start("drp")
+    assert node.job.wait_until_finished(timeout=WAIT) == 100
+
+
+def test_obliterate_leaves_no_parent_its_children_released(
+    flow: FlowProducer, redis_url: str, prefix: str
+) -> None:
+    queue = flow.queue("obp")
+    node = flow.add({"name": "p", "queue": "obp", "children": [{"name": "c", "queue": "obp"}]})
+    queue.obliterate()
+    assert queue.get_job(node.job.id) is None
+    client = redis.Redis.from_url(redis_url)
+    try:
+        left = sorted(k.decode() for k in client.scan_iter(match=f"{prefix}:{{obp}}:*"))
+    finally:
+        client.close()
+    assert left == [f"{prefix}:{{obp}}:events", f"{prefix}:{{obp}}:id"]
 
 
 def test_removing_a_parent_detaches_its_children(flow: FlowProducer, workers: Workers) -> None:

@@ -425,13 +425,24 @@ end
 
 -- Child `m` ('<queue>:<id>') of parent `pid` of this queue ended: `kind`
 -- completed (value: its result), failed (value: its reason; policy: its
--- fpol), removed, or retried (it runs again: the parent waits on it again,
--- and a parent that failed by it waits again too).
+-- fpol), removed, or retried (it runs again).
+-- A failed child with the default policy or 'f' stays pending, its reason
+-- in dfailed: the parent (with 'f', failed by it) never runs without it.
+-- A retried child is pending again (no longer in dfailed); a parent that
+-- failed by it waits again, and tells its own parent so (a chain reopens
+-- step by step). Only a child the parent knows (pending, processed or
+-- ignored) counts: a detached child of a removed parent is not taken in
+-- by a new parent of the same id.
 local function child_ended(pid, m, kind, value, policy, now)
   local dk = base .. 'deps:' .. pid
   if kind == 'retried' then
+    if redis.call('SISMEMBER', dk, m) == 0
+        and redis.call('HEXISTS', base .. 'processed:' .. pid, m) == 0
+        and redis.call('HEXISTS', base .. 'ignored:' .. pid, m) == 0 then
+      return
+    end
     local jk = job_key(pid)
-    local f = redis.call('HMGET', jk, 'state', 'fchild', 'run', 'ts')
+    local f = redis.call('HMGET', jk, 'state', 'fchild', 'run', 'ts', 'pid', 'pqb')
     if f[1] == 'failed' and f[2] == m then  -- it failed by this child: it waits again
       local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
       if not first then first, gen = f[3] or '', 0 end
@@ -440,7 +451,8 @@ local function child_ended(pid, m, kind, value, policy, now)
       redis.call('HSET', jk, 'state', 'waiting-children', 'run', first .. '#' .. (tonumber(gen) + 1))
       redis.call('ZADD', base .. 'waiting-children', f[4] or fmt(now), pid)
       emit('waiting-children', pid, { 'prev', 'failed' })
-    elseif f[1] ~= 'waiting-children' then
+      if f[5] then notify_parent(pid, f[5], f[6], 'retried', '', '', now) end
+    elseif f[1] ~= 'waiting-children' and f[1] ~= 'failed' then
       return  -- it moved on already
     end
     redis.call('SADD', dk, m)
@@ -448,9 +460,18 @@ local function child_ended(pid, m, kind, value, policy, now)
     redis.call('HDEL', base .. 'ignored:' .. pid, m)
     return
   end
-  if kind == 'failed' and policy == '' then  -- the parent waits on it
-    if redis.call('SISMEMBER', dk, m) == 1 then
-      redis.call('HSET', base .. 'dfailed:' .. pid, m, value)
+  if kind == 'failed' and (policy == '' or policy == 'f') then
+    if redis.call('SISMEMBER', dk, m) == 0 then return end  -- not pending: told before
+    redis.call('HSET', base .. 'dfailed:' .. pid, m, value)
+    if policy == 'f' then
+      local jk = job_key(pid)
+      local f = redis.call('HMGET', jk, 'state', 'atm')
+      if f[1] == 'waiting-children' then
+        redis.call('ZREM', base .. 'waiting-children', pid)
+        redis.call('HSET', jk, 'fchild', m)
+        fail_for_good(pid, 'child ' .. m .. ' failed: ' .. value, tonumber(f[2]) or 0, now,
+          'waiting-children')
+      end
     end
     return
   end
@@ -458,16 +479,6 @@ local function child_ended(pid, m, kind, value, policy, now)
   redis.call('HDEL', base .. 'dfailed:' .. pid, m)
   if kind == 'completed' then
     redis.call('HSET', base .. 'processed:' .. pid, m, value)
-  elseif kind == 'failed' and policy == 'f' then
-    local jk = job_key(pid)
-    local f = redis.call('HMGET', jk, 'state', 'atm')
-    if f[1] == 'waiting-children' then
-      redis.call('ZREM', base .. 'waiting-children', pid)
-      redis.call('HSET', jk, 'fchild', m)
-      fail_for_good(pid, 'child ' .. m .. ' failed: ' .. value, tonumber(f[2]) or 0, now,
-        'waiting-children')
-    end
-    return
   elseif kind == 'failed' and policy == 'i' then
     redis.call('HSET', base .. 'ignored:' .. pid, m, value)
   end

@@ -7,28 +7,51 @@
   KEYS[1]  queue base prefix
   ARGV[1]  '1' to remove delayed jobs too
   ARGV[2]  batch size
-  Returns  number of jobs removed (less than the batch size: done)
+  ARGV[3]  the drain's start (server ms, returned by its first call); 0 in
+           the first call
+  Returns  {jobs removed, jobs looked at (less than the batch size: done),
+           the drain's start}
   Events   removed (prev: waiting | delayed) per job
   Dedup    releases each removed job's dedup key, whatever its mode
+  Flows    a parent of this queue that the drain's removal of its last
+           children released to waiting (its rdy at or after the drain's
+           start) stays: put back at the end of the list taken first, it
+           runs
 ]]
 local batch = tonumber(ARGV[2])
-local removed = 0
-local function take(ids, prev)
+local since = tonumber(ARGV[3])
+if since == 0 then since = now_ms() end
+local removed, looked = 0, 0
+local function released(id)
+  local f = redis.call('HMGET', job_key(id), 'kids', 'rdy')
+  return f[1] and (tonumber(f[2]) or 0) >= since
+end
+-- the ids to keep go back where they were (a list) or stay (a sorted set)
+local function take(ids, prev, kept)
   for _, id in ipairs(ids) do
-    delete_job(id, true)
-    emit('removed', id, { 'prev', prev })
-    removed = removed + 1
+    looked = looked + 1
+    if prev == 'waiting' and released(id) then
+      kept[#kept + 1] = id
+    else
+      delete_job(id, true)
+      emit('removed', id, { 'prev', prev })
+      removed = removed + 1
+    end
   end
 end
-take(redis.call('LPOP', K_WAIT, batch) or {}, 'waiting')
-if removed < batch then
-  local ids = redis.call('ZRANGE', K_PRIO, '0', batch - removed - 1)
-  if #ids > 0 then redis.call('ZREM', K_PRIO, unpack(ids)) end
-  take(ids, 'waiting')
+local function take_set(key, prev)
+  local ids = redis.call('ZRANGE', key, '0', batch - looked - 1)
+  local kept = {}
+  take(ids, prev, kept)
+  local gone = {}
+  local keep = {}
+  for _, id in ipairs(kept) do keep[id] = true end
+  for _, id in ipairs(ids) do if not keep[id] then gone[#gone + 1] = id end end
+  if #gone > 0 then redis.call('ZREM', key, unpack(gone)) end
 end
-if ARGV[1] == '1' and removed < batch then
-  local ids = redis.call('ZRANGE', K_DELAYED, '0', batch - removed - 1)
-  if #ids > 0 then redis.call('ZREM', K_DELAYED, unpack(ids)) end
-  take(ids, 'delayed')
-end
-return removed
+local kept = {}
+take(redis.call('LPOP', K_WAIT, batch) or {}, 'waiting', kept)
+if #kept > 0 then redis.call('RPUSH', K_WAIT, unpack(kept)) end
+if looked < batch then take_set(K_PRIO, 'waiting') end
+if ARGV[1] == '1' and looked < batch then take_set(K_DELAYED, 'delayed') end
+return { removed, looked, since }

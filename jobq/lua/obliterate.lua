@@ -17,8 +17,10 @@
   ARGV[3..] the queue's keys to delete once its jobs are gone (suffixes of
            the base: keys.OBLITERATED, derived from the schema in keys.py)
   Returns  jobs deleted in this call (less than the batch size: the queue is
-           gone); -4 when active jobs exist and force is not set (then
-           nothing is deleted: each call pauses the queue, so only the first
+           gone; the batch size when a deleted child released a parent of
+           this queue into the wait list: the next call deletes it); -4
+           when active jobs exist and force is not set (then nothing is
+           deleted: each call pauses the queue, so only the first
            can find a job active that it did not find before)
   Flows    each child deleted is dropped from its parent (in any queue),
            which moves on if it was the last; parents' children elsewhere
@@ -47,6 +49,15 @@ for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED,
   end
   if #ids > 0 then redis.call('ZREM', key, unpack(ids)) end
 end
+local function any_left()
+  if redis.call('LLEN', K_WAIT) > 0 then return true end
+  for _, key in ipairs({ K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED,
+      base .. 'waiting-children' }) do
+    if redis.call('ZCARD', key) > 0 then return true end
+  end
+  return false
+end
+if n < batch and any_left() then return batch end  -- another call deletes them
 if n < batch then
   for _, name in ipairs(redis.call('ZRANGE', base .. 'workers', '0', '-1')) do
     redis.call('DEL', base .. 'worker:' .. name)

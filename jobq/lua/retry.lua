@@ -16,9 +16,10 @@
            is moved then)
   Events   waiting (prev: the state) per job, or waiting-children for a
            parent whose children are not all done (one failed it while
-           others still ran: it waits for them again); waiting-children
-           (prev failed) for a parent that failed by a retried child and
-           waits on it again
+           others still ran, or a failed child is not retried yet: it waits
+           for them again); waiting-children (prev failed) for a parent
+           that failed by a retried child and waits on it again (and for
+           its own parent, up a chain)
 
   A retry begins the next generation of the job's run: its token becomes
   the run's first token, '#' and the number of retries (see getOutcome.lua),
@@ -40,19 +41,18 @@ if #ARGV > 3 then
 else
   ids = redis.call('ZRANGE', set, '0', tonumber(ARGV[2]) - 1)
 end
-for _, id in ipairs(ids) do
+local function retry_one(id)
   local jk = job_key(id)
-  redis.call('ZREM', set, id)
   local f = redis.call('HMGET', jk, 'priority', 'lifo', 'run', 'pid', 'pqb', 'kids', 'ts')
   local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
   if not first then first, gen = f[3] or '', 0 end
   run = first .. '#' .. (tonumber(gen) + 1)
   -- (cx: a cancel ends the run it cancelled, not the runs a retry begins)
-  redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok', 'cx')
+  redis.call('HDEL', jk, 'fr', 'et', 'rv', 'fon', 'ftok', 'pon', 'pb', 'tok', 'cx', 'fchild')
   if reset then redis.call('HDEL', jk, 'atm', 'stc', 'st') end
   if f[6] and redis.call('SCARD', base .. 'deps:' .. id) > 0 then
-    -- a parent with children still pending (one failed it, others run on):
-    -- it waits for them again, as before it failed
+    -- a parent with children not all done (pending, or failed and not
+    -- retried yet): it waits for them again, as before it failed
     redis.call('HSET', jk, 'state', 'waiting-children', 'run', run)
     redis.call('ZADD', base .. 'waiting-children', f[7] or fmt(now), id)
     emit('waiting-children', id, { 'prev', state })
@@ -64,4 +64,13 @@ for _, id in ipairs(ids) do
   -- a child: its parent waits on it again (and one failed by it, too)
   if f[4] then notify_parent(id, f[4], f[5], 'retried', '', '', now) end
 end
-return { #ids, run }
+
+local moved = 0
+for _, id in ipairs(ids) do
+  -- a child retried before may have reopened its parent, listed too
+  if redis.call('ZREM', set, id) == 1 then
+    retry_one(id)
+    moved = moved + 1
+  end
+end
+return { moved, run }
