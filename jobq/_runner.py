@@ -81,6 +81,17 @@ def failure_reason(exc: BaseException) -> str:
     return _clip(f"{kind}: {text}" if text else kind, MAX_REASON)
 
 
+def _span_failed(attempt: Attempt, exc: BaseException, reason: str) -> None:
+    """Record a failure on the attempt's span: tracing never costs a job its
+    attempt (a span processor that raises is logged)."""
+    if attempt.span is None:
+        return
+    try:
+        attempt.span.failed(exc, reason)
+    except Exception:
+        logger.exception("could not record the failure of job %r on its span", attempt.job_id)
+
+
 def format_trace(exc: BaseException) -> str:
     """The formatted traceback of ``exc``, clipped to ``MAX_TRACE``."""
     try:
@@ -200,10 +211,9 @@ class Finisher:
         attempt taken along."""
         job = attempt.job
         assert job is not None
-        if attempt.span is not None:
-            attempt.span.failed(exc)
         attempt_no = job.attempts_made + 1
         reason = failure_reason(exc)
+        _span_failed(attempt, exc, reason)
         delay_ms = retry_delay_ms(job, exc, attempt_no)
         stacktrace = (job.stacktrace + [trace])[-MAX_STACKTRACES:]
         packed = serializer.encode(stacktrace, "stack trace")
@@ -255,8 +265,7 @@ class Finisher:
             self._job_log.info("job %s (%s) cancelled: %s", printable(job.id),
                                printable(job.name), printable(reason))
         error = JobCancelledError(job.id, reason)
-        if attempt.span is not None:
-            attempt.span.failed(error)
+        _span_failed(attempt, error, reason)
         self._emit("failed", job, error)
 
     def _call(

@@ -35,8 +35,9 @@ FIELD = b"tc"
 class AttemptSpan(Protocol):
     """The span of one attempt, current on the pool thread until ``end``."""
 
-    def failed(self, exc: BaseException) -> None:
-        """Record the attempt's failure (any thread)."""
+    def failed(self, exc: BaseException, reason: str) -> None:
+        """Record the attempt's failure (any thread); ``reason`` is its
+        failed reason (``str(exc)`` may raise)."""
 
     def end(self) -> None:
         """End the span and detach it (the thread that opened it)."""

@@ -95,11 +95,15 @@ class _AttemptSpan:
         self._token = otel_context.attach(trace.set_span_in_context(span))
         self._ended = False
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, reason: str) -> None:
         kind = type(exc).__name__
-        self._span.record_exception(exc)
+        try:
+            self._span.record_exception(exc)
+        except Exception:  # a broken __str__ of the exception: its type and reason
+            self._span.add_event("exception", {"exception.type": kind,
+                                               "exception.message": reason})
         self._span.set_attribute("error.type", kind)
-        self._span.set_status(Status(StatusCode.ERROR, f"{kind}: {exc}"))
+        self._span.set_status(Status(StatusCode.ERROR, reason))
 
     def end(self) -> None:
         if self._ended:
@@ -112,7 +116,7 @@ class _AttemptSpan:
 class _NoSpan:
     """The span of an attempt whose span could not be opened."""
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, reason: str) -> None:
         pass
 
     def end(self) -> None:

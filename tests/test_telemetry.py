@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from jobq import FlowProducer, Job, Queue, Worker
+from jobq import FlowProducer, Job, JobFailedError, Queue, Worker
 from jobq.keys import JOB_FIELDS
 from jobq.telemetry import JobqInstrumentor
 
@@ -174,6 +174,32 @@ def test_a_timed_out_attempt_is_recorded_as_failed(queue: Queue, traced: Traced)
         (process,) = traced.wait_spans(f"process {queue.name}", 1)
     assert process.status.status_code is StatusCode.ERROR
     assert process.attributes["error.type"] == "JobTimeoutError"  # type: ignore[index]
+
+
+class _BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+def _raise_broken(job: Job) -> None:
+    raise _BrokenStr()
+
+
+def test_an_exception_whose_str_raises_fails_its_job_traced_too(
+    queue: Queue, traced: Traced
+) -> None:
+    """The span records the failure without str() of the exception; the job
+    fails as untraced (it stalled, and ran again and again)."""
+    job = queue.add("broken")
+    with _worker(queue, _raise_broken):
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+        (process,) = traced.wait_spans(f"process {queue.name}", 1)
+    assert info.value.failed_reason == "_BrokenStr (its message could not be read)"
+    assert job.refresh().attempts_made == 1
+    assert process.status.status_code is StatusCode.ERROR
+    assert process.status.description == "_BrokenStr (its message could not be read)"
+    assert process.attributes["error.type"] == "_BrokenStr"  # type: ignore[index]
 
 
 def test_add_bulk_is_one_producer_span_whose_context_every_job_carries(
