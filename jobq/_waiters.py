@@ -625,7 +625,8 @@ class WaiterTable:
             stacktrace = reply.stacktrace
             trace = serializer.decode(stacktrace, "stack trace") if stacktrace else None
             traces = list(trace) if isinstance(trace, list) else None
-            outcome = Failed(reply.reason, traces, cancelled=reply.state == "cancelled")
+            outcome = Failed(reply.reason, traces, reply.exc_type,
+                             cancelled=reply.state == "cancelled")
         elif reply.state is None and reply.final:
             outcome = MISSING
         elif known is not None:

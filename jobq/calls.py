@@ -233,6 +233,8 @@ class OutcomeReply(NamedTuple):
     #: the record's run token when the record answered (a later generation
     #: than the one asked for after a retry)
     run: str | None = None
+    #: the type name of the exception that failed the job, when known
+    exc_type: str | None = None
 
 
 def _settings(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -422,6 +424,7 @@ def outcome_reply(reply: Any) -> OutcomeReply:
         bool(final), (_text(reply[6]) or "") if more else None,
         bool(reply[7]) if more else False,
         _text(reply[8]) if len(reply) >= 9 else None,
+        _text(reply[9]) if len(reply) >= 10 else None,
     )
 
 

@@ -23,6 +23,7 @@ import redis
 from jobq import (
     ClosedError,
     Job,
+    JobFailedError,
     JobNotFoundError,
     Queue,
     QueueEvents,
@@ -316,6 +317,37 @@ def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
     assert queue.get_job(job.id) is None
     with QueueEvents(queue.name, connection=redis_url) as late:
         assert job.wait_until_finished(late, timeout=WAIT) == "second"
+
+
+class lower_case_error(Exception):  # noqa: N801 - a name the reason alone cannot tell
+    pass
+
+
+class _BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+def _raise_by_data(job: Job) -> None:
+    raise lower_case_error("x") if job.data == "lower" else _BrokenStr()
+
+
+@pytest.mark.parametrize("remove_on_fail", [False, True])
+def test_a_failed_jobs_exception_type_is_the_same_whoever_answers_the_wait(
+    remove_on_fail: bool, queue: Queue, redis_url: str
+) -> None:
+    """The record (or, removed, the run's failed event in the stream) gives
+    exc_type as the live event does; guessed from the reason, it was None."""
+    jobs = [queue.add("x", data, remove_on_fail=remove_on_fail) for data in ("lower", "broken")]
+    with Worker(queue.name, _raise_by_data, connection=redis_url):
+        for job in jobs:
+            with pytest.raises(JobFailedError):
+                job.wait_until_finished(timeout=WAIT)
+    for job, name in zip(jobs, ("lower_case_error", "_BrokenStr"), strict=True):
+        with QueueEvents(queue.name, connection=redis_url) as late:
+            with pytest.raises(JobFailedError) as info:
+                job.wait_until_finished(late, timeout=WAIT)
+        assert info.value.exc_type == name
 
 
 def test_reused_ids_under_load_each_wait_gets_its_own_run(

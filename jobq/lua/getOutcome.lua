@@ -15,7 +15,8 @@
   ARGV[4]  optional: '1' when the scan so far began at the `added` event
   Returns  {state or false, return value, failed reason, stack traces,
             last event id or '', final, cursor, anchored, the record's run
-            token when the record answered}; state is
+            token when the record answered, the failure's exception type
+            name}; state is
            'cancelled' for a job that failed by a cancel (cancel.lua)
            The record answers when it is of that run. Else the result kept
            under result:<run> (see complete.lua); else, in stream mode, the
@@ -43,7 +44,7 @@ local function answers(token)
   local f, g = generation(token)
   return f == first and g >= gen
 end
-local f = redis.call('HMGET', job_key(id), 'state', 'rv', 'fr', 'st', 'run', 'cx')
+local f = redis.call('HMGET', job_key(id), 'state', 'rv', 'fr', 'st', 'run', 'cx', 'et')
 if f[1] == 'failed' and f[6] then f[1] = 'cancelled' end
 local stream = meta()[1] ~= 'pubsub'
 local last = ''
@@ -52,7 +53,7 @@ if stream then
   if e[1] then last = e[1][1] end
 end
 if f[1] and (run == '' or not f[5] or answers(f[5])) then
-  return { f[1], f[2], f[3], f[4], last, false, false, false, f[5] or false }
+  return { f[1], f[2], f[3], f[4], last, false, false, false, f[5] or false, f[7] or false }
 end
 if run == '' then return { false, false, false, false, last, false } end
 local kept = redis.call('GET', base .. 'result:' .. run)
@@ -76,7 +77,8 @@ for _, entry in ipairs(entries) do
       elseif e[2] == 'failed' then
         local state = 'failed'
         if got['cancelled'] then state = 'cancelled' end
-        return { state, false, got['failed_reason'] or '', false, last, false }
+        return { state, false, got['failed_reason'] or '', false, last, false, false, false,
+                 false, got['exc_type'] or false }
       end
       -- removed, or a big result whose record and kept copy are gone
       return { false, false, false, false, last, 1 }
