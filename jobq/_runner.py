@@ -503,8 +503,9 @@ class Runner:
         that cannot be read makes the attempt fail with the reason."""
         flat = attempt.record
         record = dict(zip(flat[::2], flat[1::2], strict=False))
+        read: Job | None = None
         try:
-            job = Job.from_record(self._context, attempt.job_id, record)
+            job = read = Job.from_record(self._context, attempt.job_id, record)
             if job._unreadable:  # a listing shows such a job; a worker does not run it
                 raise ValueError("; ".join(job._unreadable))
             job.data  # noqa: B018 - decoded here: data that cannot be fails the attempt
@@ -514,6 +515,8 @@ class Runner:
             name = (record.get(b"name") or b"").decode("utf-8", "replace")
             job = Job(self._context, attempt.job_id, name)
             job.attempts_made = _int(record.get(b"atm"), 0)
+            if read is not None:  # its options (attempts, backoff) and stack traces count
+                job.opts, job.stacktrace = read.opts, read.stacktrace
             attempt.error = exc if isinstance(exc, JobqError) else JobqError(
                 f"job record of {attempt.job_id!r} cannot be read: {failure_reason(exc)}"
             )

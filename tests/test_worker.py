@@ -29,6 +29,7 @@ from jobq import (
     JobTimeoutError,
     LockLostError,
     Queue,
+    QueueEvents,
     UnrecoverableError,
     Worker,
 )
@@ -241,6 +242,26 @@ def test_corrupt_job_data_fails_the_job_and_the_worker_goes_on(
             bad.wait_until_finished(timeout=WAIT)
         assert good.wait_until_finished(timeout=WAIT) == 2
     assert info.value.failed_reason
+
+
+def test_corrupt_job_data_is_retried_under_its_backoff_keeping_each_stack_trace(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Data a worker cannot decode (a type another process registered, say)
+    fails each attempt like any failure: the job's backoff between them,
+    one stack trace each (they were retried at once, each trace replacing
+    the one before)."""
+    bad = queue.add("bad", {"ok": True}, attempts=3, backoff=0.05)
+    redis_client.hset(job_key(queue.name, bad.id), "data", b"\xc1")  # never valid msgpack
+    delays: list[float] = []
+    with QueueEvents(queue.name, connection=redis_url) as events:
+        events.on("retrying", lambda e: delays.append(e.fields["delay"]))
+        with make_worker(queue.name, redis_url, lambda job: None):
+            with pytest.raises(JobFailedError):
+                bad.wait_until_finished(events, timeout=WAIT)
+        assert until(lambda: len(delays) == 2, timeout=WAIT)
+    assert delays == [0.05, 0.05]
+    assert len(bad.refresh().stacktrace) == 3
 
 
 # -- concurrency -------------------------------------------------------------
