@@ -10,6 +10,7 @@ written. ``queue.tasks`` (task name to processor) is what a Worker runs.
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import inspect
 import os
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from . import serializer
 from .options import JobOptions
 
 if TYPE_CHECKING:
@@ -87,6 +89,16 @@ def _on_commit(action: Callable[[], Any], using: str | None) -> None:
     except ImportError as exc:  # pragma: no cover - needs Django absent
         raise RuntimeError("*_on_commit needs Django (pip install 'jobq[django]')") from exc
     transaction.on_commit(action, using=using)
+
+
+def _frozen(queue: Any, name: str, data: Any, options: Mapping[str, Any]) -> Any:
+    """``data`` of an add to be made at commit, as it is now: checked and
+    encoded now (bad data fails here, not after the commit, when the job
+    would be lost), then decoded again, so that a change the caller makes
+    to its objects meanwhile (a list cleared and refilled for the next
+    batch) does not reach the job."""
+    new, _ = queue._prepare(name, data, options)
+    return serializer.decode(new.data, "job data")
 
 
 def _module_name(func: Callable[..., Any]) -> str:
@@ -187,10 +199,9 @@ class Task(Generic[R]):
         """As ``delay``, once the current Django transaction commits (nothing
         is added when it rolls back). The arguments are checked now: against
         the signature, and encoded, so that bad data fails here and not after
-        the commit, when the job would be lost."""
-        data = self._data(args, kwargs)
-        queue: Any = self.queue
-        queue._prepare(self.name, data, self.options)
+        the commit, when the job would be lost; the job gets them as they are
+        now (a list changed after the call is not)."""
+        data = _frozen(self.queue, self.name, self._data(args, kwargs), self.options)
         _on_commit(lambda: self.queue.add(self.name, data, **self.options), None)
 
     def process(self, job: Job) -> R:
@@ -258,7 +269,9 @@ class QueueTasks:
 
     def add_on_commit(self, name: str, data: Any = None, **options: Any) -> None:
         """``add`` once the current Django transaction commits (nothing when
-        it rolls back). Data and options are checked now."""
+        it rolls back). Data and options are checked now, and taken as they
+        are now."""
         queue: Any = self
-        queue._prepare(name, data, options)  # refuse bad data before the commit
+        data = _frozen(queue, name, data, options)
+        options = copy.deepcopy(options)  # a dedup dict changed later is not this add's
         _on_commit(lambda: queue.add(name, data, **options), None)

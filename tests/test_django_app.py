@@ -96,6 +96,28 @@ def test_delay_on_commit_adds_after_commit_and_nothing_on_rollback(shop: Any) ->
     assert queue.get_job_counts("waiting") == {"waiting": 2}
 
 
+def test_an_add_on_commit_takes_its_data_as_it_was_at_the_call(shop: Any) -> None:
+    """A batch list cleared and refilled after each call, a dict changed
+    after it: each job has the data of its call (they were read at the
+    commit), and a change that cannot be encoded no longer fails the
+    commit's add."""
+    from django.db import transaction
+
+    queue = shop.queue
+    with transaction.atomic():
+        rows: list[Any] = []
+        for batch in (["a", "b"], ["c"]):
+            rows.extend(batch)
+            shop.send_welcome.delay_on_commit(rows)
+            rows.clear()
+        payload: dict[str, Any] = {"who": "a"}
+        queue.add_on_commit("audit", payload, dedup={"id": "audit-a"})
+        payload["who"] = object()  # not encodable: the add at commit does not see it
+    jobs = queue.get_jobs("waiting", asc=True)
+    assert [j.data for j in jobs] == [{"args": [["a", "b"]], "kwargs": {}},
+                                      {"args": [["c"]], "kwargs": {}}, {"who": "a"}]
+
+
 def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(
     shop: Any, prefix: str, redis_url: str
 ) -> None:
