@@ -81,6 +81,16 @@ def refuse_async(func: Callable[..., Any], what: str) -> None:
         raise TypeError(f"{what} is an async function ({name}): {ASYNC_HINT}")
 
 
+def task_function(func: Callable[..., R]) -> Callable[..., R]:
+    """The function a task decorator registers: of a task (decorators
+    stacked, one task on each queue), its function; a Task wrapping a Task
+    copied the inner one's attributes over its own (its queue, name and
+    options) and added to the inner task's queue."""
+    while isinstance(func, Task):
+        func = func.func
+    return func
+
+
 def _on_commit(action: Callable[[], Any], using: str | None) -> None:
     """Run ``action`` once the current Django transaction commits (at once
     outside a transaction; never when it rolls back)."""
@@ -246,6 +256,7 @@ class QueueTasks:
         JobOptions.parse(default_options)  # fail at import time, not at delay()
 
         def decorate(func: Callable[..., R]) -> Task[R]:
+            func = task_function(func)
             refuse_async(func, "task")
             task_name = task_name_of(func, name)
             existing = self._tasks.get(task_name)

@@ -55,6 +55,27 @@ def test_enqueue_takes_job_options_over_the_task_defaults(queue: Queue) -> None:
     assert send.delay("b@example.com").opts["priority"] == 5
 
 
+def test_stacked_decorators_make_one_task_on_each_queue(queue: Queue) -> None:
+    """The outer task adds to its own queue, under its own name and options
+    (it took the inner task's: queue, name and options)."""
+    with Queue(f"{queue.name}-high", connection=queue.client, prefix=queue.prefix) as high:
+
+        @high.task(name="send-high", priority=1)
+        @queue.task(name="send-low")
+        def send(to: str) -> str:
+            return f"sent to {to}"
+
+        job = send.delay("a")
+        assert (send.queue, send.name, job.name, job.opts["priority"]) == (
+            high, "send-high", "send-high", 1)
+        assert high.get_job(job.id) is not None and queue.get_job(job.id) is None
+        assert send.func("b") == "sent to b" and not isinstance(send.func, Task)
+        low = queue.tasks["send-low"]
+        with Worker(high.name, high.tasks, connection=queue.client, prefix=queue.prefix):
+            assert job.wait_until_finished(timeout=WAIT) == "sent to a"
+        assert low is not None and sorted(high.tasks) == ["send-high"]
+
+
 def test_a_call_that_does_not_fit_the_signature_is_refused_before_any_write(
     queue: Queue,
 ) -> None:

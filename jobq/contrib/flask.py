@@ -47,7 +47,7 @@ from flask.cli import with_appcontext
 from jobq import Queue, _fork
 from jobq.job import Job
 from jobq.options import JobOptions
-from jobq.tasks import R, Task, refuse_async, task_name_of
+from jobq.tasks import R, Task, refuse_async, task_function, task_name_of
 
 __all__ = ["JobQ", "AppTask"]
 
@@ -156,6 +156,7 @@ class JobQ:
         JobOptions.parse(default_options)  # fail at import time, not at delay()
 
         def decorate(func: Callable[..., R]) -> AppTask[R]:
+            func = task_function(func)
             refuse_async(func, "task")
             task_name = task_name_of(func, name)
             for task in self._declared:
