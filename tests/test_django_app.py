@@ -185,6 +185,27 @@ def test_system_checks_report_missing_malformed_and_unreachable(shop: Any) -> No
         assert "redis://:***@127.0.0.1:1/0" in down.msg and "hunter2" not in down.msg
 
 
+@pytest.mark.parametrize("jobq", [
+    {"QUEUES": {"q-bad": {"bogus": 1}}},
+    {"QUEUES": {"q-bad": {"max_payload_bytes": "1MB"}}},
+    {"CONNECTION": "htp://127.0.0.1:1/0"},
+    {"CONNECTION": 6379},
+])
+def test_get_queue_of_malformed_settings_is_improperly_configured(
+    jobq: dict[str, Any], shop: Any
+) -> None:
+    """As get_queue's docstring says (the Queue's own ValueError or
+    TypeError came through, or redis-py's about URL schemes)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test.utils import override_settings
+
+    from jobq.contrib.django import get_queue
+
+    with override_settings(JOBQ=jobq):
+        with pytest.raises(ImproperlyConfigured, match=r"settings\.JOBQ, queue 'q-bad'"):
+            get_queue("q-bad")
+
+
 def test_the_checks_run_with_manage_py_check(shop: Any) -> None:
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError

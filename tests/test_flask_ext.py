@@ -230,3 +230,40 @@ def test_extension_tasks_follow_the_current_app(redis_url: str, queue_name: str)
             with app.app_context():
                 ext.queue("mail").obliterate(force=True)
                 ext.close()
+
+
+def test_a_second_app_set_up_by_init_app_gets_its_own_queues(
+    redis_url: str, queue_name: str
+) -> None:
+    """JobQ(app1) then init_app(app2): in app2's context, app2's queue (it
+    was app1's, whose prefix a worker of app2 never reads)."""
+    apps = [flask.Flask(f"two{n}") for n in range(2)]
+    for n, app in enumerate(apps):
+        app.config.update(JOBQ_URL=redis_url, JOBQ_PREFIX=f"two{n}-{queue_name[-8:]}")
+    ext = JobQ(apps[0])
+    ext.init_app(apps[1])
+    try:
+        for app in apps:
+            with app.app_context():
+                assert ext.queue().prefix == app.config["JOBQ_PREFIX"]
+        assert ext.queue().prefix == apps[0].config["JOBQ_PREFIX"]  # no context: JobQ(app)'s
+    finally:
+        for app in apps:
+            with app.app_context():
+                ext.close()
+
+
+@pytest.mark.parametrize(("config", "error", "match"), [
+    ({"JOBQ_QUEUES": ["default"]}, TypeError, "JOBQ_QUEUES must map"),
+    ({"JOBQ_QUEUES": {"q": {"connection": "redis://x"}}}, ValueError, "may not set 'connection'"),
+    ({"JOBQ_QUEUES": {"q": {"bogus": 1}}}, TypeError, "queue 'q'.*bogus"),
+    ({"JOBQ_URL": "htp://127.0.0.1:1/0"}, ValueError, "queue 'default'"),
+    ({"JOBQ_PREFIX": "a b"}, ValueError, "queue 'default'"),
+])
+def test_a_bad_config_fails_init_app_not_the_first_request(
+    config: dict[str, object], error: type[Exception], match: str
+) -> None:
+    app = flask.Flask("bad")
+    app.config.update(config)
+    with pytest.raises(error, match=match):
+        JobQ(app)

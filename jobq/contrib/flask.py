@@ -41,7 +41,7 @@ from typing import Any, overload
 
 import click
 import redis
-from flask import Flask, current_app
+from flask import Flask, current_app, has_app_context
 from flask.cli import with_appcontext
 
 from jobq import Queue, _fork
@@ -52,6 +52,29 @@ from jobq.tasks import R, Task, refuse_async, task_function, task_name_of
 __all__ = ["JobQ", "AppTask"]
 
 _EXTENSION = "jobq"
+
+
+def _check_config(config: Mapping[str, Any]) -> None:
+    """Build (no I/O) and close each configured queue, and the default one:
+    a bad value fails ``init_app``."""
+    queues = config.get("JOBQ_QUEUES") or {}
+    if not isinstance(queues, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in queues.items()
+    ):
+        raise TypeError("JOBQ_QUEUES must map queue names to dicts of Queue options, "
+                        f"not {queues!r}")
+    for name in {"default", *queues}:
+        options = dict(queues.get(name, {}))
+        for reserved, setting in (("connection", "JOBQ_URL"), ("prefix", "JOBQ_PREFIX")):
+            if reserved in options:
+                raise ValueError(f"JOBQ_QUEUES[{name!r}] may not set {reserved!r}: "
+                                 f"use {setting}")
+        try:
+            Queue(name, connection=config["JOBQ_URL"], prefix=config["JOBQ_PREFIX"],
+                  **options).close()
+        except (ValueError, TypeError) as exc:
+            error = TypeError if isinstance(exc, TypeError) else ValueError
+            raise error(f"jobq config, queue {name!r}: {exc}") from exc
 
 
 class _AppQueues:
@@ -112,15 +135,24 @@ class JobQ:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Read the config (with its defaults) and add ``flask jobq``."""
+        """Read the config (with its defaults), check it, and add ``flask jobq``.
+
+        Raises:
+            ValueError, TypeError: ``JOBQ_QUEUES`` is not a dict of dicts of
+                ``Queue`` options (without ``connection`` or ``prefix``), or
+                a URL, prefix or option is bad: at start, not at the first
+                request.
+        """
         app.config.setdefault("JOBQ_URL", None)
         app.config.setdefault("JOBQ_PREFIX", "jobq")
         app.config.setdefault("JOBQ_QUEUES", {})
+        _check_config(app.config)
         app.extensions[_EXTENSION] = _AppQueues(app, self._declared)
         app.cli.add_command(jobq_cli)
 
     def _state(self) -> _AppQueues:
-        app = self.app if self.app is not None else current_app
+        # the current app's (set up by init_app), else the app of JobQ(app)
+        app: Any = current_app if has_app_context() or self.app is None else self.app
         state: _AppQueues | None = app.extensions.get(_EXTENSION)
         if state is None:
             raise RuntimeError("JobQ is not initialised on this app: call init_app(app)")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from jobq import Queue, _fork
 
@@ -56,7 +57,10 @@ class JobqConfig(AppConfig):
         with self._lock:
             queue = self._queues.get(name)
             if queue is None:
-                queue = Queue(name, **queue_options(name))
+                try:
+                    queue = Queue(name, **queue_options(name))
+                except (ValueError, TypeError) as exc:  # a bad URL or option
+                    raise ImproperlyConfigured(f"settings.JOBQ, queue {name!r}: {exc}") from exc
                 self._queues[name] = queue
             return queue
 
