@@ -133,6 +133,33 @@ def _number(name: str, value: Any, positive: bool = False) -> float | None:
     return float(value)
 
 
+#: The epoch seconds of 0001-01-01 and 9999-12-31 23:59:59 UTC: the times a
+#: schedule can be computed for.
+_EPOCH_RANGE = (-62135596800.0, 253402300799.0)
+
+
+def _epoch(name: str, value: Any) -> float | None:
+    seconds = _number(name, value)
+    if seconds is not None and not _EPOCH_RANGE[0] <= seconds <= _EPOCH_RANGE[1]:
+        raise ValueError(f"{name} must be epoch seconds within years 1 to 9999, not {value!r}")
+    return seconds
+
+
+def _scheduler_id(value: Any) -> str:
+    """A scheduler id: at most 150 characters (its jobs' ids are
+    ``repeat:<id>:<slot>``), of those a job id may hold; digits alone are
+    fine (no generated id starts with ``repeat:``)."""
+    if isinstance(value, str) and 0 < len(value) <= 150:
+        try:
+            validate_job_id("s" + value)  # its characters checked as a job id's
+            return value
+        except ValueError:
+            raise ValueError(f"invalid scheduler_id {value!r}: no whitespace, control "
+                             "characters or lone surrogates") from None
+    raise ValueError(f"invalid scheduler_id {value!r}: a non-empty str of at most 150 "
+                     "characters")
+
+
 def _validate_cron(cron: Any, tz: Any) -> None:
     if not isinstance(cron, str) or len(cron.split()) not in (5, 6):
         raise ValueError(f"cron must be a 5- or 6-field expression, not {cron!r}")
@@ -254,9 +281,7 @@ class QueueSchedulers:
             ValueError: a bad argument.  SerializationError: data does not
             encode.  JobqError: the first tick collides with an existing job.
         """
-        sid = validate_job_id(scheduler_id)
-        if len(sid) > 150:
-            raise ValueError("scheduler_id must be at most 150 characters")
+        sid = _scheduler_id(scheduler_id)
         if (every is None) == (cron is None):
             raise ValueError("give exactly one of every= and cron=")
         every_s = _number("every", every, positive=True)
@@ -266,7 +291,9 @@ class QueueSchedulers:
             _validate_cron(cron, tz)
         elif tz is not None:
             raise ValueError("tz applies to cron schedules only")
-        start_s, end_s = _number("start", start), _number("end", end)
+        start_s, end_s = _epoch("start", start), _epoch("end", end)
+        if start_s is not None and end_s is not None and end_s < start_s:
+            raise ValueError(f"end ({end!r}) is before start ({start!r})")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit < 1):
             raise ValueError(f"limit must be an int >= 1, not {limit!r}")

@@ -357,10 +357,9 @@ def seconds(name: str, value: Any) -> float:
 
 
 def _positive(name: str, value: Any) -> float:
-    seconds = _number(name, value)
-    if seconds <= 0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
         raise ValueError(f"{name} must be > 0, not {value!r}")
-    return seconds
+    return _number(name, value)
 
 
 #: The plain options of a job added with none (stored_form leaves them out).

@@ -127,6 +127,9 @@ def _settings(
     """Validate a Worker's arguments (ValueError naming the bad one)."""
     limit = (0, 0)
     if limiter is not None:
+        if not isinstance(limiter, Mapping):
+            raise ValueError("limiter must be {'max': int >= 1, 'duration': seconds}, "
+                             f"not {limiter!r}")
         unknown = set(limiter) - {"max", "duration"}
         count = limiter.get("max")
         if unknown or isinstance(count, bool) or not isinstance(count, int) or count < 1:

@@ -250,6 +250,12 @@ def test_bad_option_value_raises_value_error(
     assert queue_keys(redis_client, queue.name) == []
 
 
+@pytest.mark.parametrize("timeout", [0, -1, -0.5])
+def test_a_timeout_not_above_zero_is_refused_saying_so(queue: Queue, timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout must be > 0"):  # -1 said ">= 0"
+        queue.add("n", 1, timeout=timeout)
+
+
 @pytest.mark.parametrize("name", ["", 5, None, "x" * 201])
 def test_bad_job_name_raises_value_error(
     queue: Queue, redis_client: redis.Redis, name: Any

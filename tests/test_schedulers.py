@@ -319,6 +319,20 @@ def test_bad_scheduler_arguments(queue: Queue) -> None:
             queue.upsert_scheduler("bad", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         queue.upsert_scheduler("bad", every=1, delay=3)
+    # each error names what is wrong (they spoke of job_id and 200 characters,
+    # refused digits alone, and of a year out of range)
+    for sid, match in (("daily report", "invalid scheduler_id 'daily report': no whitespace"),
+                       ("x" * 151, "at most 150 characters"), ("", "at most 150"),
+                       (None, "at most 150")):
+        with pytest.raises(ValueError, match=match):
+            queue.upsert_scheduler(sid, every=60)  # type: ignore[arg-type]
+    for kwargs, match in (({"start": 1e12}, "start must be epoch seconds within years 1"),
+                          ({"end": -1e12}, "end must be epoch seconds"),
+                          ({"start": 2e9, "end": 1e9}, "end .* is before start")):
+        with pytest.raises(ValueError, match=match):
+            queue.upsert_scheduler("bad", cron="* * * * *", **kwargs)  # type: ignore[arg-type]
+    assert queue.upsert_scheduler("2024", every=60).id == "2024"  # digits alone: no job id
+    assert queue.upsert_scheduler("x" * 150, every=60).id == "x" * 150
 
 
 def test_a_scheduler_id_to_look_up_is_a_str(queue: Queue) -> None:

@@ -1470,6 +1470,10 @@ def test_worker_validates_its_arguments(queue_name: str, redis_url: str) -> None
                     {"limiter": {"max": 1, "duration": 1e308}}, {"limiter": {"max": 0}}):
         with pytest.raises(ValueError):
             Worker(queue_name, lambda job: None, connection=redis_url, **seconds)
+    for limiter in (5, 2.5, "1/s"):  # a TypeError of iterating it, the limiter not named
+        with pytest.raises(ValueError, match="limiter must be"):
+            Worker(queue_name, lambda job: None, connection=redis_url,
+                   limiter=limiter)  # type: ignore[arg-type]
 
 
 def test_a_take_says_whether_more_jobs_wait(queue: Queue) -> None:
