@@ -646,6 +646,81 @@ def test_chain_fails_the_steps_after_a_failed_one(flow: FlowProducer, workers: W
         node.job.wait_until_finished(timeout=WAIT)
 
 
+def test_a_chain_of_the_most_levels_is_added_whole_and_fails_step_by_step(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    """MAX_DEPTH steps: the Jobs come back (their nodes were built by a
+    recursion that raised RecursionError past about 600 levels, after the
+    whole flow was written), and a first step's failure fails the last."""
+    from jobq.flow import MAX_DEPTH
+
+    node = flow.chain([{"name": "s", "queue": "deep", "data": {"fail": "first"}}]
+                      + [{"name": "s", "queue": "deep", "data": {"v": 1}}] * (MAX_DEPTH - 1))
+    levels, first = 1, node
+    while first.children:
+        (first,) = first.children
+        levels += 1
+    assert levels == MAX_DEPTH
+    workers.start("deep")
+    with pytest.raises(JobFailedError, match="first"):
+        node.job.wait_until_finished(timeout=WAIT)
+    counts = flow.queue("deep").get_job_counts("failed", "waiting-children")
+    assert counts == {"failed": MAX_DEPTH, "waiting-children": 0}
+
+
+def test_a_flow_deeper_than_the_most_levels_is_refused_with_nothing_written(
+    flow: FlowProducer,
+) -> None:
+    from jobq.flow import MAX_DEPTH
+
+    with pytest.raises(ValueError, match=f"at most {MAX_DEPTH} levels"):
+        flow.chain([{"name": "s", "queue": "deeper"}] * (MAX_DEPTH + 1))
+    assert sum(flow.queue("deeper").get_job_counts().values()) == 0
+
+
+@pytest.mark.slow
+def test_a_failure_goes_up_a_depends_on_chain_deeper_than_the_lua_stack(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    """6,000 jobs, each depending on the one before (fail_parent_on_failure):
+    the failure of the first fails all in one call. Told parent by parent in
+    nested calls, it overflowed the Lua stack at about 5,400 levels and
+    left the rest waiting for ever, half written."""
+    queue = flow.queue("dchain")
+    job = queue.add("s", {"fail": "first"}, fail_parent_on_failure=True)
+    for _ in range(5999):
+        job = queue.add("s", {"v": 1}, depends_on=[job], fail_parent_on_failure=True)
+    workers.start("dchain")
+    with pytest.raises(JobFailedError, match="first"):
+        job.wait_until_finished(timeout=50)
+    assert queue.get_job_counts("failed", "waiting-children") == {
+        "failed": 6000, "waiting-children": 0}
+
+
+def test_a_job_of_another_prefix_or_a_sharded_queue_is_refused_as_a_dependency(
+    flow: FlowProducer, redis_url: str, prefix: str
+) -> None:
+    """Only (queue, id) went to the script: a Job of another prefix named the
+    job of that id in this prefix, which took the new job as its parent."""
+    from jobq import ShardedQueue
+
+    mine = flow.queue("pfx")
+    namesake = mine.add("n", 1)  # same queue name and id as the other prefix's job
+    with Queue("pfx", connection=redis_url, prefix=f"{prefix}-other") as other:
+        theirs = other.add("n", 2)
+        assert theirs.id == namesake.id
+        with pytest.raises(ValueError, match="same prefix"):
+            mine.add("p", depends_on=[theirs])
+    if os.environ.get("JOBQ_TEST_CLUSTER") != "1":  # (a tagged prefix; shards need none)
+        with FlowProducer(connection=redis_url) as plain:
+            with ShardedQueue("pfx-sh", shards=2, connection=redis_url) as sharded:
+                with pytest.raises(ValueError, match="sharded queue"):
+                    plain.queue("pfx").add("p", depends_on=[sharded.add("n", 3)])
+                sharded.obliterate(force=True)
+    assert mine.get_job(namesake.id).parent is None  # type: ignore[union-attr]
+    assert mine.get_job_counts("waiting-children") == {"waiting-children": 0}
+
+
 def test_chord_gathers_every_result(flow: FlowProducer, workers: Workers) -> None:
     def job_fn(job: Job) -> Any:
         if job.name == "sum":

@@ -384,6 +384,9 @@ end
 -- The queue name in a queue's base ("<prefix>:{<queue>}:").
 local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
 
+-- The parents still to be told in this call (see notify_parent), or nil.
+local _telling = nil
+
 -- Run fn(...) with the keys of the queue whose base is `target` (a parent's
 -- or a child's queue), then return to the caller's queue: its keys and its
 -- per-call state (run tokens of deleted jobs, the ready mark, settings,
@@ -392,13 +395,15 @@ local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
 local function in_queue(target, fn, ...)
   if target == base then return fn(...) end
   local keys, runs, marked, settings, told, ties = KEYS, _runs, _marked, _meta, _told, _ties
+  local telling = _telling
   KEYS = { target, target .. 'slot-guard' }
   _per_call()
   _ties = ties  -- one for the whole call: it is keyed by each queue's delayed set
+  _telling = telling  -- one for the whole call too (see notify_parent)
   local r = fn(...)
   KEYS = keys
   _per_call()
-  _runs, _marked, _meta, _told, _ties = runs, marked, settings, told, ties
+  _runs, _marked, _meta, _told, _ties, _telling = runs, marked, settings, told, ties, telling
   return r
 end
 
@@ -485,8 +490,25 @@ local function child_ended(pid, m, kind, value, policy, now)
   if redis.call('SCARD', dk) == 0 then release_parent(pid, now) end
 end
 
+-- A parent told may tell its own parent (a failure or a reopening going up
+-- a chain, one level per call): such a call made while another is told is
+-- queued (in _telling), and the first call tells them all in turn, so a
+-- chain of any length takes no deeper a Lua stack (a chain of 10,000 steps
+-- overflowed it, its failure left half-written).
 function notify_parent(id, pid, pqb, kind, value, policy, now)
-  in_queue(pqb, child_ended, pid, queue_of(base) .. ':' .. id, kind, value, policy, now)
+  local told = { pqb, pid, queue_of(base) .. ':' .. id, kind, value, policy, now }
+  if _telling then
+    _telling[#_telling + 1] = told
+    return
+  end
+  _telling = { told }
+  local i = 1
+  while _telling[i] do
+    local t = _telling[i]
+    in_queue(t[1], child_ended, t[2], t[3], t[4], t[5], t[6], t[7])
+    i = i + 1
+  end
+  _telling = nil
 end
 
 -- End the attempt of an active job whose cancel was requested (its `cx`
