@@ -87,11 +87,13 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     after ``after_ms``. A 6-field expression has seconds first (as BullMQ).
 
     Local times are computed in the zone, so a daily 02:30 in Europe/Berlin
-    stays 02:30 local across DST changes, as Debian's cron does: a time
-    skipped by the spring change runs at the first valid instant after it
-    (03:00), and a fixed time (minute and hour fields without ``*``) that
-    the autumn change repeats runs once, at its first occurrence; a
-    wildcard schedule (``0 * * * *``) runs in both repeated hours.
+    stays 02:30 local across DST changes, as Debian's cron does: a fixed
+    time (minute and hour fields without ``*``) skipped by the spring change
+    runs at the first valid instant after it (03:00), and one the autumn
+    change repeats runs once, at its first occurrence; a wildcard schedule
+    (``0 */2 * * *``, ``*/20 2 * * *``) runs on the new time at once:
+    skipped times are skipped (no extra 03:00 run), and repeated ones run
+    in both hours.
 
     Raises:
         ValueError: ``cron`` never matches (``0 0 30 2 *``).
@@ -103,6 +105,7 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     minute, hour = fields[1:3] if six else fields[0:2]
     fixed = not minute.startswith("*") and not hour.startswith("*")
     it = croniter(cron, start, second_at_beginning=six)
+    minutes, hours = it.expanded[0], it.expanded[1]
     while True:
         try:
             slot: int = round(float(it.get_next(float)) * 1000)
@@ -110,8 +113,12 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
             raise ValueError(f"cron expression {cron!r} never matches") from exc
         if slot <= after_ms:  # a sub-second start: croniter works in whole seconds
             continue
-        if fixed and datetime.fromtimestamp(slot / 1000.0, zone).fold == 1:
+        local = datetime.fromtimestamp(slot / 1000.0, zone)
+        if fixed and local.fold == 1:
             continue  # the repeated hour of an autumn change: it ran at fold 0
+        if not fixed and not ((hours == ["*"] or local.hour in hours)
+                              and (minutes == ["*"] or local.minute in minutes)):
+            continue  # a time the spring change skipped, moved past the gap
         return slot
 
 

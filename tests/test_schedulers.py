@@ -132,6 +132,15 @@ def test_dst_spring_forward_in_berlin() -> None:
     assert _run("0 9 * * *", start, 2) == [
         "2026-03-29T09:00:00+02:00", "2026-03-30T09:00:00+02:00",
     ]
+    # wildcards in the hour or minute run on the new time at once (Debian's
+    # crontab(5)): no extra 03:00 for a 02:00 skipped (it came one real hour
+    # before 04:00), and an hour the change skips is skipped that day
+    assert _run("0 */2 * * *", datetime(2026, 3, 29, 0, 30, tzinfo=BERLIN), 2) == [
+        "2026-03-29T04:00:00+02:00", "2026-03-29T06:00:00+02:00",
+    ]
+    assert _run("*/20 2 * * *", start, 2) == [
+        "2026-03-30T02:00:00+02:00", "2026-03-30T02:20:00+02:00",
+    ]
 
 
 def test_dst_fall_back_in_berlin() -> None:
@@ -551,6 +560,43 @@ def test_a_cancelled_or_removed_pending_tick_is_skipped(
     assert len(ids) == len(set(ids))
     gap = _slot(ids[0]) - _slot(tick)
     assert gap > 0 and gap % 300 == 0
+
+
+@pytest.mark.parametrize("how", ["cancel", "remove"])
+@pytest.mark.parametrize("schedule", ["every", "cron"])
+def test_the_tick_after_a_cancelled_or_removed_one_is_made_at_once_for_its_slot(
+    queue: Queue, how: str, schedule: str
+) -> None:
+    """It waited for a worker's periodic check (5 s), which made it for the
+    slot after that check: with every=0.5, seven runs skipped, not one."""
+    if schedule == "every":
+        s = queue.upsert_scheduler("f", every=60, start=time.time() + 60)
+        step = 60_000
+    else:
+        s = queue.upsert_scheduler("f", cron="0 0 * * *")  # midnight UTC, then the next
+        step = 86_400_000
+    assert s.next_run is not None
+    slot = round(s.next_run * 1000)
+    assert (queue.cancel if how == "cancel" else queue.remove)(f"repeat:f:{slot}")
+    after = queue.get_scheduler("f")
+    assert after is not None and after.next_run is not None
+    assert round(after.next_run * 1000) == slot + step
+    following = queue.get_job(f"repeat:f:{slot + step}")
+    assert following is not None and following.get_state() == "delayed"
+    queue.remove_scheduler("f")
+
+
+def test_a_pending_tick_a_changed_schedule_replaces_does_not_count_against_the_limit(
+    queue: Queue,
+) -> None:
+    """Two changes of `every` before the first tick ran: with limit=3, the
+    scheduler ended (count 3) having run one job or none."""
+    start = time.time() + 60
+    for every in (60, 90, 120):
+        s = queue.upsert_scheduler("lim", every=every, start=start, limit=3)
+    assert s.count == 1 and s.next_run is not None
+    assert queue.get_job_counts("delayed") == {"delayed": 1}
+    queue.remove_scheduler("lim")
 
 
 def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(queue: Queue) -> None:

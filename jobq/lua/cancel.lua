@@ -19,11 +19,13 @@
            attempt ends)
   Dedup    releases the job's dedup key, whatever its mode, at once (a
            running job's too: an add after the cancel makes a new job)
+  Schedulers  a scheduler's pending tick cancelled: the next tick is
+           produced now, at the schedule's following time
   Pub/sub  SPUBLISH <base>cancels <job id>, for a running job
 ]]
 local id, reason = ARGV[1], ARGV[2]
 local jk = job_key(id)
-local f = redis.call('HMGET', jk, 'state', 'cx', 'atm', 'ddk', 'ddt')
+local f = redis.call('HMGET', jk, 'state', 'cx', 'atm', 'ddk', 'ddt', 'sch', 'slot')
 local state = f[1]
 if not state or state == 'completed' or state == 'failed' then return 0 end
 if state == 'active' then
@@ -46,4 +48,6 @@ local now = now_ms()
 redis.call('HSET', jk, 'cx', reason, 'fr', reason)
 emit('cancelled', id, { 'reason', reason, 'prev', state })
 fail_for_good(id, reason, tonumber(f[3]) or 0, now, state, true)
+-- a scheduler's pending tick: that run is skipped, the next comes at its time
+if f[6] and f[7] then advance_scheduler(f[6], f[7], now) end
 return 1

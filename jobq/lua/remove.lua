@@ -12,11 +12,14 @@
   Flows    a child is dropped from its parent's pending children (the
            parent moves on if it was the last); a parent's children are
            detached (they run on; see delete_job)
+  Schedulers  a scheduler's pending tick removed: the next tick is produced
+           now, at the schedule's following time
   Cost     O(1), but for a waiting job one LREM that stops at the id (a scan
            of the wait list from its newest end, in C)
 ]]
 local id = ARGV[1]
-local state = redis.call('HGET', job_key(id), 'state')
+local f = redis.call('HMGET', job_key(id), 'state', 'sch', 'slot')
+local state = f[1]
 if not state then return 0 end
 if state == 'active' and redis.call('EXISTS', lock_key(id)) == 1 then return -2 end
 if state == 'waiting' then
@@ -34,4 +37,8 @@ elseif state == 'waiting-children' then
 end
 delete_job(id, true)
 emit('removed', id, { 'prev', state })
+-- a scheduler's pending tick: that run is skipped, the next comes at its time
+if f[2] and f[3] and (state == 'waiting' or state == 'delayed') then
+  advance_scheduler(f[2], f[3], now_ms())
+end
 return 1

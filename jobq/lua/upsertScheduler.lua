@@ -26,7 +26,8 @@
                       takes the new template); next '' when the schedule is
                       over
            {1, next}  a new or changed schedule: its pending delayed tick
-                      job removed, the first tick produced at next ('' when
+                      job removed (no longer counted against the limit),
+                      the first tick produced at next ('' when
                       start/end/limit allow none)
            {-5, id}   the first tick's id collides with an existing job:
                       nothing produced (the scheduler is stored, with err)
@@ -77,6 +78,10 @@ if old[2] and old[2] ~= '' then
     redis.call('ZREM', K_DELAYED, pid)
     delete_job(pid, true)
     emit('removed', pid, { 'prev', 'delayed' })
+    -- it never ran: it does not count against the limit
+    if (tonumber(redis.call('HGET', skey, 'count')) or 0) > 0 then
+      redis.call('HINCRBY', skey, 'count', -1)
+    end
   end
 end
 local SPEC = { 'every', 'cron', 'tz', 'start', 'end', 'limit', 'imm' }
