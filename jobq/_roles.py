@@ -180,6 +180,9 @@ class Roles:
                 "worker %r closed with %d job(s) in flight; they will be recovered as stalled",
                 worker, len(left),
             )
+        # the handler of an attempt that timed out runs on: in flight as far
+        # as a close goes, until its deadline
+        self.runner.wait_user_code(deadline, give_up)
         for loop in self._loops():
             loop.stop()
         self.cancels.stop()

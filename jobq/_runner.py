@@ -41,6 +41,10 @@ from .tasks import run_as_current
 
 logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
+#: How often a close waiting for handlers still running looks again (and at
+#: whether it was forced meanwhile), in seconds.
+USER_CODE_POLL = 0.05
+
 #: Longest failed reason and stack trace kept per attempt, in characters.
 MAX_REASON = 16 * 1024
 MAX_TRACE = 64 * 1024
@@ -415,6 +419,17 @@ class Runner:
     def in_user_code(self, thread: threading.Thread) -> bool:
         """Whether a pool thread is inside a handler now."""
         return thread.name in self._in_user_code
+
+    def wait_user_code(self, deadline: float | None, give_up: Callable[[], bool]) -> None:
+        """Wait until no pool thread is inside a handler (the handler of an
+        attempt that timed out runs on), until ``deadline`` (None: for as
+        long as it takes) or ``give_up()``."""
+        while not give_up():
+            busy = [t for t in self.threads if self.in_user_code(t) and t.is_alive()]
+            left = USER_CODE_POLL if deadline is None else deadline - time.monotonic()
+            if not busy or left <= 0:
+                return
+            busy[0].join(min(left, USER_CODE_POLL))  # its handler may return, but not the thread
 
     def timed_out(self, attempt: Attempt) -> None:
         """Fail an attempt that ran past its timeout (claimed already); its

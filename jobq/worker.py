@@ -330,10 +330,14 @@ class Worker(ListenerMethods, ClosedOnExit):
     def close(self, timeout: float | None = None, force: bool = False) -> None:
         """Stop taking jobs, let jobs in flight finish, join every thread.
 
+        The handler of an attempt that timed out (failed already) and still
+        runs counts as in flight: the close waits for it too.
+
         Args:
             timeout: seconds for the whole close; jobs still in flight when
                 it runs out are abandoned (no ``failed``; they are recovered
-                as stalled). Threads that are told to stop get at least
+                as stalled), and a handler still running is left to its
+                thread (a daemon). Threads that are told to stop get at least
                 ``JOIN_GRACE`` seconds to end.
             force: abandon jobs in flight at once.
 

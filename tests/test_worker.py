@@ -581,6 +581,37 @@ def test_timed_out_attempt_keeps_its_pool_slot(queue: Queue, redis_url: str) -> 
     assert order == ["stuck returned", "second started"]
 
 
+def test_close_without_a_timeout_waits_for_the_handler_of_a_timed_out_attempt(
+    queue: Queue, redis_url: str
+) -> None:
+    """Its thread was left running user code after close() returned (and a
+    process exiting then killed the handler half-way)."""
+    release = threading.Event()
+    order: list[str] = []
+
+    def handler(job: Job) -> None:
+        assert job.cancelled.wait(5)
+        assert release.wait(10)
+        order.append("handler returned")
+
+    worker = make_worker(queue.name, redis_url, handler).start()
+    job = queue.add("stuck", timeout=0.2)
+    with pytest.raises(JobFailedError):
+        job.wait_until_finished(timeout=WAIT)
+
+    def close() -> None:
+        worker.close()
+        order.append("closed")
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(1.0)  # a close that does not wait returns within this
+    release.set()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    assert order == ["handler returned", "closed"]
+
+
 # -- limiter -------------------------------------------------------------------
 
 
