@@ -50,7 +50,7 @@ def serve(
             failed (the workers are closed first); its message names the
             server without its password.
     """
-    from .queue import Queue
+    from .sharding import open_queue
     from .worker import Worker
 
     ping(connection)
@@ -63,7 +63,8 @@ def serve(
     workers = [Worker(q, processor, **options) for q, processor in queues]
     for worker in workers:
         worker._announced_queues = names
-    lookers = [Queue(q, connection=connection, prefix=prefix) for q in names] if burst else []
+    # a burst run looks at each queue as it is stored (plain or sharded)
+    lookers = [open_queue(q, connection=connection, prefix=prefix) for q in names] if burst else []
     try:
         with StopSignals("%s: finishing jobs in flight (send it again to stop at once)",
                          "%s again: abandoning jobs in flight") as stop:

@@ -94,3 +94,19 @@ def test_worker_counts_are_current_not_a_heartbeat_late(queue: Queue, redis_url:
             assert queue.add("x", n).wait_until_finished(timeout=WAIT) == n
         # announced within about a second of the change, not at the next beat
         assert until(lambda: queue.get_workers()[0].jobs_done == 3, timeout=5)
+
+
+def test_worker_burst_on_a_sharded_queue_runs_its_jobs_then_exits_0(
+    redis_url: str, queue_name: str
+) -> None:
+    """Its look at the queue opened a plain Queue, which a sharded one
+    refuses: exit 2 after a few jobs, the rest left waiting."""
+    from jobq import ShardedQueue
+
+    with ShardedQueue(queue_name, shards=3, connection=redis_url) as sharded:
+        jobs = [sharded.add("double", n) for n in range(30)]
+        done = run_jobq(redis_url, "worker", "tests.tasks:double", "-q", queue_name, "--burst",
+                        timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [2 * n for n in range(30)]
+        sharded.obliterate(force=True)
