@@ -41,6 +41,10 @@ def cancel_job(context: QueueContext, job_id: str, reason: str | None) -> bool:
     if reason is not None and not isinstance(reason, str):
         raise TypeError(f"reason must be a str or None, not {type(reason).__name__}")
     code = context.calls.cancel(job_id, reason or "cancelled")
+    if code == _CANCELLED:
+        from ._schedulers import tick_left
+
+        tick_left(context, job_id)
     return code in (_CANCELLED, _REQUESTED)
 
 

@@ -175,8 +175,8 @@ class QueueAdmin:
         """Remove every waiting job (and delayed ones when asked); return how many.
 
         As with ``remove``, a parent (in ``waiting-children``) whose last
-        pending children this removes moves on: it is waiting once the
-        drain returns, and runs."""
+        pending children this removes moves on: it is waiting (or delayed,
+        by its own delay) once the drain returns, and runs."""
         if not isinstance(delayed, bool):
             raise ValueError(f"delayed must be a bool, not {delayed!r}")
         total, since = 0, 0
@@ -287,6 +287,10 @@ def remove_job(context: QueueContext, job_id: str) -> bool:
             f"job {job_id!r} is active (a worker holds its lock): it cannot be removed; "
             "use cancel() to stop it"
         )
+    if code == 1:
+        from ._schedulers import tick_left
+
+        tick_left(context, job_id)
     return code == 1
 
 

@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import redis
 from croniter import CroniterBadDateError, croniter
 
 from . import _tracing, serializer
@@ -239,6 +240,22 @@ def sync_scheduler(context: QueueContext, sid: str) -> int:
     if code == _COLLISION or error:
         raise JobqError(error or f"scheduler {sid!r}: its next tick collides with a job")
     return code
+
+
+def tick_left(context: QueueContext, job_id: str) -> None:
+    """After a cancel or remove of job ``job_id``: when it was a scheduler's
+    tick, make sure the scheduler has its next tick (cancel.lua and
+    remove.lua make it from the slot after, when they know it: not for a
+    cron tick made by such a call, whose slot after is computed here) and
+    knows the slot after it. A failure is logged: the workers' check
+    (at most every 5 s) does the same."""
+    if not job_id.startswith("repeat:"):
+        return
+    sid = job_id[len("repeat:"):].rpartition(":")[0]
+    try:
+        sync_scheduler(context, sid)
+    except (JobqError, redis.exceptions.RedisError) as exc:
+        logger.warning("scheduler %r after its job %r left: %s", sid, job_id, exc)
 
 
 def due_schedulers(context: QueueContext) -> list[str]:

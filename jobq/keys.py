@@ -139,7 +139,8 @@ ITEM_KEYS: dict[str, str] = {
     "deps:": "set: a parent's pending children, '<queue>:<id>' each",
     "processed:": "hash: a parent's completed children ('<queue>:<id>') and their results",
     "ignored:": "hash: a parent's children whose failure was ignored, and their reasons",
-    "dfailed:": "hash: a parent's failed children it still waits on, and their reasons",
+    "dfailed:": "hash: a parent's failed children it waits on (until retried or removed), "
+                "and their reasons",
 }
 
 #: Keys ``obliterate`` keeps, so that the queue's name stays usable as it
@@ -189,6 +190,9 @@ JOB_FIELDS: dict[str, str] = {
     "fpol": "a child's failure policy: f fail the parent, i ignore, r remove (absent: wait)",
     "kids": "'1' on a job added with children (it has the keys of a parent)",
     "fchild": "the child whose failure failed this parent (a retry of it reopens the parent)",
+    "rel": "when its last child ended and it moved on (ms; a parent)",
+    "ffs": "the children that failed it (fail_parent_on_failure), space-separated "
+           "'<queue>:<id>' each; a parent is failed while one of them is",
     "tc": "the W3C trace context of its producer (traceparent, then a newline and the "
           "tracestate when there is one); written only while tracing is on",
 }

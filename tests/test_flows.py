@@ -329,9 +329,10 @@ def test_retrying_a_failed_child_resumes_the_parents_wait(
 def test_a_parent_retried_while_a_child_is_pending_waits_for_it(
     how: str, flow: FlowProducer, workers: Workers
 ) -> None:
-    """A parent failed by one child, while another has not run yet: retried,
-    it waits for both again (waiting-children), the failed one until it is
-    retried or removed; it never runs without them."""
+    """A parent failed by one child, while another has not run yet: retried
+    while the child that failed it is still failed, it fails again by it;
+    once that child is gone, retried, it waits for the other (never runs
+    without it)."""
     node = flow.add({
         "name": "p", "queue": "rtp", "data": {"v": 100},
         "children": [
@@ -345,18 +346,24 @@ def test_a_parent_retried_while_a_child_is_pending_waits_for_it(
     workers.start("rtp", "rtp-bad")
     with pytest.raises(JobFailedError, match="broke"):
         parent.wait_until_finished(timeout=WAIT)
-    if how == "job":
-        parent.retry()
-    else:
-        assert flow.queue("rtp").retry_jobs("failed") == 1
-    assert parent.get_state() == "waiting-children"
+
+    def retry() -> None:
+        if how == "job":
+            parent.retry()
+        else:
+            assert flow.queue("rtp").retry_jobs("failed") == 1
+
+    retry()
+    assert parent.get_state() == "failed"
+    assert parent.refresh().failed_reason == f"child {bad} failed: ValueError: broke"
     deps = parent.get_dependencies()
     assert sorted(deps.pending) == sorted([bad, later])
     assert deps.failed == {bad: "ValueError: broke"}
-    workers.start("rtp-later")
-    assert until(lambda: later in parent.get_dependencies().processed, timeout=WAIT)
+    assert node.children[0].job.remove()
+    retry()
     assert parent.get_state() == "waiting-children"
-    assert node.children[0].job.remove()  # the failed child gone: the parent moves on
+    assert parent.get_dependencies().pending == [later]
+    workers.start("rtp-later")
     assert parent.wait_until_finished(timeout=WAIT) == 105
 
 
@@ -378,7 +385,7 @@ def test_a_parent_and_the_child_that_failed_it_retried_in_any_order(
         parent.wait_until_finished(timeout=WAIT)
     if order == "parent first":
         parent.retry()
-        assert parent.get_state() == "waiting-children"
+        assert parent.get_state() == "failed"  # its child still failed: failed again
         child.retry()
     elif order == "child first":
         child.retry()
@@ -416,6 +423,29 @@ def test_a_sibling_retried_while_the_parent_is_failed_is_waited_for(
     assert parent.wait_until_finished(timeout=WAIT) == 103
 
 
+def test_a_parent_reopened_by_one_child_stays_failed_by_another_still_failed(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    node = flow.add({
+        "name": "p", "queue": "rtwo", "data": {"v": 100},
+        "children": [{"name": "c", "queue": "rtwo", "data": {"v": v, "fail_once": "first"},
+                      "fail_parent_on_failure": True} for v in (1, 2)],
+    })
+    parent = node.job
+    workers.start("rtwo")
+    kids = [c.job for c in node.children]
+    assert until(lambda: all(k.get_state() == "failed" for k in kids), timeout=WAIT)
+    assert parent.get_state() == "failed"
+    culprit = parent.refresh().failed_reason.split()[1]
+    first, other = kids if culprit == f"rtwo:{kids[0].id}" else kids[::-1]
+    first.retry()  # the other still failed: the parent stays failed, by it now
+    assert parent.get_state() == "failed"
+    assert parent.refresh().failed_reason.startswith(f"child rtwo:{other.id} failed: ")
+    assert first.wait_until_finished(timeout=WAIT) in (1, 2)
+    other.retry()
+    assert parent.wait_until_finished(timeout=WAIT) == 103
+
+
 def test_retrying_a_failed_step_of_a_chain_reopens_the_steps_after_it(
     flow: FlowProducer, workers: Workers
 ) -> None:
@@ -433,6 +463,27 @@ def test_retrying_a_failed_step_of_a_chain_reopens_the_steps_after_it(
     assert len(culprit) == 1
     culprit[0].retry()
     assert node.job.wait_until_finished(timeout=WAIT) == "abcd"
+
+
+def test_a_completed_child_retried_no_longer_counts_its_old_result(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    node = flow.add({"name": "p", "queue": "rcc", "data": {"v": 100},
+                     "children": [{"name": "c", "queue": "rcc-a", "data": {"v": 1}},
+                                  {"name": "c", "queue": "rcc-b", "data": {"v": 2}}]})
+    parent, a = node.job, node.children[0].job
+    member = f"rcc-a:{a.id}"
+    workers.start("rcc-a")
+    assert a.wait_until_finished(timeout=WAIT) == 1
+    a.update_data({"v": 1, "fail": "second run broke"})
+    a.retry("completed")
+    assert until(lambda: a.get_state() == "failed", timeout=WAIT)
+    deps = parent.get_dependencies()
+    assert member not in deps.processed and member in deps.pending and member in deps.failed
+    assert a.remove()  # the failed child goes: the parent runs without its old result
+    workers.start("rcc-b", "rcc")
+    assert parent.wait_until_finished(timeout=WAIT) == 102
+    assert member not in parent.get_children_values()
 
 
 def test_a_detached_child_is_not_taken_in_by_a_new_parent_of_the_same_id(
@@ -480,6 +531,17 @@ def test_a_parent_a_drain_releases_is_left_waiting(
     assert node.job.get_state() == "waiting"
     workers.start("drp")
     assert node.job.wait_until_finished(timeout=WAIT) == 100
+
+
+def test_a_parent_a_drain_releases_into_delayed_stays_with_delayed_drained(
+    flow: FlowProducer,
+) -> None:
+    queue = flow.queue("drd")
+    other = queue.add("other", delay=60)
+    node = flow.add({"name": "p", "queue": "drd", "delay": 30,
+                     "children": [{"name": "c", "queue": "drd"}]})
+    assert queue.drain(delayed=True) == 2  # the child and the other delayed job
+    assert node.job.get_state() == "delayed" and queue.get_job(other.id) is None
 
 
 def test_obliterate_leaves_no_parent_its_children_released(

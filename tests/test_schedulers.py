@@ -577,12 +577,14 @@ def test_the_tick_after_a_cancelled_or_removed_one_is_made_at_once_for_its_slot(
         step = 86_400_000
     assert s.next_run is not None
     slot = round(s.next_run * 1000)
-    assert (queue.cancel if how == "cancel" else queue.remove)(f"repeat:f:{slot}")
-    after = queue.get_scheduler("f")
-    assert after is not None and after.next_run is not None
-    assert round(after.next_run * 1000) == slot + step
-    following = queue.get_job(f"repeat:f:{slot + step}")
-    assert following is not None and following.get_state() == "delayed"
+    for _ in range(3):  # again and again: a cron tick made so knew no slot after it
+        assert (queue.cancel if how == "cancel" else queue.remove)(f"repeat:f:{slot}")
+        after = queue.get_scheduler("f")
+        assert after is not None and after.next_run is not None
+        assert round(after.next_run * 1000) == slot + step
+        slot += step
+        following = queue.get_job(f"repeat:f:{slot}")
+        assert following is not None and following.get_state() == "delayed"
     queue.remove_scheduler("f")
 
 
@@ -597,6 +599,21 @@ def test_a_pending_tick_a_changed_schedule_replaces_does_not_count_against_the_l
     assert s.count == 1 and s.next_run is not None
     assert queue.get_job_counts("delayed") == {"delayed": 1}
     queue.remove_scheduler("lim")
+
+
+def test_a_changed_schedule_after_a_cancelled_run_starts_after_that_run(queue: Queue) -> None:
+    """The upsert's first slot was the cancelled run's, whose kept record
+    made it a collision: an error, and the scheduler left with no tick."""
+    schedule = {"cron": "0 * * * *"}
+    s = queue.upsert_scheduler("cu", start=time.time() + 3600, **schedule)
+    assert s.next_run is not None
+    cancelled = round(s.next_run * 1000)
+    assert queue.cancel(f"repeat:cu:{cancelled}")
+    changed = queue.upsert_scheduler("cu", start=time.time() + 3600, limit=10, **schedule)
+    assert changed.next_run is not None and round(changed.next_run * 1000) > cancelled
+    assert [j.id for j in queue.get_jobs("delayed")] == [
+        f"repeat:cu:{round(changed.next_run * 1000)}"]
+    queue.remove_scheduler("cu")
 
 
 def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(queue: Queue) -> None:

@@ -419,22 +419,44 @@ local function release_parent(pid, now)
   if delay > 0 then
     local run_at = now + delay
     add_delayed(pid, run_at)
-    redis.call('HSET', jk, 'state', 'delayed', 'rdy', fmt(run_at))
+    redis.call('HSET', jk, 'state', 'delayed', 'rdy', fmt(run_at), 'rel', fmt(now))
     emit('delayed', pid, { 'delay', delay, 'run_at', run_at, 'prev', 'waiting-children' })
   else
     push_ready(pid, tonumber(f[3]) or 0, f[4] == '1')
-    redis.call('HSET', jk, 'state', 'waiting', 'rdy', fmt(now))
+    redis.call('HSET', jk, 'state', 'waiting', 'rdy', fmt(now), 'rel', fmt(now))
     emit('waiting', pid, { 'prev', 'waiting-children' })
   end
+end
+
+-- A child of parent `pid` (not `except`) that failed with policy 'f' and
+-- is still failed (listed in the parent's field ffs, and in dfailed), or
+-- nil: while there is one, the parent is failed.
+local function failed_culprit(pid, except)
+  local ffs = redis.call('HGET', job_key(pid), 'ffs')
+  for m in string.gmatch(ffs or '', '%S+') do
+    if m ~= except and redis.call('HEXISTS', base .. 'dfailed:' .. pid, m) == 1 then return m end
+  end
+  return nil
+end
+
+-- Fail parent `pid` for good by its child `m` (policy 'f'), from `prev`.
+local function fail_by_child(pid, m, prev, now)
+  local jk = job_key(pid)
+  local reason = redis.call('HGET', base .. 'dfailed:' .. pid, m) or ''
+  redis.call('HSET', jk, 'fchild', m)
+  fail_for_good(pid, 'child ' .. m .. ' failed: ' .. reason,
+    tonumber(redis.call('HGET', jk, 'atm')) or 0, now, prev)
 end
 
 -- Child `m` ('<queue>:<id>') of parent `pid` of this queue ended: `kind`
 -- completed (value: its result), failed (value: its reason; policy: its
 -- fpol), removed, or retried (it runs again).
 -- A failed child with the default policy or 'f' stays pending, its reason
--- in dfailed: the parent (with 'f', failed by it) never runs without it.
--- A retried child is pending again (no longer in dfailed); a parent that
--- failed by it waits again, and tells its own parent so (a chain reopens
+-- in dfailed: the parent never runs without it; with 'f' (listed in the
+-- parent's ffs) the parent is failed by it while it is failed. A retried
+-- child is pending again (no longer in dfailed or processed); a parent
+-- that failed by it waits again, unless another 'f' child is still failed
+-- (then failed by that one), and tells its own parent so (a chain reopens
 -- step by step). Only a child the parent knows (pending, processed or
 -- ignored) counts: a detached child of a removed parent is not taken in
 -- by a new parent of the same id.
@@ -448,7 +470,19 @@ local function child_ended(pid, m, kind, value, policy, now)
     end
     local jk = job_key(pid)
     local f = redis.call('HMGET', jk, 'state', 'fchild', 'run', 'ts', 'pid', 'pqb')
-    if f[1] == 'failed' and f[2] == m then  -- it failed by this child: it waits again
+    if f[1] ~= 'waiting-children' and f[1] ~= 'failed' then return end  -- it moved on
+    redis.call('SADD', dk, m)
+    redis.call('HDEL', base .. 'dfailed:' .. pid, m)
+    redis.call('HDEL', base .. 'ignored:' .. pid, m)
+    redis.call('HDEL', base .. 'processed:' .. pid, m)  -- a completed one runs again
+    if f[1] == 'failed' and f[2] == m then  -- it failed by this child
+      local other = failed_culprit(pid, m)
+      if other then  -- failed by another still: its reason now
+        redis.call('HSET', jk, 'fchild', other, 'fr', 'child ' .. other .. ' failed: ' ..
+          (redis.call('HGET', base .. 'dfailed:' .. pid, other) or ''))
+        return
+      end
+      -- it waits again
       local first, gen = string.match(f[3] or '', '^(.*)#(%d+)$')
       if not first then first, gen = f[3] or '', 0 end
       redis.call('ZREM', K_FAILED, pid)
@@ -457,12 +491,7 @@ local function child_ended(pid, m, kind, value, policy, now)
       redis.call('ZADD', base .. 'waiting-children', f[4] or fmt(now), pid)
       emit('waiting-children', pid, { 'prev', 'failed' })
       if f[5] then notify_parent(pid, f[5], f[6], 'retried', '', '', now) end
-    elseif f[1] ~= 'waiting-children' and f[1] ~= 'failed' then
-      return  -- it moved on already
     end
-    redis.call('SADD', dk, m)
-    redis.call('HDEL', base .. 'dfailed:' .. pid, m)
-    redis.call('HDEL', base .. 'ignored:' .. pid, m)
     return
   end
   if kind == 'failed' and (policy == '' or policy == 'f') then
@@ -470,12 +499,13 @@ local function child_ended(pid, m, kind, value, policy, now)
     redis.call('HSET', base .. 'dfailed:' .. pid, m, value)
     if policy == 'f' then
       local jk = job_key(pid)
-      local f = redis.call('HMGET', jk, 'state', 'atm')
+      local f = redis.call('HMGET', jk, 'state', 'ffs')
+      if not string.find(' ' .. (f[2] or '') .. ' ', ' ' .. m .. ' ', 1, true) then
+        redis.call('HSET', jk, 'ffs', f[2] and (f[2] .. ' ' .. m) or m)
+      end
       if f[1] == 'waiting-children' then
         redis.call('ZREM', base .. 'waiting-children', pid)
-        redis.call('HSET', jk, 'fchild', m)
-        fail_for_good(pid, 'child ' .. m .. ' failed: ' .. value, tonumber(f[2]) or 0, now,
-          'waiting-children')
+        fail_by_child(pid, m, 'waiting-children', now)
       end
     end
     return

@@ -14,23 +14,22 @@
   Events   removed (prev: waiting | delayed) per job
   Dedup    releases each removed job's dedup key, whatever its mode
   Flows    a parent of this queue that the drain's removal of its last
-           children released to waiting (its rdy at or after the drain's
-           start) stays: put back at the end of the list taken first, it
-           runs
+           children released (its rel at or after the drain's start) stays:
+           put back at the end of the wait list taken first, or left in the
+           prioritized or delayed set, it runs
 ]]
 local batch = tonumber(ARGV[2])
 local since = tonumber(ARGV[3])
 if since == 0 then since = now_ms() end
 local removed, looked = 0, 0
 local function released(id)
-  local f = redis.call('HMGET', job_key(id), 'kids', 'rdy')
-  return f[1] and (tonumber(f[2]) or 0) >= since
+  return (tonumber(redis.call('HGET', job_key(id), 'rel')) or 0) >= since
 end
 -- the ids to keep go back where they were (a list) or stay (a sorted set)
 local function take(ids, prev, kept)
   for _, id in ipairs(ids) do
     looked = looked + 1
-    if prev == 'waiting' and released(id) then
+    if released(id) then
       kept[#kept + 1] = id
     else
       delete_job(id, true)

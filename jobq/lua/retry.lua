@@ -16,10 +16,11 @@
            is moved then)
   Events   waiting (prev: the state) per job, or waiting-children for a
            parent whose children are not all done (one failed it while
-           others still ran, or a failed child is not retried yet: it waits
-           for them again); waiting-children (prev failed) for a parent
-           that failed by a retried child and waits on it again (and for
-           its own parent, up a chain)
+           others still ran: it waits for them again), then failed again
+           for a parent that a child still failed fails
+           (fail_parent_on_failure: retry that child); waiting-children
+           (prev failed) for a parent that failed by a retried child and
+           waits on it again (and for its own parent, up a chain)
 
   A retry begins the next generation of the job's run: its token becomes
   the run's first token, '#' and the number of retries (see getOutcome.lua),
@@ -56,6 +57,12 @@ local function retry_one(id)
     redis.call('HSET', jk, 'state', 'waiting-children', 'run', run)
     redis.call('ZADD', base .. 'waiting-children', f[7] or fmt(now), id)
     emit('waiting-children', id, { 'prev', state })
+    local culprit = failed_culprit(id, nil)
+    if culprit then  -- a child that fails it is still failed: it fails again
+      redis.call('ZREM', base .. 'waiting-children', id)
+      fail_by_child(id, culprit, 'waiting-children', now)
+      return
+    end
   else
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now, 'run', run)
     push_ready(id, tonumber(f[1]) or 0, f[2] == '1')

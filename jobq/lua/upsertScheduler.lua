@@ -101,6 +101,16 @@ if every then
 else
   slot, after = tonumber(ARGV[10]), ARGV[11]
 end
+-- a run of this schedule cancelled before its time (its record kept): it
+-- stays skipped, the first tick is the one after it
+local gone = redis.call('HMGET', job_key(tick_id(sid, math.floor(slot))), 'sch', 'cx')
+if gone[1] == sid and gone[2] then
+  if every then
+    slot = slot + every
+  elseif tonumber(after) then
+    slot, after = tonumber(after), ''
+  end
+end
 local id = schedule_tick(sid, math.floor(slot), after, now)
 if id == false then return { -5, tick_id(sid, slot) } end
 if not id then return { 1, '' } end
