@@ -3,7 +3,7 @@ each call goes to the shard a job id names, or to every shard and sums."""
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -27,13 +27,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger("jobq.queue")
 
 
-def _order(state: str) -> Callable[[Job], float]:
-    """The time a plain queue lists jobs of ``state`` by (see get_jobs)."""
+def _order(state: str) -> Callable[[Job], tuple[float, ...]]:
+    """The order a plain queue lists jobs of ``state`` in (see get_jobs),
+    from what each Job holds."""
     if state in ("completed", "failed"):  # the set's score: whole ms
-        return lambda job: math.floor((job.finished_on or 0.0) * 1000)
-    if state == "delayed":
-        return lambda job: (job.timestamp or 0.0) + job.delay
-    return lambda job: job.timestamp or 0.0
+        return lambda job: (math.floor((job.finished_on or 0.0) * 1000),)
+    if state == "delayed":  # by when due (after a retry's backoff or a change too)
+        return lambda job: (_ready(job),)
+    if state == "active":  # by when taken
+        return lambda job: (job.processed_on or 0.0,)
+    if state == "waiting":
+        return _run_order
+    return lambda job: (job.timestamp or 0.0,)
+
+
+def _ready(job: Job) -> float:
+    return job._ready_at if job._ready_at is not None else (job.timestamp or 0.0) + job.delay
+
+
+def _run_order(job: Job) -> tuple[float, ...]:
+    """Waiting jobs as they run: those without a priority first, then by
+    priority; in each, lifo ones first (the last in first), then by when
+    they became ready."""
+    lifo = bool(job.opts.get("lifo"))
+    ready = _ready(job)
+    return (job.priority, 0 if lifo else 1, -ready if lifo else ready)
 
 
 class ShardedReading:
@@ -86,8 +104,10 @@ class ShardedReading:
         """Jobs in the given state(s) over every shard, newest first (oldest
         first when ``asc``): each state's jobs, in the order a plain queue
         lists them (finished ones by when they finished, delayed ones by
-        when they are due, the others by when they were added), merged
-        across the shards; the states in the order named. ``start`` and
+        when they are due, active ones by when they were taken, waiting
+        ones as they run: without a priority first, then by priority, each
+        by when it became ready; the others by when they were added),
+        merged across the shards; the states in the order named. ``start`` and
         ``end`` index that list inclusively, like LRANGE. Reads up to
         ``end + 1`` jobs of each shard and state (every job when ``end`` is
         negative)."""
@@ -96,10 +116,11 @@ class ShardedReading:
         names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
         jobs: list[Job] = []
         for state in names:
-            # each shard's list is in its order: a merge of them keeps it, and
-            # a page of the merge needs no more than that page of each shard
+            # each shard's list is in that order already, so a page of the
+            # whole needs no more than that page of each shard; sorted (not
+            # merged) as a job moved by hand may sit out of it
             lists = [shard.get_jobs(state, 0, per_shard_end, asc) for shard in self._every()]
-            jobs += heapq.merge(*lists, key=_order(state), reverse=not asc)
+            jobs += sorted(itertools.chain(*lists), key=_order(state), reverse=not asc)
         if end < 0:
             end = len(jobs) + end
         if start < 0:

@@ -171,6 +171,8 @@ class Job(JobFlow):
         self._cancelled: threading.Event | None = None  # made on first use
         self._token: str | None = None
         self._unreadable: tuple[str, ...] = ()  # its record's non-numbers (_load)
+        # when it became ready, or is due when delayed (s; a listing's order)
+        self._ready_at: float | None = None
         # the token of this run of the job (the id of its `added` event in
         # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
         # the record: waits answer for it (or a later generation) alone
@@ -209,6 +211,7 @@ class Job(JobFlow):
         stacktrace = serializer.decode(get(b"st"), "stack trace")
         self.stacktrace = list(stacktrace) if isinstance(stacktrace, list) else []
         self.processed_on = _ms(record, b"pon", bad)
+        self._ready_at = _ms(record, b"rdy", bad)
         self.finished_on = _ms(record, b"fon", bad)
         self.processed_by = _s(get(b"pb"))
         pid, pqb = get(b"pid"), get(b"pqb")

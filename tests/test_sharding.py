@@ -8,6 +8,7 @@ The three-master tests are in test_sharding_cluster.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -323,6 +324,40 @@ def test_a_record_with_a_field_that_is_not_a_number_hides_no_job_of_the_listing(
     listed = {job.id: job for job in sharded.get_jobs("waiting")}
     assert set(listed) == {job.id for job in jobs}
     assert (listed[jobs[2].id].priority, listed[jobs[2].id].attempts_made) == (0, 0)
+
+
+def test_waiting_and_delayed_jobs_are_listed_as_a_plain_queue_lists_them(
+    sharded: ShardedQueue, redis_url: str, queue_name: str
+) -> None:
+    """Waiting jobs in run order, delayed ones by when due: the shards'
+    lists were merged by when each job was added, which neither is."""
+    with Queue(f"{queue_name}-plain", connection=redis_url) as plain:
+        for queue in (plain, sharded):
+            for i in range(12):
+                queue.add("w", i, job_id=f"w{i}", priority=i % 3, lifo=i % 5 == 0)
+            queue.add("d", job_id="due-in-10", delay=10)
+            queue.add("d", job_id="moved-to-120", delay=5).change_delay(120)
+            queue.add("d", job_id="due-in-60", delay=60)
+        # jobs of two shards that became ready in one ms have no order: the
+        # run order's classes and times are compared, not the ids
+        def run_order(jobs: list[Job]) -> list[tuple[int, bool, float]]:
+            return [(j.priority, not j.opts["lifo"], j._ready_at or 0.0) for j in jobs]
+
+        for asc in (True, False):
+            ours, theirs = sharded.get_jobs("waiting", asc=asc), plain.get_jobs("waiting", asc=asc)
+            assert [(p, fifo) for p, fifo, _ in run_order(ours)] == [
+                (p, fifo) for p, fifo, _ in run_order(theirs)]
+            for (p1, fifo1, at1), (p2, fifo2, at2) in itertools.pairwise(run_order(ours)):
+                assert (p1, fifo1) != (p2, fifo2) or (at1 <= at2) == (fifo1 == asc) or at1 == at2
+            assert [j.id for j in sharded.get_jobs("delayed", asc=asc)] == [
+                j.id for j in plain.get_jobs("delayed", asc=asc)]
+        assert [j.id for j in sharded.get_jobs("delayed", asc=True)] == [
+            "due-in-10", "due-in-60", "moved-to-120"]
+        whole = [j.id for j in sharded.get_jobs("waiting", asc=True)]
+        for start, end in ((0, 2), (3, 7), (10, 11)):
+            assert [j.id for j in sharded.get_jobs("waiting", start, end, asc=True)] == whole[
+                start : end + 1]
+        plain.obliterate(force=True)
 
 
 def test_pause_and_resume_the_whole_queue(sharded: ShardedQueue, redis_url: str) -> None:
