@@ -22,7 +22,7 @@ from typing import Any
 
 from ._context import QueueContext
 from ._sentinel import brief
-from ._shards import shard_keys, shard_of, stored_count
+from ._shards import mismatch, shard_keys, shard_of, stored_count
 from ._threads import RetryBackoff
 from .connection import is_transient
 from .errors import JobqError
@@ -168,13 +168,12 @@ def worker_context(
     context: QueueContext, shards: int | None, stopping: Callable[[], bool] = lambda: False
 ) -> QueueContext:
     """The context a Worker's run uses: a ``ShardedContext`` when ``shards``
-    is given (stored, or checked against the stored count, by the fetcher)
-    or a shard count is stored with the queue, else ``context``. A server
+    is given (``ShardCountError`` when another count is stored; stored by
+    the fetcher when none is) or a shard count is stored with the queue,
+    else ``context``. A server
     away or busy is waited for, SHARD_LOOK_WAIT at most (or until
     ``stopping()``): a sharded queue's worker that took its name for a
     plain queue would serve none of its jobs."""
-    if shards is not None:
-        return ShardedContext(context, shards)
     deadline = time.monotonic() + SHARD_LOOK_WAIT
     backoff = RetryBackoff(cap=1.0)
     while True:
@@ -185,6 +184,8 @@ def worker_context(
             if not is_transient(exc):
                 raise
             if stopping() or time.monotonic() >= deadline:
+                if shards is not None:  # the fetcher checks it against the stored one
+                    return ShardedContext(context, shards)
                 # the worker still starts (its loops retry); if the queue is
                 # sharded, its maintenance says so once the server is back
                 logger.warning(
@@ -194,6 +195,10 @@ def worker_context(
                     context.name, brief(exc))
                 return context
         threading.Event().wait(min(backoff.next(), max(0.0, deadline - time.monotonic())))
+    if shards is not None:
+        if count is not None and count != shards:  # it would serve no shard (a start fails)
+            raise mismatch(context.name, count, shards)
+        return ShardedContext(context, shards)
     if count is None:
         return context
     logger.debug("queue %r is sharded over %d shards", context.name, count)

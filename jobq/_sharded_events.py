@@ -26,12 +26,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import redis
+
 from . import _fork
 from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher
 from ._shard_reader import ShardReader
-from ._shards import shard_names, shard_of, validate_count
+from ._shards import mismatch, shard_names, shard_of, stored_count, validate_count
 from ._threads import start_thread, wait_event
 from ._waiters import CLOSED, WakeGate
 from .connection import BLOCK_CAP, close_client, resolve
@@ -156,13 +158,24 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         return self._readers[shard_of(lookup_id(job_id), self._count)]
 
     def run(self) -> ShardedQueueEvents:
-        """Start reading (when ``autorun=False``); return self."""
+        """Start reading (when ``autorun=False``; else on first use); return self.
+
+        Raises:
+            ShardCountError: ``shards`` is not the count stored with the
+                queue (its readers would read none of its events).
+        """
         _fork.check()
         with self._lock:
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self._name!r} is closed")
             if self._started:
                 return self
+            try:
+                stored = stored_count(self._client, self._prefix, self._name)
+            except redis.exceptions.RedisError:
+                stored = None  # a server away: the readers wait for it
+            if stored is not None and stored != self._count:
+                raise mismatch(self._name, stored, self._count)
             self._started = True
             self._restart = False
             self._threads[:] = [

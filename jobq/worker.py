@@ -268,7 +268,12 @@ class Worker(ListenerMethods, ClosedOnExit):
         """Start fetching and running jobs in background threads; return self.
         Listeners of ``drained`` / ``stalled`` attached before it hear every
         such event after it returns (it waits for their subscription, at
-        most ``EVENTS_READY_TIMEOUT``)."""
+        most ``EVENTS_READY_TIMEOUT``).
+
+        Raises:
+            ShardCountError: ``shards`` is not the count stored with the
+                queue (it would serve none of its jobs).
+        """
         _fork.check()
         with self._cond:
             if self._state in (Lifecycle.CLOSING, Lifecycle.CLOSED):

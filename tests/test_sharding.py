@@ -138,6 +138,16 @@ def test_the_shard_count_is_stored_and_checked(
         ShardedQueue("x", shards=2, prefix="{app}")
     with pytest.raises(ValueError, match="shards"):
         ShardedQueue("x", shards=0)
+    # a worker or a reader of another count served or read nothing, silently
+    # (the worker retried the error for ever, the reader's waits ended in
+    # JobNotFoundError)
+    with pytest.raises(ShardCountError, match="stored with 4 shard"):
+        Worker(sharded.name, lambda job: None, connection=redis_url, shards=5).start()
+    with ShardedQueueEvents(sharded.name, shards=5, connection=redis_url) as events:
+        with pytest.raises(ShardCountError, match="stored with 4 shard"):
+            events.on("completed", lambda event: None)
+    with ShardedQueueEvents(sharded.name, shards=SHARDS, connection=redis_url) as events:
+        events.on("completed", lambda event: None)  # the right count reads
 
 
 def test_a_plain_queue_that_holds_jobs_is_not_sharded_over_them(
