@@ -269,6 +269,7 @@ class QueueSchedulers:
 
     _context: QueueContext
     _record: Callable[[], None]
+    _not_a_shard: Callable[[str], None]
 
     def upsert_scheduler(
         self,
@@ -305,6 +306,7 @@ class QueueSchedulers:
             ValueError: a bad argument.  SerializationError: data does not
             encode.  JobqError: the first tick collides with an existing job.
         """
+        self._not_a_shard("schedule jobs")
         sid = _scheduler_id(scheduler_id)
         if (every is None) == (cron is None):
             raise ValueError("give exactly one of every= and cron=")

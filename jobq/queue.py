@@ -332,6 +332,7 @@ class Queue(
                 another slot (see ``FlowProducer``).
             TypeError: an unknown option.  ValueError: a bad option value.
         """
+        self._not_a_shard("add jobs")
         depends_on = options.pop("depends_on", None)
         if depends_on is not None:
             from .flow import add_with_dependencies
@@ -339,12 +340,22 @@ class Queue(
             return add_with_dependencies(self, name, data, options, depends_on)
         return self.add_bulk([{"name": name, "data": data, **options}])[0]
 
+    def _not_a_shard(self, what: str) -> None:
+        """Refuse ``what`` on a shard of a sharded queue (``ShardedQueue.shards``):
+        a job id names its shard, so a job added to one would live where
+        neither the sharded queue nor its workers look for it."""
+        context = self._context
+        if context.queue_name != context.name:
+            raise JobqError(f"{context.name!r} is a shard of sharded queue "
+                            f"{context.queue_name!r}: {what} through the sharded queue")
+
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Add many jobs: ``{"name": ..., "data": ..., **options}`` each.
 
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
+        self._not_a_shard("add jobs")
         batch = _Batch()
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
         for name, data, options in job_specs(jobs):

@@ -157,7 +157,9 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
 
     @property
     def shards(self) -> tuple[Queue, ...]:
-        """The shards, as plain queues (for per-shard detail)."""
+        """The shards, as plain queues (for per-shard detail; they refuse
+        ``add``, ``add_bulk`` and ``upsert_scheduler``: a job id names its
+        shard, so add through the sharded queue)."""
         return self._shards
 
     def shard_for(self, job_id: str) -> Queue:

@@ -370,6 +370,20 @@ def test_waiting_and_delayed_jobs_are_listed_as_a_plain_queue_lists_them(
         plain.obliterate(force=True)
 
 
+def test_a_shard_refuses_adds_of_its_own(sharded: ShardedQueue) -> None:
+    """A job added to a shard got an id that names another shard: the
+    sharded queue did not find it, its worker's finish went to the other
+    shard, and it stalled until it failed."""
+    shard = sharded.shards[1]
+    for add in (lambda: shard.add("x"), lambda: shard.add_bulk([{"name": "x"}]),
+                lambda: shard.add("x", depends_on=["1"]),
+                lambda: shard.upsert_scheduler("s", every=60)):
+        with pytest.raises(JobqError, match="through the sharded queue"):
+            add()
+    assert sharded.count() == 0
+    assert shard.get_job_counts("waiting") == {"waiting": 0}  # its reads are fine
+
+
 def test_pause_and_resume_the_whole_queue(sharded: ShardedQueue, redis_url: str) -> None:
     ran = threading.Event()
     sharded.pause()
