@@ -14,7 +14,7 @@ from . import _fork
 from . import connection as _connection
 from ._threads import start_thread
 from .calls import QueueScripts
-from .errors import ClosedError, PayloadTooLarge
+from .errors import ClosedError, JobqError, PayloadTooLarge
 from .keys import QueueKeys, validate_name, validate_prefix
 from .scripts import Scripts
 
@@ -303,3 +303,12 @@ class QueueContext:
             self.closed = True
         self._finalizer.detach()
         self._held.release()
+
+
+def not_a_shard(context: QueueContext, what: str) -> None:
+    """Refuse ``what`` on a shard of a sharded queue (``ShardedQueue.shards``):
+    a job id names its shard, so a job added to one would live where neither
+    the sharded queue nor its workers look for it."""
+    if context.queue_name != context.name:
+        raise JobqError(f"{context.name!r} is a shard of sharded queue "
+                        f"{context.queue_name!r}: {what} through the sharded queue")

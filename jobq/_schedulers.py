@@ -43,6 +43,7 @@ import redis
 from croniter import CroniterBadDateError, croniter
 
 from . import _tracing, serializer
+from ._context import not_a_shard
 from .errors import JobqError, ScriptCode
 from .job import record_number
 from .keys import lookup_key, validate_job_id
@@ -269,7 +270,6 @@ class QueueSchedulers:
 
     _context: QueueContext
     _record: Callable[[], None]
-    _not_a_shard: Callable[[str], None]
 
     def upsert_scheduler(
         self,
@@ -306,7 +306,7 @@ class QueueSchedulers:
             ValueError: a bad argument.  SerializationError: data does not
             encode.  JobqError: the first tick collides with an existing job.
         """
-        self._not_a_shard("schedule jobs")
+        not_a_shard(self._context, "schedule jobs")
         sid = _scheduler_id(scheduler_id)
         if (every is None) == (cron is None):
             raise ValueError("give exactly one of every= and cron=")

@@ -171,8 +171,7 @@ class Job(JobFlow):
         self._cancelled: threading.Event | None = None  # made on first use
         self._token: str | None = None
         self._unreadable: tuple[str, ...] = ()  # its record's non-numbers (_load)
-        # when it became ready, or is due when delayed (s; a listing's order)
-        self._ready_at: float | None = None
+        self._ready_at: float | None = None  # ready, or due when delayed (s)
         # the token of this run of the job (the id of its `added` event in
         # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
         # the record: waits answer for it (or a later generation) alone

@@ -11,7 +11,7 @@ from . import _tracing, serializer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._closing import ClosedOnExit, OfQueue
-from ._context import PAYLOAD_LIMIT, QueueContext
+from ._context import PAYLOAD_LIMIT, QueueContext, not_a_shard
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading, record_queue
 from ._reader import tell_readers_pubsub
@@ -332,7 +332,7 @@ class Queue(
                 another slot (see ``FlowProducer``).
             TypeError: an unknown option.  ValueError: a bad option value.
         """
-        self._not_a_shard("add jobs")
+        not_a_shard(self._context, "add jobs")
         depends_on = options.pop("depends_on", None)
         if depends_on is not None:
             from .flow import add_with_dependencies
@@ -340,22 +340,13 @@ class Queue(
             return add_with_dependencies(self, name, data, options, depends_on)
         return self.add_bulk([{"name": name, "data": data, **options}])[0]
 
-    def _not_a_shard(self, what: str) -> None:
-        """Refuse ``what`` on a shard of a sharded queue (``ShardedQueue.shards``):
-        a job id names its shard, so a job added to one would live where
-        neither the sharded queue nor its workers look for it."""
-        context = self._context
-        if context.queue_name != context.name:
-            raise JobqError(f"{context.name!r} is a shard of sharded queue "
-                            f"{context.queue_name!r}: {what} through the sharded queue")
-
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Add many jobs: ``{"name": ..., "data": ..., **options}`` each.
 
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
-        self._not_a_shard("add jobs")
+        not_a_shard(self._context, "add jobs")
         batch = _Batch()
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
         for name, data, options in job_specs(jobs):

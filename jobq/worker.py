@@ -268,12 +268,8 @@ class Worker(ListenerMethods, ClosedOnExit):
         """Start fetching and running jobs in background threads; return self.
         Listeners of ``drained`` / ``stalled`` attached before it hear every
         such event after it returns (it waits for their subscription, at
-        most ``EVENTS_READY_TIMEOUT``).
-
-        Raises:
-            ShardCountError: ``shards`` is not the count stored with the
-                queue (it would serve none of its jobs).
-        """
+        most ``EVENTS_READY_TIMEOUT``). Raises ``ShardCountError`` when
+        ``shards`` is not the count stored with the queue."""
         _fork.check()
         with self._cond:
             if self._state in (Lifecycle.CLOSING, Lifecycle.CLOSED):
@@ -333,10 +329,8 @@ class Worker(ListenerMethods, ClosedOnExit):
                 self._signals = None
 
     def close(self, timeout: float | None = None, force: bool = False) -> None:
-        """Stop taking jobs, let jobs in flight finish, join every thread.
-
-        The handler of an attempt that timed out (failed already) and still
-        runs counts as in flight: the close waits for it too.
+        """Stop taking jobs, let jobs in flight finish (a timed-out attempt's
+        handler still running too), join every thread.
 
         Args:
             timeout: seconds for the whole close; jobs still in flight when
