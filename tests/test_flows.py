@@ -398,6 +398,33 @@ def test_a_parent_and_the_child_that_failed_it_retried_in_any_order(
     assert child.get_state() == "completed"
 
 
+def test_a_parent_failed_by_a_child_under_an_earlier_release_reopens_on_its_retry(
+    flow: FlowProducer, workers: Workers, redis_url: str, prefix: str
+) -> None:
+    """Before failed children stayed pending, a child failing its parent
+    left the parent's pending set: such data, after an upgrade, still
+    reopens the parent when the child is retried."""
+    node = flow.add({
+        "name": "p", "queue": "rold", "data": {"v": 100},
+        "children": [{"name": "c", "queue": "rold", "data": {"v": 1, "fail_once": "first"},
+                      "fail_parent_on_failure": True}],
+    })
+    parent, child = node.job, node.children[0].job
+    workers.start("rold")
+    with pytest.raises(JobFailedError):
+        parent.wait_until_finished(timeout=WAIT)
+    client = redis.Redis.from_url(redis_url)
+    try:  # as the earlier release left it
+        base = f"{prefix}:{{rold}}:"
+        client.srem(f"{base}deps:{parent.id}", f"rold:{child.id}")
+        client.hdel(f"{base}dfailed:{parent.id}", f"rold:{child.id}")
+        client.hdel(f"{base}job:{parent.id}", "ffs")
+    finally:
+        client.close()
+    child.retry()
+    assert parent.wait_until_finished(timeout=WAIT) == 101
+
+
 def test_a_sibling_retried_while_the_parent_is_failed_is_waited_for(
     flow: FlowProducer, workers: Workers
 ) -> None:

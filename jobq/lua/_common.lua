@@ -463,13 +463,15 @@ end
 local function child_ended(pid, m, kind, value, policy, now)
   local dk = base .. 'deps:' .. pid
   if kind == 'retried' then
-    if redis.call('SISMEMBER', dk, m) == 0
+    local jk = job_key(pid)
+    local f = redis.call('HMGET', jk, 'state', 'fchild', 'run', 'ts', 'pid', 'pqb')
+    -- (fchild: a parent failed by a child before failed children stayed
+    -- pending, written by an earlier release)
+    if f[2] ~= m and redis.call('SISMEMBER', dk, m) == 0
         and redis.call('HEXISTS', base .. 'processed:' .. pid, m) == 0
         and redis.call('HEXISTS', base .. 'ignored:' .. pid, m) == 0 then
       return
     end
-    local jk = job_key(pid)
-    local f = redis.call('HMGET', jk, 'state', 'fchild', 'run', 'ts', 'pid', 'pqb')
     if f[1] ~= 'waiting-children' and f[1] ~= 'failed' then return end  -- it moved on
     redis.call('SADD', dk, m)
     redis.call('HDEL', base .. 'dfailed:' .. pid, m)
