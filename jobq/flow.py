@@ -61,9 +61,9 @@ class _Pending(NamedTuple):
     parent: int
 
 
-#: The most levels of one flow (``FlowProducer.add``, ``chain``): a failure
-#: goes up a failing chain in one script call, about 0.1 s for 1,000 steps
-#: here and growing faster than the depth (9 s for 8,000).
+#: The most levels of one flow (``FlowProducer.add``, ``chain``): the tree
+#: is one script call, and so is a failure or a retry going up it (21 ms for
+#: a failing chain of 1,000 steps here).
 MAX_DEPTH = 1000
 
 
@@ -274,8 +274,8 @@ class FlowProducer(ClosedOnExit):
             spec, parent, depth = stack.pop()
             if depth > MAX_DEPTH:
                 raise ValueError(f"a flow may be at most {MAX_DEPTH} levels deep (a chain "
-                                 f"of {MAX_DEPTH} steps): a failure going up a deeper one "
-                                 "would hold the server in one script call for seconds")
+                                 f"of {MAX_DEPTH} steps): for more, add the steps with "
+                                 "depends_on")
             if not isinstance(spec, Mapping):
                 raise TypeError(f"a flow node must be a dict, not {type(spec).__name__}")
             for key in ("name", "queue"):

@@ -348,7 +348,7 @@ end
 local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type)
   local jk = job_key(id)
   local f = redis.call('HMGET', jk, 'pon', 'rdy', 'delay', 'kfc', 'kfa', 'run', 'ddk', 'ddt',
-    'pid', 'pqb', 'fpol')
+    'pid', 'pqb', 'fpol', 'fchild')
   if f[6] then _runs[id] = f[6] end
   release_dedup(id, f[7], f[8], cancelled)
   local fields = { 'prev', prev or 'active', 'failed_reason', reason }
@@ -365,7 +365,12 @@ local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type
   end
   emit('failed', id, fields)
   if f[9] then  -- a child: its failure policy first, then its removal
-    notify_parent(id, f[9], f[10], 'failed', reason, f[11] or '', now)
+    -- failed by a child of its own ('child <key> failed: <cause>'): the
+    -- cause alone goes up, so each level names its child and the first
+    -- cause (nested, a chain of n steps wrote reasons of n levels each:
+    -- time and memory growing as n squared)
+    local told = f[12] and string.match(reason, '^child %S+ failed: (.*)$') or reason
+    notify_parent(id, f[9], f[10], 'failed', told, f[11] or '', now)
     if keep == 0 then notify_parent(id, f[9], f[10], 'removed', '', '', now) end
   end
 end
