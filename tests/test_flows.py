@@ -399,7 +399,7 @@ def test_a_parent_and_the_child_that_failed_it_retried_in_any_order(
 
 
 def test_a_parent_failed_by_a_child_under_an_earlier_release_reopens_on_its_retry(
-    flow: FlowProducer, workers: Workers, redis_url: str, prefix: str
+    flow: FlowProducer, workers: Workers, redis_client: redis.Redis, prefix: str
 ) -> None:
     """Before failed children stayed pending, a child failing its parent
     left the parent's pending set: such data, after an upgrade, still
@@ -413,14 +413,10 @@ def test_a_parent_failed_by_a_child_under_an_earlier_release_reopens_on_its_retr
     workers.start("rold")
     with pytest.raises(JobFailedError):
         parent.wait_until_finished(timeout=WAIT)
-    client = redis.Redis.from_url(redis_url)
-    try:  # as the earlier release left it
-        base = f"{prefix}:{{rold}}:"
-        client.srem(f"{base}deps:{parent.id}", f"rold:{child.id}")
-        client.hdel(f"{base}dfailed:{parent.id}", f"rold:{child.id}")
-        client.hdel(f"{base}job:{parent.id}", "ffs")
-    finally:
-        client.close()
+    base = f"{prefix}:{{rold}}:"  # as the earlier release left it
+    redis_client.srem(f"{base}deps:{parent.id}", f"rold:{child.id}")
+    redis_client.hdel(f"{base}dfailed:{parent.id}", f"rold:{child.id}")
+    redis_client.hdel(f"{base}job:{parent.id}", "ffs")
     child.retry()
     assert parent.wait_until_finished(timeout=WAIT) == 101
 
@@ -572,17 +568,13 @@ def test_a_parent_a_drain_releases_into_delayed_stays_with_delayed_drained(
 
 
 def test_obliterate_leaves_no_parent_its_children_released(
-    flow: FlowProducer, redis_url: str, prefix: str
+    flow: FlowProducer, redis_client: redis.Redis, prefix: str
 ) -> None:
     queue = flow.queue("obp")
     node = flow.add({"name": "p", "queue": "obp", "children": [{"name": "c", "queue": "obp"}]})
     queue.obliterate()
     assert queue.get_job(node.job.id) is None
-    client = redis.Redis.from_url(redis_url)
-    try:
-        left = sorted(k.decode() for k in client.scan_iter(match=f"{prefix}:{{obp}}:*"))
-    finally:
-        client.close()
+    left = sorted(k.decode() for k in redis_client.scan_iter(match=f"{prefix}:{{obp}}:*"))
     assert left == [f"{prefix}:{{obp}}:events", f"{prefix}:{{obp}}:id"]
 
 
