@@ -389,8 +389,9 @@ def test_a_parent_and_the_child_that_failed_it_retried_in_any_order(
         child.retry()
     elif order == "child first":
         child.retry()
-        assert parent.get_state() == "waiting-children"
-        with pytest.raises(JobqError):  # reopened by its child: no longer failed
+        # reopened by its child (which the worker may have run already)
+        assert parent.get_state() != "failed"
+        with pytest.raises(JobqError):  # no longer failed
             parent.retry()
     else:
         assert flow.queue("rany").retry_jobs("failed") == 2
