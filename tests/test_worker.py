@@ -783,8 +783,12 @@ def test_stalled_job_fails_past_max_stalled_count(
     assert stored is not None
     assert stored.get_state() == "failed"
     assert stored.stalled_counter == 1
-    names = stream_names(redis_client, queue.name, job.id)
-    assert names.count("stalled") == 1 and names.count("failed") == 1
+    assert stored.attempts_made == 0  # a stall is no attempt made
+    events = stream(redis_client, queue.name, job_id=job.id)
+    assert [e["name"] for e in events].count("stalled") == 1
+    # the failure names the attempt that stalled, as its `active` did
+    attempts = {e["name"]: e["fields"].get("attempt") for e in events}
+    assert attempts["failed"] == attempts["stalled"] == attempts["active"] == b"1"
 
 
 def test_worker_that_lost_its_lock_cannot_finalise(

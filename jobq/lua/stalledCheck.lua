@@ -31,11 +31,13 @@ for _, id in ipairs(ids) do
       local f = redis.call('HMGET', jk, 'atm', 'priority', 'cx')
       local atm = tonumber(f[1]) or 0
       emit('stalled', id, { 'attempt', atm + 1 })
+      -- a stall is no attempt made (atm stays), but the `failed` event
+      -- names the attempt that ended, as its `active` and `stalled` did
       if f[3] then  -- its cancel was requested (cancel.lua): it ends cancelled
-        fail_for_good(id, f[3], atm, now, 'active', true)
+        fail_for_good(id, f[3], atm + 1, now, 'active', true)
         failed_any = true
       elseif stalled > max_stalled then
-        fail_for_good(id, 'job stalled more than allowable limit', atm, now)
+        fail_for_good(id, 'job stalled more than allowable limit', atm + 1, now)
         failed_any = true
       else
         push_ready(id, tonumber(f[2]) or 0, true)
