@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from jobq import Job, JobqError, Queue, Scheduler
-from jobq._schedulers import next_cron_slot
+from jobq._schedulers import next_cron_slot, sync_scheduler
+from jobq.calls import TakeArgs, WorkerScripts
 from tests.polling import until
 from tests.test_worker import WAIT, Proc, ledger_wait, make_worker, started, stream
 
@@ -621,6 +622,52 @@ def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(queue: Queue) -> None:
     queue.add("kept", job_id=f"repeat:c:{start * 1000}")
     with pytest.raises(JobqError, match="collides|exists"):
         queue.upsert_scheduler("c", cron="0 0 * * *", start=start)
+
+
+def test_a_cron_tick_failed_into_backoff_before_the_check_holds_no_run_back(
+    queue: Queue,
+) -> None:
+    # the take of a tick whose slot after is known makes the next; that
+    # one's slot after is the workers' check's to compute, so its take makes
+    # none, and the check (woken by the take) makes it. A handler that fails
+    # at once, into a backoff, may end the attempt before the check runs:
+    # the tick is delayed again, but taken, and the next run is due still
+    queue.upsert_scheduler("c", cron="* * * * * *", attempts=3, backoff=60.0)
+    scripts = WorkerScripts(queue._context.run)
+    until(lambda: scripts.take(TakeArgs("t1", 30_000, "w", 0, 0)).taken, timeout=WAIT)
+    second = until(lambda: scripts.take(TakeArgs("t2", 30_000, "w", 0, 0)).taken,
+                   timeout=WAIT)
+    scripts.fail(second[0], "t2", "boom", b"\x90", 60_000, None)
+    assert queue.get_job_state(second[0]) == "delayed"
+    sync_scheduler(queue._context, "c")
+    pending = sorted((j.id for j in queue.get_jobs(["waiting", "delayed"])), key=_slot)
+    assert len(pending) == 2 and pending[0] == second[0], pending
+    assert pending[1].startswith("repeat:c:") and _slot(pending[1]) > _slot(second[0])
+    queue.remove_scheduler("c")
+
+
+@pytest.mark.parametrize("how", ["remove", "change"])
+def test_a_taken_tick_waiting_for_its_retry_outlives_its_schedule(
+    queue: Queue, how: str
+) -> None:
+    # a run under way, not the pending tick: removing or changing the
+    # schedule leaves it to its retries, even while the scheduler still
+    # names it (its next tick not made yet)
+    queue.upsert_scheduler("c", cron="* * * * * *", attempts=3, backoff=60.0)
+    scripts = WorkerScripts(queue._context.run)
+    until(lambda: scripts.take(TakeArgs("t1", 30_000, "w", 0, 0)).taken, timeout=WAIT)
+    second = until(lambda: scripts.take(TakeArgs("t2", 30_000, "w", 0, 0)).taken,
+                   timeout=WAIT)
+    scripts.fail(second[0], "t2", "boom", b"\x90", 60_000, None)
+    scheduler = queue.get_scheduler("c")
+    assert scheduler is not None and scheduler.next_run == _slot(second[0]) / 1000
+    if how == "remove":
+        assert queue.remove_scheduler("c")
+    else:
+        queue.upsert_scheduler("c", cron="*/2 * * * * *", attempts=3, backoff=60.0)
+    job = queue.get_job(second[0])
+    assert job is not None and job.get_state() == "delayed" and job.attempts_made == 1
+    queue.remove_scheduler("c")
 
 
 def test_cron_with_a_worker(queue: Queue, redis_url: str, redis_client: redis.Redis) -> None:

@@ -637,6 +637,16 @@ local function schedule_tick(sid, slot, after, now)
   return id
 end
 
+-- The state of tick job `id` while no worker ever took it (nil once taken:
+-- a taken tick failed into a retry's backoff, or stalled, is delayed or
+-- waiting again, but it is a run under way, not the scheduler's pending
+-- tick: never removed with a schedule, never holding the next run back).
+local function untaken_tick(id)
+  local f = redis.call('HMGET', job_key(id), 'state', 'pon')
+  if f[2] then return nil end
+  return f[1]
+end
+
 -- The first slot of an `every` schedule after `now`, on the grid of the
 -- previous scheduled slot `prev`: ticks missed while no worker ran make one
 -- job (the one due), not a burst.

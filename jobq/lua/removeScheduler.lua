@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
 --[[
   Remove a job scheduler and its pending delayed tick job (a tick job
-  already waiting or active runs as usual).
+  already waiting or active runs as usual, and so does one a worker took
+  that waits for a retry).
 
   KEYS[1]  queue base prefix
   ARGV[1]  scheduler id
@@ -14,7 +15,7 @@ local nxt = redis.call('HGET', skey, 'next')
 if not nxt then return 0 end
 if nxt ~= '' then
   local pid = tick_id(sid, tonumber(nxt))
-  if redis.call('HGET', job_key(pid), 'state') == 'delayed' then
+  if untaken_tick(pid) == 'delayed' then
     redis.call('ZREM', K_DELAYED, pid)
     delete_job(pid, true)
     emit('removed', pid, { 'prev', 'delayed' })

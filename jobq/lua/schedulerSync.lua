@@ -2,9 +2,9 @@
 --[[
   Keep a scheduler going: the workers' periodic check (for schedulers whose
   next run is due) and a worker that took a tick call it. When the pending
-  tick job exists (waiting or delayed), fill in the cron slot after it; when
-  it is no longer pending, produce the next tick: one job, however many
-  ticks were missed. A pending tick leaves without producing the next one
+  tick job exists (waiting or delayed, never taken), fill in the cron slot
+  after it; when it is no longer pending, produce the next tick: one job,
+  however many ticks were missed. A pending tick leaves without producing the next one
   when it is taken before the slot after it was known (a cron tick), or
   cancelled or removed: a cancelled one may leave no record (retention), so
   a tick whose record is gone counts as ended, never as lost, and is not
@@ -30,7 +30,10 @@ local s = redis.call('HMGET', skey, 'spec', 'next', 'every', 'after')
 if not s[1] or (s[2] or '') ~= ARGV[2] or ARGV[2] == '' then return 0 end
 local now = now_ms()
 local pending = tonumber(s[2])
-local state = redis.call('HGET', job_key(tick_id(sid, pending)), 'state')
+-- a tick taken before the slot after it was known, that failed into a
+-- retry's backoff (or stalled) before this call, is no longer pending: its
+-- retry must not hold the schedule back for the backoff
+local state = untaken_tick(tick_id(sid, pending))
 if state == 'waiting' or state == 'delayed' then
   if (not s[4] or s[4] == '') and ARGV[3] ~= '' then redis.call('HSET', skey, 'after', ARGV[3]) end
   return 1

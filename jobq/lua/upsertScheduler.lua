@@ -53,8 +53,8 @@ if old[1] == ARGV[9] then
   if old[2] and old[2] ~= '' then
     local pid = tick_id(sid, tonumber(old[2]))
     local jk = job_key(pid)
-    local f = redis.call('HMGET', jk, 'state', 'priority', 'lifo')
-    if f[1] == 'waiting' or f[1] == 'delayed' then
+    local f = redis.call('HMGET', jk, 'state', 'priority', 'lifo', 'pon')
+    if (f[1] == 'waiting' or f[1] == 'delayed') and not f[4] then  -- never taken
       for i, name in ipairs(TEMPLATE) do
         local value = ARGV[11 + i]
         if value == '' then redis.call('HDEL', jk, name) else redis.call('HSET', jk, name, value) end
@@ -74,7 +74,7 @@ end
 -- runs as usual), the new first tick is produced
 if old[2] and old[2] ~= '' then
   local pid = tick_id(sid, tonumber(old[2]))
-  if redis.call('HGET', job_key(pid), 'state') == 'delayed' then
+  if untaken_tick(pid) == 'delayed' then
     redis.call('ZREM', K_DELAYED, pid)
     delete_job(pid, true)
     emit('removed', pid, { 'prev', 'delayed' })
