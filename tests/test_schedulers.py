@@ -624,6 +624,19 @@ def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(queue: Queue) -> None:
         queue.upsert_scheduler("c", cron="0 0 * * *", start=start)
 
 
+def _second_tick_failed_into_backoff(queue: Queue) -> str:
+    """Scheduler "c" (every second, 60 s backoff): its first two ticks taken,
+    the second failed at once into its backoff, no workers' check run: the
+    scheduler still names that tick as its next. Returns its id."""
+    queue.upsert_scheduler("c", cron="* * * * * *", attempts=3, backoff=60.0)
+    scripts = WorkerScripts(queue._context.run)
+    until(lambda: scripts.take(TakeArgs("t1", 30_000, "w", 0, 0)).taken, timeout=WAIT)
+    second = until(lambda: scripts.take(TakeArgs("t2", 30_000, "w", 0, 0)).taken,
+                   timeout=WAIT)
+    scripts.fail(second[0], "t2", "boom", b"\x90", 60_000, None)
+    return str(second[0])
+
+
 def test_a_cron_tick_failed_into_backoff_before_the_check_holds_no_run_back(
     queue: Queue,
 ) -> None:
@@ -632,17 +645,12 @@ def test_a_cron_tick_failed_into_backoff_before_the_check_holds_no_run_back(
     # none, and the check (woken by the take) makes it. A handler that fails
     # at once, into a backoff, may end the attempt before the check runs:
     # the tick is delayed again, but taken, and the next run is due still
-    queue.upsert_scheduler("c", cron="* * * * * *", attempts=3, backoff=60.0)
-    scripts = WorkerScripts(queue._context.run)
-    until(lambda: scripts.take(TakeArgs("t1", 30_000, "w", 0, 0)).taken, timeout=WAIT)
-    second = until(lambda: scripts.take(TakeArgs("t2", 30_000, "w", 0, 0)).taken,
-                   timeout=WAIT)
-    scripts.fail(second[0], "t2", "boom", b"\x90", 60_000, None)
-    assert queue.get_job_state(second[0]) == "delayed"
+    tick = _second_tick_failed_into_backoff(queue)
+    assert queue.get_job_state(tick) == "delayed"
     sync_scheduler(queue._context, "c")
     pending = sorted((j.id for j in queue.get_jobs(["waiting", "delayed"])), key=_slot)
-    assert len(pending) == 2 and pending[0] == second[0], pending
-    assert pending[1].startswith("repeat:c:") and _slot(pending[1]) > _slot(second[0])
+    assert len(pending) == 2 and pending[0] == tick, pending
+    assert pending[1].startswith("repeat:c:") and _slot(pending[1]) > _slot(tick)
     queue.remove_scheduler("c")
 
 
@@ -653,19 +661,14 @@ def test_a_taken_tick_waiting_for_its_retry_outlives_its_schedule(
     # a run under way, not the pending tick: removing or changing the
     # schedule leaves it to its retries, even while the scheduler still
     # names it (its next tick not made yet)
-    queue.upsert_scheduler("c", cron="* * * * * *", attempts=3, backoff=60.0)
-    scripts = WorkerScripts(queue._context.run)
-    until(lambda: scripts.take(TakeArgs("t1", 30_000, "w", 0, 0)).taken, timeout=WAIT)
-    second = until(lambda: scripts.take(TakeArgs("t2", 30_000, "w", 0, 0)).taken,
-                   timeout=WAIT)
-    scripts.fail(second[0], "t2", "boom", b"\x90", 60_000, None)
+    tick = _second_tick_failed_into_backoff(queue)
     scheduler = queue.get_scheduler("c")
-    assert scheduler is not None and scheduler.next_run == _slot(second[0]) / 1000
+    assert scheduler is not None and scheduler.next_run == _slot(tick) / 1000
     if how == "remove":
         assert queue.remove_scheduler("c")
     else:
         queue.upsert_scheduler("c", cron="*/2 * * * * *", attempts=3, backoff=60.0)
-    job = queue.get_job(second[0])
+    job = queue.get_job(tick)
     assert job is not None and job.get_state() == "delayed" and job.attempts_made == 1
     queue.remove_scheduler("c")
 
