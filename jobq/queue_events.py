@@ -286,17 +286,20 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
+        def to_look() -> float | None:  # a short timeout still gets its look
+            return None if look_by is None else max(0.0, look_by - time.monotonic())
+
         if self._stop.is_set():
             raise ClosedError(f"QueueEvents {self.name!r} is closed")
         if not self.wait_until_ready(0):
             # the first use: an unreachable server is an error, as for a Queue
-            wait_event(self._reader.tried, remaining())
+            wait_event(self._reader.tried, to_look())
             if self._stop.is_set():  # its first connect cut by the close
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             error = self._reader.unreachable
             if error is not None and not self._reader.ready.is_set():
                 raise type(error)(*error.args)
-        if not self.wait_until_ready(remaining()):
+        if not self.wait_until_ready(to_look()):
             if self._stop.is_set():
                 raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
             raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))

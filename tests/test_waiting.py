@@ -1445,3 +1445,24 @@ def test_a_wait_of_no_time_on_a_finished_job_returns_its_value(
     pending = queue.add("x", "later", delay=60_000)
     with pytest.raises(WaitUntilFinishedTimeoutError):
         pending.wait_until_finished(timeout=0)
+
+
+@pytest.mark.parametrize("timeout", [0, 0.001])
+def test_a_wait_of_no_time_before_the_reader_is_ready_still_looks(
+    queue: Queue, redis_url: str, timeout: float
+) -> None:
+    """The wait gave up when the reader (started by the wait itself) was
+    not ready within the timeout, before any look at the record: a job
+    finished long before timed out in a process that had not waited yet."""
+    job = queue.add("x", "done")
+    with Worker(queue.name, echo, connection=redis_url, autorun=True):
+        assert job.wait_until_finished(timeout=WAIT) == "done"
+    for _ in range(3):
+        with Queue(queue.name, connection=redis_url) as fresh:  # its reader not started
+            again = fresh.get_job(job.id)
+            assert again is not None
+            assert again.wait_until_finished(timeout=timeout) == "done"
+        with Queue(queue.name, connection=redis_url) as fresh:
+            pending = fresh.add("x", "later", delay=60_000)
+            with pytest.raises(WaitUntilFinishedTimeoutError):
+                pending.wait_until_finished(timeout=timeout)
