@@ -143,6 +143,8 @@ class Dispatcher:
                 continue
             channels = ((item.name, ALL) if item.job_id is None  # not the job "None"'s
                         else (item.name, f"{item.name}:{item.job_id}", ALL))
+            if item.name == ALL:  # written by some other client: still once to each
+                channels = channels[1:]
             for channel, callback in self._listeners.take_many(channels):
                 call_safely(callback, channel, item)
             if _fork.forked_off():  # a listener forked: none of the parent's work here

@@ -395,10 +395,14 @@ class Queue(
         """Publish a custom event to every QueueEvents of this queue.
 
         Raises:
+            ValueError: ``event`` is empty, has a ``:``, or is ``"*"`` (the
+                channel of every event, ``on_all_events``).
             SerializationError: a field value is not msgpack-encodable.
         """
-        if not isinstance(event, str) or not event or ":" in event:
-            raise ValueError(f"event name must be a non-empty str without ':', not {event!r}")
+        if not isinstance(event, str) or not event or ":" in event or event == "*":
+            raise ValueError(
+                f"event name must be a non-empty str without ':', and not '*' (the channel "
+                f"of every event), not {event!r}")
         packed: list[tuple[str, bytes]] = []
         for key, value in fields.items():
             if key in ("ev", "jid", "c", "ts"):

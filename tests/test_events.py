@@ -855,6 +855,22 @@ def test_emit_fields_colliding_with_event_attributes(queue: Queue, qe: QueueEven
                                   "timestamp": "t", "prev": "p", "fields": [1]}
 
 
+def test_a_custom_event_named_star_is_refused_and_a_raw_one_reaches_each_listener_once(
+    queue: Queue, qe: QueueEvents, redis_client: redis.Redis
+) -> None:
+    """'*' is the channel of every event: an event of that name reached each
+    all-events listener twice."""
+    with pytest.raises(ValueError, match="not '\\*'"):
+        queue.emit("*", n=1)
+    rec = Recorder()
+    qe.on_all_events(rec)
+    assert qe.wait_until_ready(WAIT)
+    redis_client.xadd(queue._context.keys.events, {"ev": "*", "jid": ""})  # another client's
+    queue.emit("after")
+    assert rec.wait_count(2)
+    assert [e.name for e in rec.snapshot()] == ["*", "after"]
+
+
 def test_custom_event_named_like_a_job_event(queue: Queue, qe: QueueEvents,
                                              redis_url: str) -> None:
     """A custom 'completed' without a job must not resolve or break anything."""
