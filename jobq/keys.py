@@ -76,9 +76,11 @@ def lookup_id(value: object) -> str:
     Raises:
         TypeError: anything else; ``None`` would otherwise name the job
             whose custom id is ``"None"``.
+        ValueError: a str with lone surrogates (no job has such an id: it
+            cannot be sent to the server).
     """
     if isinstance(value, str):
-        return value
+        return _encodable(value, "job_id")
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return str(value)
     raise TypeError(f"job_id must be a str (or an int >= 0, a generated id), not {value!r}")
@@ -90,10 +92,18 @@ def lookup_key(value: object, what: str) -> str:
     Raises:
         TypeError: anything else; ``None`` would otherwise name the
             scheduler (or dedup key) ``"None"``.
+        ValueError: a str with lone surrogates (see ``lookup_id``).
     """
     if isinstance(value, str):
-        return value
+        return _encodable(value, what)
     raise TypeError(f"{what} must be a str, not {value!r}")
+
+
+def _encodable(value: str, what: str) -> str:
+    if SURROGATE.search(value):
+        raise ValueError(f"invalid {what} {value!r}: lone surrogates cannot be sent to the "
+                         "server (no job, scheduler or key can have them)")
+    return value
 
 
 #: Every key of a queue but the families below, after its base

@@ -53,6 +53,8 @@ def test_a_dedup_key_to_look_up_is_a_str(queue: Queue) -> None:
         for look in (queue.get_dedup_job_id, queue.remove_dedup_key):
             with pytest.raises(TypeError, match="dedup key must be a str"):
                 look(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="invalid dedup key .*lone surrogates"):
+            look("key-\udfff")
     assert queue.get_dedup_job_id("None") == job.id
     assert queue.remove_dedup_key("None") and queue.get_dedup_job_id("None") is None
 

@@ -349,6 +349,12 @@ def test_a_job_id_to_look_up_is_a_str_or_a_generated_int(queue: Queue) -> None:
                 look(bad)
         with pytest.raises(TypeError, match="job_id must be a str"):
             queue.events.wait_for(bad, timeout=0)
+    # no job has a lone surrogate in its id (add refuses it): a clear error,
+    # not redis-py's UnicodeEncodeError naming no argument
+    for look in (queue.get_job, queue.get_job_state, queue.get_job_result, queue.remove,
+                 queue.cancel, queue.events.future_for):
+        with pytest.raises(ValueError, match="invalid job_id .*lone surrogates"):
+            look("job-\ud800")
     job = queue.get_job(int(generated.id))  # a generated id may be given as an int
     assert job is not None and job.id == generated.id and job.data == 2
     assert queue.get_job_state(int(generated.id)) == "waiting"

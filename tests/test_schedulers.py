@@ -352,6 +352,8 @@ def test_a_scheduler_id_to_look_up_is_a_str(queue: Queue) -> None:
         for look in (queue.get_scheduler, queue.remove_scheduler):
             with pytest.raises(TypeError, match="scheduler_id must be a str"):
                 look(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="invalid scheduler_id .*lone surrogates"):
+            look("sched-\ud800")
     found = queue.get_scheduler("None")
     assert found is not None and found.id == "None"
     assert queue.remove_scheduler("None") and queue.get_scheduler("None") is None
