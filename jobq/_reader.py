@@ -141,8 +141,9 @@ class Dispatcher:
             if not isinstance(item, Event):
                 self._run(item)
                 continue
-            channels = ((item.name, ALL) if item.job_id is None  # not the job "None"'s
-                        else (item.name, f"{item.name}:{item.job_id}", ALL))
+            channels: tuple[str, ...] = (
+                (item.name, ALL) if item.job_id is None  # not the job "None"'s
+                else (item.name, f"{item.name}:{item.job_id}", ALL))
             if item.name == ALL:  # written by some other client: still once to each
                 channels = channels[1:]
             for channel, callback in self._listeners.take_many(channels):
