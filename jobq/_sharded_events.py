@@ -255,8 +255,14 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         if self._restart:
             self.run()
 
+    def _check_listenable(self) -> None:
+        if self.closed:
+            raise ClosedError(f"QueueEvents {self._name!r} is closed: its listeners are never "
+                              "called")
+
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event of every shard."""
+        self._check_listenable()
         self._resume()
         return self._listeners.on(ALL, callback)
 

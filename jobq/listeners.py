@@ -130,6 +130,9 @@ class ListenerMethods:
     def _listener_added(self, event: str) -> None:
         """Called after a listener of ``event`` was added."""
 
+    def _check_listenable(self) -> None:
+        """Raise ClosedError when no listener added now could ever be called."""
+
     @overload
     def on(self, event: str, callback: L) -> L: ...
 
@@ -142,6 +145,7 @@ class ListenerMethods:
         if callback is None:
             return lambda cb: self.on(event, cb)
         _fork.check()
+        self._check_listenable()
         self._listeners.on(event, callback)
         self._listener_added(event)
         return callback
@@ -149,6 +153,7 @@ class ListenerMethods:
     def once(self, event: str, callback: L) -> L:
         """Call ``callback`` on the next ``event`` only; return it."""
         _fork.check()
+        self._check_listenable()
         self._listeners.once(event, callback)
         self._listener_added(event)
         return callback

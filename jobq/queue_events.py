@@ -251,8 +251,14 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         if self._restart:  # forked while running: this is the first use
             self.run()
 
+    def _check_listenable(self) -> None:
+        if self.closed:
+            raise ClosedError(f"QueueEvents {self.name!r} is closed: its listeners are never "
+                              "called")
+
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event."""
+        self._check_listenable()
         self._listener_added(ALL)
         return self._listeners.on(ALL, callback)
 

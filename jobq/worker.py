@@ -452,6 +452,10 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     # -- listeners (on / once / off / listener_count: ListenerMethods) -----------
 
+    def _check_listenable(self) -> None:
+        if self._state is Lifecycle.CLOSED:
+            raise ClosedError(f"worker {self.name!r} is closed: its listeners are never called")
+
     def _listener_added(self, event: str) -> None:
         if event in _CHANNEL_EVENTS and self._state is Lifecycle.RUNNING:
             self._channel.open(self._run_context, self._emit, self.name, wait=False)

@@ -816,6 +816,28 @@ def test_close_releases_blocked_waiter_with_closed_error(queue: Queue, redis_url
         job.wait_until_finished(qe, timeout=1)
 
 
+def test_no_listener_is_added_to_a_closed_object(queue: Queue, redis_url: str) -> None:
+    """A listener added after close() is never called: ClosedError, as any
+    other method of a closed object (it was taken in silence)."""
+    qe = QueueEvents(queue.name, connection=redis_url)
+    worker = Worker(queue.name, echo, connection=redis_url)
+    kept = qe.on("completed", print), worker.on("completed", print)
+    qe.close()
+    worker.close()
+    for obj in (qe, worker):
+        with pytest.raises(ClosedError, match="is closed"):
+            obj.on("completed", print)
+        with pytest.raises(ClosedError, match="is closed"):
+            obj.once("completed", print)
+        with pytest.raises(ClosedError, match="is closed"):
+            obj.on("failed")(print)
+    with pytest.raises(ClosedError, match="is closed"):
+        qe.on_all_events(print)
+    # taking listeners off, and counting them, still work
+    assert qe.listener_count("completed") == worker.listener_count("completed") == 1
+    assert qe.off("completed", kept[0]) and worker.off("completed", kept[1])
+
+
 # -- custom events ---------------------------------------------------------
 
 

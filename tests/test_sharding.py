@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from jobq import (
+    ClosedError,
     Job,
     JobqError,
     Queue,
@@ -515,6 +516,17 @@ def test_drained_is_heard_only_when_every_shard_is_drained(
         release[second].set()
         assert two.wait_until_finished(events, timeout=WAIT) == second
         assert heard.wait(WAIT) and local.wait(WAIT)
+
+
+def test_no_listener_is_added_to_a_closed_sharded_queue_events(
+    sharded: ShardedQueue, redis_url: str
+) -> None:
+    events = ShardedQueueEvents(sharded.name, shards=SHARDS, connection=redis_url)
+    events.close()
+    with pytest.raises(ClosedError, match="is closed"):
+        events.on("completed", print)
+    with pytest.raises(ClosedError, match="is closed"):
+        events.on_all_events(print)
 
 
 def test_a_job_id_to_look_up_on_a_sharded_queue_is_a_str(sharded: ShardedQueue) -> None:
