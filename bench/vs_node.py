@@ -6,7 +6,7 @@ BullMQ Node, Huey and the redis-py floor in rounds, in turn. On a shared
 machine whose speed drifts by the minute, a ratio of runs made seconds
 apart says more than two medians taken minutes apart.
 
-    .venv/bin/python bench/vs_node.py                     # both, 4 pairs each
+    .venv/bin/python bench/vs_node.py                     # both, 4 pairs each (W4: 4 rounds)
     .venv/bin/python bench/vs_node.py --workload w4 --pairs 3 --seconds 10
     .venv/bin/python bench/vs_node.py --workload drain --server /usr/bin/redis-server
 
@@ -24,6 +24,11 @@ taken within a round (not part of ``both``).
 ``worker``, bench/node ``worker``; concurrency 8) and a caller process: for
 jobq 16 threads sharing one ``Queue`` (W4 as the harness runs it), for
 BullMQ 16 async loops in one Node process (bench/node ``rr`` with no W3).
+A third peer, ``floor``, is W4's shape with no queue in it (FLOOR_CALLER):
+16 caller threads of raw redis-py pushing requests and waiting on Events
+that one reader thread sets, and a worker process whose fetch thread hands
+them to 8 pool threads that push the replies: what the threads, their
+wake-ups and their round trips cost, beside what jobq adds to them.
 Each caller reports its own round trips per second over its whole window;
 the CPU (user + system, from /proc) of the caller, the worker and the
 server is taken over the middle of that window and divided by that
@@ -61,8 +66,23 @@ ADAPTER = ADAPTERS / "peer_jobq.py"
 PEERS = ("jobq", "bullmq-node")
 #: ``--workload w1``: jobq, then the peers it is compared with, in turn
 W1_PEERS = ("jobq", "bullmq-node", "huey", "floor")
+#: W4: jobq, BullMQ Node, and W4's shape with no queue (FLOOR_CALLER)
+W4_PEERS = ("jobq", "bullmq-node", "floor")
 CALLERS = 16
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# The end of each caller process: run caller(t) on `callers` threads for the
+# window, print the round trips per second.
+RUN_CALLERS = """
+print(json.dumps({"started": True}), flush=True)
+threads = [threading.Thread(target=caller, args=(t,)) for t in range(callers)]
+t0 = time.perf_counter()
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(seconds + 60)
+print(json.dumps({"w4_trips_s": sum(counts) / (time.perf_counter() - t0)}), flush=True)
+"""
 
 # jobq's caller: W4 as bench/adapters/_common.py runs it (16 threads, one Queue)
 JOBQ_CALLER = """
@@ -81,15 +101,64 @@ def caller(t):
         assert result["i"] == j, result
         counts[t] += 1
         j += 1
-print(json.dumps({"started": True}), flush=True)
-threads = [threading.Thread(target=caller, args=(t,)) for t in range(callers)]
-t0 = time.perf_counter()
-for t in threads:
-    t.start()
-for t in threads:
-    t.join(seconds + 60)
-print(json.dumps({"w4_trips_s": sum(counts) / (time.perf_counter() - t0)}), flush=True)
-q.close()
+"""
+JOBQ_CALLER += RUN_CALLERS + "q.close()\n"
+
+
+# W4's shape with no queue at all (the thread-per-caller floor): 16 caller
+# threads, each pushing its request on a connection of its own and waiting
+# on a threading.Event that one reader thread sets (BLMPOP of the replies);
+# a worker process whose fetch thread hands the requests to 8 pool threads,
+# each pushing its reply on a connection of its own. The least any
+# thread-per-caller client and thread-pool worker of redis-py spend per trip.
+FLOOR_CALLER = """
+import json, sys, threading, time
+import redis
+url, seconds, callers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+events = [threading.Event() for _ in range(callers)]
+stop = threading.Event()
+def reader():
+    r = redis.Redis.from_url(url)
+    while not stop.is_set():
+        got = r.blmpop(1, 1, "floor:rep", direction="RIGHT", count=64)
+        for item in (got[1] if got else ()):
+            events[int(item.split(b":")[0])].set()
+threading.Thread(target=reader, daemon=True).start()
+counts = [0] * callers
+stop_at = time.monotonic() + seconds
+def caller(t):
+    r = redis.Redis.from_url(url)
+    ev, j = events[t], 0
+    while time.monotonic() < stop_at:
+        ev.clear()
+        r.lpush("floor:req", f"{t}:{j}")
+        assert ev.wait(30), "reply lost"
+        counts[t] += 1
+        j += 1
+"""
+FLOOR_CALLER += RUN_CALLERS + "stop.set()\n"
+FLOOR_WORKER = """
+import queue, sys, threading
+import redis
+url, concurrency = sys.argv[1], int(sys.argv[2])
+jobs = queue.SimpleQueue()
+slots = threading.Semaphore(concurrency)
+def pool():
+    r = redis.Redis.from_url(url)
+    while True:
+        item = jobs.get()
+        r.lpush("floor:rep", item)
+        slots.release()
+for _ in range(concurrency):
+    threading.Thread(target=pool, daemon=True).start()
+r = redis.Redis.from_url(url)
+while True:
+    slots.acquire()
+    got = r.brpop(["floor:req"], timeout=1)
+    if got is None:
+        slots.release()
+    else:
+        jobs.put(got[1])
 """
 
 
@@ -166,6 +235,10 @@ def w4_run(peer: str, url: str, server_pid: int, seconds: float) -> dict[str, fl
         worker_argv = [sys.executable, str(ADAPTER), "worker", url, "8", "bench"]
         caller_argv = [sys.executable, "-c", JOBQ_CALLER, url, str(seconds), str(CALLERS)]
         cwd = str(ROOT)
+    elif peer == "floor":
+        worker_argv = [sys.executable, "-c", FLOOR_WORKER, url, "8"]
+        caller_argv = [sys.executable, "-c", FLOOR_CALLER, url, str(seconds), str(CALLERS)]
+        cwd = str(ROOT)
     else:
         node = shutil.which("node")
         assert node is not None
@@ -177,7 +250,7 @@ def w4_run(peer: str, url: str, server_pid: int, seconds: float) -> dict[str, fl
         caller = subprocess.Popen(caller_argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                   text=True)
         try:
-            if peer == "jobq":
+            if peer != "bullmq-node":
                 wait_started(caller, 60)
                 lead = 0.2 * seconds
             else:  # Node prints only at the end: leave its start-up and warm-up out
@@ -226,14 +299,14 @@ def report(title: str, runs: dict[str, list[dict[str, float]]], ratio_keys: list
             cells.append(f"{statistics.median(values):,.{places}f} "
                          f"({min(values):,.{places}f}-{max(values):,.{places}f})")
         print(f"| {peer} | " + " | ".join(cells) + " |")
-    other = list(runs)[1]
-    for key in ratio_keys:
-        if not all(run[key] for run in runs[other]):
-            continue  # not measured for that peer (Huey has no bulk add)
-        ratios = [a[key] / b[key] for a, b in zip(runs["jobq"], runs[other], strict=True)]
-        print(f"jobq / {other}, {key}, pair by pair: "
-              + ", ".join(f"{r:.2f}" for r in ratios)
-              + f" (median {statistics.median(ratios):.2f})")
+    for other in list(runs)[1:]:
+        for key in ratio_keys:
+            if not all(run[key] for run in runs[other]):
+                continue  # not measured for that peer (Huey has no bulk add)
+            ratios = [a[key] / b[key] for a, b in zip(runs["jobq"], runs[other], strict=True)]
+            print(f"jobq / {other}, {key}, pair by pair: "
+                  + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f" (median {statistics.median(ratios):.2f})")
 
 
 def main() -> int:
@@ -256,7 +329,7 @@ def main() -> int:
               f"drain: {args.jobs:,} jobs at concurrency 8; W4: {CALLERS} callers, "
               f"worker concurrency 8, {args.seconds:g} s per run")
         for workload in workloads:
-            peers = W1_PEERS if workload == "w1" else PEERS
+            peers = {"w1": W1_PEERS, "w4": W4_PEERS}.get(workload, PEERS)
             runs: dict[str, list[dict[str, float]]] = {peer: [] for peer in peers}
             for pair in range(args.pairs):
                 for peer in peers[pair % len(peers):] + peers[:pair % len(peers)]:
