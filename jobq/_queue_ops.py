@@ -5,7 +5,7 @@ remove, drain, clean, obliterate, retries, workers, metrics, the stream)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
@@ -13,7 +13,7 @@ from .errors import ACTIVE_JOBS, LOCK_LOST, JobqError, script_error
 from .job import STATES, Job
 from .keys import lookup_id, queues_key
 from .metrics import Metrics, read_metrics
-from .options import list_index, seconds
+from .options import flag, list_index, seconds
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -110,8 +110,7 @@ class QueueReading:
         inclusively, like LRANGE.
         """
         start, end = list_index("start", start), list_index("end", end)
-        # each state once, in the order first named
-        names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
+        names, asc = state_names(states), flag("asc", asc)
         keys = self._context.keys
         client = self._context.redis
         ids: list[bytes] = []
@@ -177,8 +176,7 @@ class QueueAdmin:
         As with ``remove``, a parent (in ``waiting-children``) whose last
         pending children this removes moves on: it is waiting (or delayed,
         by its own delay) once the drain returns, and runs."""
-        if not isinstance(delayed, bool):
-            raise ValueError(f"delayed must be a bool, not {delayed!r}")
+        delayed = flag("delayed", delayed)
         total, since = 0, 0
         while True:
             removed, looked, since = self._context.calls.drain(delayed, BATCH, since)
@@ -224,6 +222,7 @@ class QueueAdmin:
             JobqError: the queue has active jobs and ``force`` is False
                 (nothing is deleted).
         """
+        force = flag("force", force)
         while True:
             deleted = self._context.calls.obliterate(force, BATCH)
             if deleted == ACTIVE_JOBS:
@@ -243,6 +242,7 @@ class QueueAdmin:
         """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
+        reset_attempts = flag("reset_attempts", reset_attempts)
         # bounded by what is there now, so jobs failing again are not retried twice
         remaining = int(self._context.redis.zcard(getattr(self._context.keys, state)))
         total = 0
@@ -278,6 +278,16 @@ class QueueAdmin:
         """Trim the event stream to about ``max_len`` entries; return how many went."""
         max_len = list_index("max_len", max_len, minimum=0)
         return int(self._context.redis.xtrim(self._context.keys.events, maxlen=max_len))
+
+def state_names(states: object) -> list[str]:
+    """The states of a ``get_jobs``: one name or several, each once, in the
+    order first named."""
+    if isinstance(states, str):
+        return [states]
+    if isinstance(states, (bytes, Mapping)) or not isinstance(states, Iterable):
+        raise TypeError(f"states must be a state name or a list of them, not {states!r}")
+    return list(dict.fromkeys(states))
+
 
 def remove_job(context: QueueContext, job_id: str) -> bool:
     """Run remove.lua for one job (the one place that calls it)."""

@@ -41,7 +41,7 @@ from .errors import ClosedError
 from .events import Event
 from .keys import lookup_id, validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
-from .options import blocking_seconds, wait_timeout
+from .options import blocking_seconds, flag, wait_timeout
 from .queue_events import (
     RECHECK_INTERVAL,
     QueueEvents,
@@ -83,6 +83,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         if last_event_id not in ("$", "0"):
             raise ValueError("a sharded queue's readers start at '$' or '0'")
         blocking_seconds(blocking_timeout)
+        flag("autorun", autorun)
         self._name = validate_name(queue_name)
         self._prefix = prefix
         self._count = validate_count(shards)

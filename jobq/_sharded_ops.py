@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ._queue_ops import state_names
 from ._shards import COUNT_FIELD, shard_of
 from .errors import JobqError
 from .job import STATES, Job
 from .keys import lookup_id, lookup_key, queues_key
 from .metrics import Metrics
-from .options import list_index
+from .options import flag, list_index
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ class ShardedReading:
         negative)."""
         start, end = list_index("start", start), list_index("end", end)
         per_shard_end = end if end >= 0 else -1
-        names = [states] if isinstance(states, str) else list(dict.fromkeys(states))
+        names, asc = state_names(states), flag("asc", asc)
         jobs: list[Job] = []
         for state in names:
             # each shard's list is in that order already, so a page of the
@@ -232,6 +233,7 @@ class ShardedAdmin:
                 (checked on every shard, each held paused from then on so
                 that no worker takes a job, before any is touched).
         """
+        force = flag("force", force)
         shards = self._every()
         if not force:
             held: list[Queue] = []  # shards paused here, let go of unless obliterated

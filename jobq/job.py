@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from . import serializer
 from ._job_flow import Dependencies, JobFlow
 from .errors import JobNotFoundError, script_error
-from .options import JobOptions, from_stored, list_index
+from .options import JobOptions, flag, from_stored, list_index
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -308,6 +308,7 @@ class Job(JobFlow):
         """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")
+        reset_attempts = flag("reset_attempts", reset_attempts)
         moved, run = self._context.calls.retry(state, 1, reset_attempts, [self.id])
         self._checked(moved, "retry")
         # the retry began the run's next generation: waits from now on are

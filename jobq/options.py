@@ -36,6 +36,13 @@ def _number(name: str, value: Any, minimum: float = 0.0) -> float:
     return float(value)
 
 
+def flag(name: str, value: Any) -> bool:
+    """A yes/no argument: a bool (a truthy string such as "no" would say yes)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, not {value!r}")
+    return value
+
+
 def wait_timeout(value: Any, name: str = "timeout") -> float | None:
     """A timeout argument of a blocking call: None (no limit) or seconds >= 0.
 

@@ -107,6 +107,8 @@ _MEMO_TYPES = frozenset({int, bool, str, type(None)})
 
 def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
     """The jobs of an ``add_bulk``: (name, data, options) of each, checked."""
+    if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
+        raise TypeError(f"jobs must be an iterable of job dicts, not {type(jobs).__name__}")
     for spec in jobs:
         if type(spec) is not dict and not isinstance(spec, Mapping):  # the ABC check is slow
             raise TypeError(f"each job must be a dict, not {type(spec).__name__}")

@@ -29,7 +29,7 @@ from .connection import BLOCK_CAP
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 from .keys import lookup_id
 from .listeners import Listener, ListenerMethods, ListenerRegistry
-from .options import blocking_seconds, wait_timeout
+from .options import blocking_seconds, flag, wait_timeout
 
 if TYPE_CHECKING:
     pass
@@ -108,6 +108,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                 f"last_event_id must be '$', '0' or a stream id, not {last_event_id!r}"
             )
         blocking_seconds(blocking_timeout)
+        flag("autorun", autorun)
         context = QueueContext(queue_name, connection, prefix, "QueueEvents")
         listeners = ListenerRegistry()
         stop = threading.Event()
@@ -116,7 +117,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
                     Shared(listeners, stop, dispatcher, [], None, None))
         # start on first use: autorun, or forked while running. No I/O here,
         # so a QueueEvents made at import never touches the server then
-        self._restart = bool(autorun)
+        self._restart = flag("autorun", autorun)
         _fork.track(self)
 
     @classmethod

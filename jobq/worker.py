@@ -45,7 +45,7 @@ from .errors import ClosedError, JobqError
 from .events import Event
 from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
-from .options import MAX_SECONDS, byte_limit, wait_timeout
+from .options import MAX_SECONDS, byte_limit, flag, wait_timeout
 from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
 from .tasks import refuse_async
 
@@ -212,6 +212,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
         shards: int | None = None,
     ) -> None:
+        flag("autorun", autorun)
         self._shards = None if shards is None else validate_count(shards)
         self._routes, self._processor = _routes(processor)
         self.name = _worker_name(name)
@@ -348,7 +349,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         signals) returns at once, as the close under way cannot end while
         its thread waits for it.
         """
-        timeout = wait_timeout(timeout)
+        timeout, force = wait_timeout(timeout), flag("force", force)
         _fork.check()
         roles = self._roles
         if roles is not None and threading.current_thread() in roles.runner.threads:
@@ -437,7 +438,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         those of other handlers waiting in ``pause()`` too. The wait ends
         early if the worker is resumed or closed meanwhile.
         """
-        if self._pause.pause(lambda: self._roles, wait, wait_timeout(timeout),
+        if self._pause.pause(lambda: self._roles, flag("wait", wait), wait_timeout(timeout),
                              lambda: self._state is Lifecycle.CLOSED):
             self._listeners.emit("paused")  # on the caller's thread, before returning
 

@@ -16,7 +16,15 @@ import pytest
 import redis
 
 import jobq
-from jobq import ClosedError, JobqError, PayloadTooLarge, Queue, SerializationError, Worker
+from jobq import (
+    ClosedError,
+    JobqError,
+    PayloadTooLarge,
+    Queue,
+    QueueEvents,
+    SerializationError,
+    Worker,
+)
 from tests.streams import stream_events
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
@@ -1121,6 +1129,37 @@ def test_drain_takes_a_bool(queue: Queue) -> None:
     with pytest.raises(ValueError, match="delayed must be a bool"):
         queue.drain(delayed="no")  # type: ignore[arg-type]
     assert queue.get_job_counts("delayed") == {"delayed": 1}
+
+
+def test_every_yes_no_argument_takes_a_bool(queue: Queue, redis_url: str) -> None:
+    # "no" is truthy: taken as yes, it would obliterate, retry from scratch...
+    job = queue.add("f")
+    calls: list[tuple[str, Any]] = [
+        ("force", lambda: queue.obliterate(force="no")),
+        ("reset_attempts", lambda: queue.retry_jobs(reset_attempts="no")),
+        ("reset_attempts", lambda: job.retry(reset_attempts="no")),
+        ("asc", lambda: queue.get_jobs("waiting", asc="no")),
+        ("autorun", lambda: QueueEvents(queue.name, connection=redis_url, autorun="no")),
+        ("autorun", lambda: Worker(queue.name, print, connection=redis_url, autorun=1)),
+    ]
+    worker = Worker(queue.name, print, connection=redis_url)
+    calls += [("force", lambda: worker.close(force="no")),
+              ("wait", lambda: worker.pause(wait="no"))]
+    for name, call in calls:
+        with pytest.raises(ValueError, match=f"{name} must be a bool"):
+            call()
+    worker.close()
+    assert queue.get_job_state(job.id) == "waiting"
+
+
+def test_the_jobs_of_a_bulk_add_and_the_states_of_a_listing_are_checked(queue: Queue) -> None:
+    for jobs in (None, 5, {"name": "x"}, "x"):
+        with pytest.raises(TypeError, match="jobs must be an iterable of job dicts"):
+            queue.add_bulk(jobs)  # type: ignore[arg-type]
+    for states in (None, 5, b"waiting", {"waiting": 1}):
+        with pytest.raises(TypeError, match="states must be a state name or a list"):
+            queue.get_jobs(states)  # type: ignore[arg-type]
+    assert queue.get_job_counts() == {s: 0 for s in queue.get_job_counts()}
 
 
 def test_clean_negative_grace(queue: Queue) -> None:

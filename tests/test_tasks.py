@@ -111,6 +111,8 @@ def test_a_task_needs_a_name_when_its_function_has_none(queue: Queue) -> None:
         with pytest.raises(TypeError, match="pass name="):
             queue.task()(func)
     assert queue.task(name="shout")(str.upper)("a") == "A"
+    with pytest.raises(ValueError, match="job name must be a non-empty str"):
+        queue.task(name="")(str.lower)  # refused, not the default name in silence
 
 
 def test_bad_default_options_and_a_taken_name_fail_at_decoration(queue: Queue) -> None:
