@@ -402,14 +402,17 @@ class WaiterTable:
 
     def register(self, waiter: Waiter, follows: bool = False) -> bool:
         """Register a waiter. With ``follows`` (the reader sees every event
-        of its run), return True when no outcome of that run is known yet:
-        the reader will deliver it, so the record need not be read."""
+        of its run), return True when no outcome of any run of its job id
+        is remembered: the reader will deliver its run's, so the record need
+        not be read."""
         with self._lock:
             closed = self._closed
             if not closed:
                 self._by_job.setdefault(waiter.job_id, []).append(waiter)
-                known = self._recent.get(waiter.job_id)
-                unseen = follows and (known is None or not waiter.matches(known.run))
+                # an outcome remembered of another run of the id may have
+                # taken the place of this run's (a later run of a reused
+                # id): then this run's end may have been read already
+                unseen = follows and self._recent.get(waiter.job_id) is None
         if closed:
             waiter.resolve(CLOSED)
             return True

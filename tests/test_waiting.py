@@ -153,6 +153,27 @@ def test_reused_id_never_returns_the_previous_runs_value(
             assert second.wait_until_finished(qe, timeout=WAIT) == "run-2"
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_wait_on_an_earlier_run_of_a_reused_id_after_the_later_one_ended(
+    queue: Queue, qe: QueueEvents, redis_url: str, keep: bool
+) -> None:
+    """The reader remembers one outcome per id: the later run's took the
+    place of the earlier one's, and a wait on the earlier run took that for
+    "its end not read yet" and waited for an event read long before (until
+    the re-check, about 10 s later)."""
+    with Worker(queue.name, echo, connection=redis_url) as worker:
+        cond, done = completed_counter(worker)
+        first = queue.add("x", "run-1", job_id="order-1", remove_on_complete=not keep)
+        with cond:
+            assert cond.wait_for(lambda: "run-1" in done, WAIT)
+        if keep:
+            assert queue.remove("order-1")
+        second = queue.add("x", "run-2", job_id="order-1", remove_on_complete=not keep)
+        assert second.wait_until_finished(qe, timeout=WAIT) == "run-2"
+        # less than the re-check's interval (RECHECK_INTERVAL, 10 s)
+        assert first.wait_until_finished(qe, timeout=5.0) == "run-1"
+
+
 @pytest.mark.parametrize("where", ["job.retry", "retry_jobs elsewhere"])
 def test_a_wait_after_a_retry_is_not_answered_by_the_outcome_before_it(
     queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis, where: str
