@@ -934,6 +934,28 @@ def test_close_of_an_idle_sharded_worker_keeps_its_time_on_a_server_that_stopped
         client.close()
 
 
+def test_close_of_a_worker_whose_take_is_stuck_ends_at_its_timeout(
+    private_server: RedisServer, queue_name: str
+) -> None:
+    """The fetcher, stuck in its take on a server that stopped answering,
+    had the whole timeout to end; its connection was cut JOIN_GRACE (1.5 s)
+    past the timeout all the same: close(timeout=2) took 3.5 s."""
+    worker = Worker(queue_name, lambda job: None, connection=private_server.url, concurrency=2)
+    queue = Queue(queue_name, connection=private_server.url)
+    try:
+        worker.start()
+        # a job just run, a pool slot free: the fetcher's block carries a take
+        # (see _fetcher.py), stuck with it
+        assert queue.add("x").wait_until_finished(timeout=WAIT) is None
+        left, closing = close_while_stopped(
+            private_server, lambda: worker.close(timeout=2), queue_name)
+        assert closing < 3.0, closing
+        assert not [name for name in left if name.startswith("jobq-fetch")], left
+    finally:
+        worker.close()
+        queue.close()
+
+
 def test_a_worker_closed_by_its_own_listener_closes_fully(
     queue: Queue, redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
