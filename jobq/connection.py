@@ -178,9 +178,10 @@ def clone_client(
     if isinstance(client, RedisCluster):
         # A cluster client of its own, from the nodes the caller's knows: it
         # routes each command to its slot's node, and follows MOVED itself.
+        # (db: a URL's /0, which RedisCluster() refuses though from_url keeps it)
         options = {
             k: v for k, v in client.nodes_manager.connection_kwargs.items()
-            if k not in ("redis_connect_func", "oss_cluster_maint_notifications_handler")
+            if k not in ("redis_connect_func", "oss_cluster_maint_notifications_handler", "db")
         }
         options.update(client_name=name, max_connections=max_connections)
         if socket_timeout is not _KEEP:

@@ -267,6 +267,20 @@ def test_cluster_url_form(cluster: LocalCluster) -> None:
         queue.obliterate()
 
 
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1", reason="cluster run")
+def test_a_cluster_url_naming_db_0_serves_a_worker(cluster: LocalCluster) -> None:
+    """redis-py takes a cluster URL's /0 (the one db a cluster has), but a
+    cluster client made with db=0 is refused: the worker's own clients
+    (fetch, events, cancel) failed over and over, and no job ran."""
+    url = cluster.url.rstrip("/") + "/0"
+    with Queue("db-zero", connection=url) as queue, \
+            Worker("db-zero", lambda job: "ran", connection=url).start():
+        assert queue.add("n").wait_until_finished(timeout=WAIT) == "ran"
+        queue.obliterate()
+    with pytest.raises(redis.exceptions.RedisClusterException, match="can only be 0"):
+        Queue("db-one", connection=cluster.url.rstrip("/") + "/1")
+
+
 def test_a_flow_across_shards_is_refused_and_a_hash_tag_prefix_serves_it(
     cluster: LocalCluster,
 ) -> None:
