@@ -413,7 +413,8 @@ class Job(JobFlow):
         return events.wait_for(self.id, timeout, self._run, fresh=fresh)
 
     def as_future(self, queue_events: QueueEvents | None = None) -> Future[Any]:
-        """A Future resolved with the job's result (or its failure) by the reader."""
+        """A Future resolved with the job's result (or its failure) by the
+        reader. Its ``cancel()`` gives the future up, not the job."""
         events = _events_for(self, queue_events)
         self._fresh = False
         return events.future_for(self.id, self._run)

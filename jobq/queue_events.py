@@ -8,11 +8,12 @@ listeners and futures' callbacks); the tracking of waiting callers in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -419,11 +420,39 @@ def _try_check(events: QueueEvents, waiter: Waiter, deadline: float | None) -> b
 
 class _JobFuture(Future[Any]):
     """A job's Future, settled on its QueueEvents' dispatcher thread: there
-    (in a listener or a done-callback) a wait for it could never end."""
+    (in a listener or a done-callback) a wait for it could never end.
+
+    Pending until its job ends: ``cancel()`` gives it up (the job runs on)
+    and forgets its waiter, so that futures given up on a job that never
+    ends do not pile up in the waiter table."""
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         super().__init__()
         self._dispatcher = dispatcher
+        self._forget: Callable[[], object] | None = None
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        if self._forget is not None:
+            self._forget()
+        return True
+
+    def settle(self, outcome: Callable[[], Any]) -> None:
+        """Set the result ``outcome()`` returns, or what it raises; nothing
+        when the future is done already (cancelled meanwhile)."""
+        try:
+            value = outcome()
+        except BaseException as exc:  # the job's failure becomes the future's
+            self._set(self.set_exception, exc)
+        else:
+            self._set(self.set_result, value)
+
+    def _set(self, setter: Callable[[Any], None], value: Any) -> None:
+        try:
+            setter(value)
+        except InvalidStateError:  # cancelled (or settled) meanwhile
+            pass
 
     def result(self, timeout: float | None = None) -> Any:
         self._refuse_a_wait_that_cannot_end()
@@ -450,12 +479,8 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
         return future
 
     def settle() -> None:
-        if future.done():
-            return
-        try:
-            future.set_result(events._result(waiter))
-        except BaseException as exc:  # the job's failure becomes the future's
-            future.set_exception(exc)
+        if not future.done():
+            future.settle(lambda: events._result(waiter))
 
     def resolved(waiter: Waiter, outcome: Outcome) -> None:
         events._table.unregister(waiter)
@@ -465,7 +490,7 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
             settle()
 
     waiter = Waiter(job_id, run, resolved, stale=True)
-    future.set_running_or_notify_cancel()
+    future._forget = functools.partial(events._table.unregister, waiter)
     events._table.register(waiter)
     events.wait_until_ready(0)  # starts the reader; it checks waiters once ready
     if events._reader.ready.is_set():
@@ -494,11 +519,10 @@ def close_threads(threads: list[threading.Thread], timeout: float | None,
     join_or_cut(threads, left, CUT_GRACE, cut_reader, *cuts)
 
 
-def _fail(events: QueueEvents, waiter: Waiter, future: Future[Any], exc: Exception) -> None:
+def _fail(events: QueueEvents, waiter: Waiter, future: _JobFuture, exc: Exception) -> None:
     """A future's first check failed: the future fails with its error."""
     events._table.unregister(waiter)
-    if not future.done():
-        future.set_exception(exc)
+    future._set(future.set_exception, exc)
 
 
 def _check_futures(events: QueueEvents, waiters: list[Waiter]) -> None:

@@ -1373,6 +1373,26 @@ def test_a_listener_waits_on_the_future_of_a_finished_job(
     assert isinstance(answers["running"], RuntimeError)
 
 
+def test_a_future_given_up_is_cancelled_and_forgotten(
+    queue: Queue, qe: QueueEvents, redis_url: str
+) -> None:
+    """A future was set running at once: cancel() could not give it up, and
+    each one given up on a job that never ends stayed in the waiter table."""
+    job = queue.add("later", "value", delay=3600)
+    futures = [job.as_future(qe) for _ in range(50)]
+    done, pending = concurrent.futures.wait(futures, timeout=0.01)
+    assert not done and not any(f.running() for f in pending)
+    assert all(f.cancel() for f in pending)
+    assert all(f.cancelled() for f in futures)
+    assert not qe._table.waiting_on(job.id)  # forgotten: nothing left to settle
+    kept = job.as_future(qe)  # the job itself was not touched: it still runs
+    assert qe._table.waiting_on(job.id) and not kept.done()
+    job.promote()
+    with Worker(queue.name, echo, connection=redis_url):
+        assert kept.result(timeout=WAIT) == "value"
+    assert all(f.cancelled() for f in futures)
+
+
 def test_as_future_on_lazily_started_events(queue_name: str, redis_url: str) -> None:
     with (
         Queue(queue_name, connection=redis_url) as queue,
