@@ -237,6 +237,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         self._pause = Pausing(self._cond)
         self._force = False  # set by close(force=True) or a second signal; read, never waited
         self._closer: int | None = None  # the thread that began the close
+        self._starting = False  # a start() is under way
         self._signals: StopSignals | None = None
         self._roles: Roles | None = None
         self._channel = _Channel(self._cond)
@@ -273,38 +274,54 @@ class Worker(ListenerMethods, ClosedOnExit):
         ``shards`` is not the count stored with the queue."""
         _fork.check()
         with self._cond:
+            while self._starting:  # another thread's start (its waits are bounded)
+                self._cond.wait(1.0)
             if self._state in (Lifecycle.CLOSING, Lifecycle.CLOSED):
                 raise ClosedError(f"worker {self.name!r} is closed")
             if self._state is Lifecycle.RUNNING:
                 return self
-            try:
-                self._run_context = worker_context(  # sharding.py
-                    self._context, self._shards, lambda: self._state is not Lifecycle.NEW)
-                if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
-                    self._channel.open(self._run_context, self._emit, self.name, wait=True)
-                if self._state is not Lifecycle.NEW:
-                    # closed meanwhile, by a signal handler on this thread (the
-                    # condition's lock is re-entrant): it stays closed
+            self._starting = True
+        # what may wait for the server is done without the lock: a close()
+        # from another thread ends it (it held the lock for up to 20 s)
+        run_context = self._context
+        try:
+            run_context = worker_context(  # sharding.py
+                self._context, self._shards, lambda: self._state is not Lifecycle.NEW)
+            if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
+                with self._cond:  # opened unless closed: a close then closes it too
+                    if self._state is Lifecycle.NEW:
+                        self._channel.open(run_context, self._emit)
+                self._channel.wait_ready(self.name)
+            with self._cond:
+                if self._state is not Lifecycle.NEW:  # closed meanwhile: it stays closed
                     raise ClosedError(f"worker {self.name!r} was closed while it started")
-            except BaseException:
-                self._undo_start()
-                raise
-            route = functools.partial(_handler_for, self._routes, self._processor, self.name)
-            roles = self._roles = Roles.build(
-                self._run_context, self._settings, self._listeners, paused=self._pause.paused,
-                handler_for=route, take_args=self._take_args,
-                status=functools.partial(_status, self),
-            )
-            self._state = Lifecycle.RUNNING
-            roles.start()
+                self._run_context = run_context
+                route = functools.partial(_handler_for, self._routes, self._processor, self.name)
+                roles = self._roles = Roles.build(
+                    self._run_context, self._settings, self._listeners,
+                    paused=self._pause.paused, handler_for=route, take_args=self._take_args,
+                    status=functools.partial(_status, self),
+                )
+                self._state = Lifecycle.RUNNING
+                roles.start()
+        except BaseException as exc:
+            if self._roles is None:
+                self._undo_start(run_context)
+            if self._state is Lifecycle.CLOSED and not isinstance(exc, ClosedError):
+                # the close cut what the start waited for
+                raise ClosedError(f"worker {self.name!r} was closed while it started") from exc
+            raise
+        finally:
+            with self._cond:
+                self._starting = False
+                self._cond.notify_all()
         return self
 
-    def _undo_start(self) -> None:
+    def _undo_start(self, run_context: QueueContext) -> None:
         """Close what a start that did not end opened."""
         self._channel.close(JOIN_GRACE)
-        if self._run_context is not self._context:  # a sharded worker's own
-            self._run_context.close()
-            self._run_context = self._context
+        if run_context is not self._context:  # a sharded worker's own
+            run_context.close()
 
     def run(self) -> None:
         """Run until ``close()``. In the main thread, SIGINT / SIGTERM close
@@ -361,6 +378,7 @@ class Worker(ListenerMethods, ClosedOnExit):
             if force:
                 self._force = True
             roles = self._roles
+            starting = self._starting
             if self._state is Lifecycle.NEW:
                 self._state = Lifecycle.CLOSED
                 self._cond.notify_all()
@@ -374,6 +392,8 @@ class Worker(ListenerMethods, ClosedOnExit):
                     self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
                 return
         if roles is None:  # never started
+            if starting:  # a start under way on another thread: end its wait
+                self._channel.close(JOIN_GRACE if timeout is None else timeout)
             self._listeners.emit("closing")
             self._context.close()
             self._listeners.emit("closed")
@@ -460,7 +480,7 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     def _listener_added(self, event: str) -> None:
         if event in _CHANNEL_EVENTS and self._state is Lifecycle.RUNNING:
-            self._channel.open(self._run_context, self._emit, self.name, wait=False)
+            self._channel.open(self._run_context, self._emit)
 
     def _emit(self, event: str, *args: Any) -> None:
         roles = self._roles
@@ -545,14 +565,17 @@ class _Channel:
         self._lock = lock
         self._events: QueueEvents | ShardedQueueEvents | None = None
 
-    def open(self, context: QueueContext, emit: Callable[..., None], worker: str,
-             wait: bool) -> None:
-        """Open it unless open; with ``wait``, until it reads (bounded)."""
+    def open(self, context: QueueContext, emit: Callable[..., None]) -> None:
+        """Open it unless open (its reader starts on its own)."""
         with self._lock:
             if self._events is None:
                 self._events = _channel_events(context, emit)
-            events = self._events
-        if wait and not events.wait_until_ready(EVENTS_READY_TIMEOUT):
+
+    def wait_ready(self, worker: str) -> None:
+        """Wait until it reads, if open (bounded; a close ends the wait)."""
+        events = self._events
+        if events is not None and not events.wait_until_ready(EVENTS_READY_TIMEOUT) \
+                and not events.closed:
             logger.warning("worker %r: the queue's event channel is not readable yet; "
                            "drained / stalled listeners may miss events", worker)
 

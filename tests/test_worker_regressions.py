@@ -956,6 +956,40 @@ def test_close_of_a_worker_whose_take_is_stuck_ends_at_its_timeout(
         queue.close()
 
 
+@pytest.mark.parametrize("listener", [False, True])
+def test_close_from_another_thread_ends_a_start_waiting_for_the_server(listener: bool) -> None:
+    """start() held the worker's lock while it waited for a server that was
+    away (up to 10 s to read whether the queue is sharded, 10 s more for a
+    drained listener's channel): a close() from another thread waited all
+    that time, whatever its timeout, and the start then returned."""
+    from tests.sentinels import free_port
+
+    worker = Worker("away", lambda job: None, connection=f"redis://127.0.0.1:{free_port()}")
+    if listener:
+        worker.on("drained", lambda: None)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            worker.start()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=start, name="test-start")
+    thread.start()
+    until(lambda: worker._starting, timeout=WAIT)
+    began = time.monotonic()
+    worker.close(timeout=1)
+    closing = time.monotonic() - began
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert closing < 5.0, closing  # the start's waits were 10 s (20 s with a listener)
+    assert len(outcome) == 1 and isinstance(outcome[0], ClosedError), outcome
+    assert not worker.is_running()
+    assert jobq_threads("away") == []
+
+
 def test_a_worker_closed_by_its_own_listener_closes_fully(
     queue: Queue, redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
