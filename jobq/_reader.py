@@ -51,6 +51,10 @@ _RUN_ENDS_RAW = frozenset({b"completed", b"failed", b"removed"})
 #: Seconds between two looks for a trimmed gap while events keep coming
 #: (each reads the stream's length again: a Queue may have lowered it).
 GAP_CHECK_INTERVAL = 1.0
+#: Seconds between two looks of a pub/sub reader at the stored mode: a
+#: server that lost the queue's settings (FLUSHALL, a restart without
+#: persistence) has the scripts write to the stream again.
+MODE_CHECK_INTERVAL = 5.0
 #: Entries read at most per XREAD: a reader behind catches up in few reads.
 READ_COUNT = 5000
 #: The stream entry a Queue writes when it stores pub/sub mode: a reader
@@ -68,7 +72,8 @@ def tell_readers_pubsub(client: Client, key: str) -> None:
 
 class ModeChanged(ConnectionError):
     """The queue's event mode was stored as pub/sub after the reader began
-    on its stream: connect again (subscribed, every waiter re-checked)."""
+    on its stream, or is no longer stored: connect again (every waiter
+    re-checked)."""
 
 
 class Dispatcher:
@@ -307,6 +312,7 @@ class EventReader:
         self._client: Client | None = None  # the reader thread's own
         self._held: Any = None  # its connection for reads, kept between them
         self._pubsub: Any = None
+        self._next_mode_check = 0.0  # pub/sub mode: monotonic
 
     @property
     def name(self) -> str:
@@ -374,9 +380,24 @@ class EventReader:
             reached()
         if self._pubsub is not None:
             self._read_pubsub(self._pubsub)
+            self._check_mode(self._client)
         else:
             self._read_stream(self._client)
         return 0.0
+
+    def _check_mode(self, client: Client) -> None:
+        """Pub/sub mode, every MODE_CHECK_INTERVAL: if the queue's stored
+        mode is gone (its settings lost with the server's data), read its
+        stream from the start: the events are written there again."""
+        now = time.monotonic()
+        if now < self._next_mode_check:
+            return
+        self._next_mode_check = now + MODE_CHECK_INTERVAL
+        if self.event_mode.read(client) != "pubsub":
+            logger.warning("queue %r: its pub/sub event mode is no longer stored (the server "
+                           "lost its data?); reading its stream", self.name)
+            self.read_id = (0, 0)  # the stream began when the mode went
+            raise ModeChanged(f"queue {self.name!r} uses its stream again")
 
     def _reconnect(self, exc: Exception) -> None:
         """A failed read: report it; the next step connects again."""
@@ -392,6 +413,7 @@ class EventReader:
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, subscribe, resolve the start id."""
         self.event_mode.read(client)
+        self._next_mode_check = time.monotonic() + MODE_CHECK_INTERVAL
         pubsub = self.event_mode.subscribe(client, self._stop.is_set)
         self.start(client)
         return pubsub

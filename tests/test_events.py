@@ -948,6 +948,30 @@ def test_a_custom_obliterated_event_is_no_obliterate(
 # -- pub/sub mode ------------------------------------------------------------
 
 
+def test_a_pubsub_reader_follows_the_queue_to_its_stream_when_the_mode_is_lost(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server lost the queue's settings (FLUSHALL, a restart without
+    persistence: here its mode alone): the scripts write the events to the
+    stream again, and a reader subscribed to the channel got none, for good."""
+    from jobq import _reader
+
+    monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue, \
+            QueueEvents(queue_name, connection=redis_url, blocking_timeout=0.1) as qe, \
+            Worker(queue_name, echo, connection=redis_url):
+        rec = Recorder()
+        qe.on("completed", rec)
+        assert qe.wait_until_ready(WAIT)
+        assert queue.add("x", 0).wait_until_finished(qe, timeout=WAIT) == 0
+        redis_client.hdel(queue._context.keys.meta, "em")
+        jobs = [queue.add("x", i) for i in range(1, 4)]
+        assert [job.wait_until_finished(qe, timeout=WAIT) for job in jobs] == [1, 2, 3]
+        assert rec.wait_count(4)
+        assert sorted(e.result for e in rec.snapshot()) == [0, 1, 2, 3]
+        assert qe._reader.mode == "stream"
+
+
 def test_pubsub_mode_end_to_end(queue_name: str, redis_url: str,
                                 redis_client: redis.Redis) -> None:
     with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue:
