@@ -1,9 +1,10 @@
 """The ``jobq`` command: run workers, inspect and administer queues, serve metrics.
 
 Exit codes: 0 success; 1 the operation failed (a waited job failed or does
-not exist, ``job`` found nothing, ``obliterate`` refused); 2 usage error (bad
-arguments, an unloadable ``MODULE:CALLABLE``, ``obliterate`` without
-``--yes``); 3 Redis unreachable or erroring; 4 ``wait --timeout`` elapsed;
+not exist, ``job`` found nothing, ``obliterate`` refused, the server refused a
+command: NOPERM, WRONGTYPE); 2 usage error (bad arguments, an unloadable
+``MODULE:CALLABLE``, ``obliterate`` without ``--yes``); 3 Redis unreachable;
+4 ``wait --timeout`` elapsed;
 130 ``wait`` interrupted. Long-running commands (``worker``, ``info --watch``,
 ``events``, ``server``, ``metrics``, ``dashboard``) exit 0 when stopped by SIGINT or SIGTERM.
 """

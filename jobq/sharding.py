@@ -81,7 +81,9 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
       (one reader per shard).
 
     Args:
-        name: the queue's name (at most 90 characters: shards add a suffix).
+        name: the queue's name. Each shard's name adds a suffix (``~<i>``,
+            sometimes ``.<n>``) and may have 100 characters at most: a
+            name of up to 90 characters always fits.
         shards: how many sub-queues, 1 to 256. A multiple of the number of
             cluster masters spreads them evenly.
         connection, prefix, event_mode, max_events, default_job_options,

@@ -141,6 +141,12 @@ def test_acl_producer_worker_monitor(acl_server: RedisServer, queue_name: str) -
                        lambda: worker_client.publish("other", "x")):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 denied()
+    # the admin methods, as the producer (docs/guide/security.md)
+    with Queue(queue_name, connection=producer_url) as q:
+        assert len(q.clean(0, state="completed")) == 2
+        assert q.trim_events(0) >= 0
+        q.obliterate(force=True)
+        assert set(q.get_job_counts().values()) == {0}
 
 
 # -- T1: TLS ------------------------------------------------------------------
