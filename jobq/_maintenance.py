@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._context import QueueContext
 from ._schedulers import due_schedulers, sync_scheduler
@@ -18,6 +18,9 @@ from ._threads import BackgroundLoop
 from .calls import WorkerScripts
 from .errors import JobqError
 from .registry import announce
+
+if TYPE_CHECKING:
+    from ._shard_worker import ShardedContext
 
 logger = logging.getLogger("jobq.worker")  # the public module's name, as documented
 
@@ -66,6 +69,7 @@ class Maintenance:
         self._first_beat = True
         self._announced: dict[str, Any] | None = None
         self._sharded_told = False
+        self._marks_checked = False
         self.loop = BackgroundLoop(
             f"jobq-maint-{context.name}", self._step, on_error=on_error, log=logger
         )
@@ -117,12 +121,18 @@ class Maintenance:
     def _check_not_sharded(self) -> None:
         """A worker serving a plain queue whose name has since become a
         sharded queue's (its first write came after the worker started)
-        serves none of its jobs: say so, once, loudly."""
+        serves none of its jobs: say so, once, loudly. A sharded one's:
+        store its count and marks again if the server lost them."""
         from ._shard_worker import ShardedContext
         from ._shards import stored_count
 
         context = self._context
-        if self._sharded_told or isinstance(context, ShardedContext):
+        if isinstance(context, ShardedContext):
+            if self._marks_checked:  # the first: the fetcher stores them as it starts
+                self._keep_shard_marks(context)
+            self._marks_checked = True
+            return
+        if self._sharded_told:
             return
         count = stored_count(context.client, context.prefix, context.name)
         if count is None:
@@ -136,6 +146,25 @@ class Maintenance:
         )
         logger.error("%s", error)
         self._on_error(error)
+
+    def _keep_shard_marks(self, context: ShardedContext) -> None:
+        """The queue's shard count and each shard's mark (its scripts then
+        publish the wake-ups the fetchers and readers wait for) are written
+        once, by the first write and at each subscription: a server that
+        lost them (FLUSHALL, a restart without persistence) had every job
+        wait up to a ``drain_delay`` to be taken, for as long as the
+        processes ran. Store them again when they are gone."""
+        from ._shards import COUNT_FIELD, SHARD_FIELD, store_count
+
+        pipe = context.client.pipeline(transaction=False)
+        pipe.hget(context.keys.meta, COUNT_FIELD)
+        for keys in context.shard_keys:
+            pipe.hget(keys.meta, SHARD_FIELD)
+        if all(pipe.execute()):
+            return
+        logger.warning("queue %r: its shard count or marks are gone (the server lost its "
+                       "data?); storing them again", context.name)
+        store_count(context.client, context.prefix, context.name, context.count)
 
     def _check_stalled(self) -> None:
         guard = round(self._interval * 1000)

@@ -393,11 +393,20 @@ class EventReader:
         if now < self._next_mode_check:
             return
         self._next_mode_check = now + MODE_CHECK_INTERVAL
-        if self.event_mode.read(client) != "pubsub":
+        if self.read_mode(client) != "pubsub":
             logger.warning("queue %r: its pub/sub event mode is no longer stored (the server "
                            "lost its data?); reading its stream", self.name)
-            self.read_id = (0, 0)  # the stream began when the mode went
             raise ModeChanged(f"queue {self.name!r} uses its stream again")
+
+    def read_mode(self, client: Client) -> str:
+        """Read the queue's stored mode (``EventMode.read``). A reader that
+        leaves pub/sub mode (the server lost it with its data) reads the
+        stream from its start: the stream began when the mode went."""
+        was = self.event_mode.mode
+        mode = self.event_mode.read(client)
+        if was == "pubsub" and mode == "stream" and self.read_id is None:
+            self.read_id = (0, 0)
+        return mode
 
     def _reconnect(self, exc: Exception) -> None:
         """A failed read: report it; the next step connects again."""
@@ -412,7 +421,7 @@ class EventReader:
 
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, subscribe, resolve the start id."""
-        self.event_mode.read(client)
+        self.read_mode(client)
         self._next_mode_check = time.monotonic() + MODE_CHECK_INTERVAL
         pubsub = self.event_mode.subscribe(client, self._stop.is_set)
         self.start(client)

@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
+from . import _reader
 from . import connection as _connection
 from ._reader import READ_COUNT, EventReader, ModeChanged, publish_wake
 from ._threads import BackgroundLoop, reached
@@ -80,6 +82,7 @@ class ShardReader:
     def after_fork(self) -> None:
         """Forget every connection (in a forked child they are the parent's)."""
         self._multi: Client | None = None  # one server, stream mode: one blocking XREAD
+        self._next_mode_check = 0.0  # while a shard is in pub/sub mode (monotonic)
         self._blocked: _connection.Blocked | None = None
         self._nodes: list[_Node] = []
         self._signalled: set[int] = set()
@@ -132,7 +135,23 @@ class ShardReader:
             self._read_all(self._multi)
         else:
             self._listen()
+            self._check_modes()
         return 0.0
+
+    def _check_modes(self) -> None:
+        """As ``EventReader._check_mode``, for the shards in pub/sub mode:
+        one whose stored mode is gone is read from its stream's start."""
+        now = time.monotonic()
+        if now < self._next_mode_check:
+            return
+        self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
+        lost = [r for r in self._readers
+                if r.mode == "pubsub" and r.read_mode(self._client) != "pubsub"]
+        if lost:
+            logger.warning("queue %r: the pub/sub event mode of %d shard(s) is no longer "
+                           "stored (the server lost its data?); reading their streams",
+                           self._name, len(lost))
+            raise ModeChanged(f"shards of queue {self._name!r} use their streams again")
 
     def _reconnect(self, exc: Exception) -> None:
         """A failed read: report it; the next step connects again (on a
@@ -155,7 +174,8 @@ class ShardReader:
 
     def _connect(self) -> None:
         client = self._client
-        modes = {reader.event_mode.read(client) for reader in self._readers}
+        modes = {reader.read_mode(client) for reader in self._readers}
+        self._next_mode_check = time.monotonic() + _reader.MODE_CHECK_INTERVAL
         # a shard with no mode stored yet may take pub/sub: listen to them all
         undecided = any(reader.event_mode.undecided for reader in self._readers)
         if modes == {"stream"} and not undecided and not isinstance(client, RedisCluster):
@@ -181,10 +201,10 @@ class ShardReader:
             self._check_open()
             node.subscribe(self._stop.is_set)
         # listening now: whatever was written before is read from the streams
+        # (of every shard in stream mode: some may be in pub/sub mode yet)
         for reader in self._readers:
             reader.start(client)
-        if modes == {"stream"}:
-            self._signalled = set(range(len(self._readers)))
+        self._signalled = {i for i, reader in enumerate(self._readers) if reader.mode == "stream"}
 
     # -- reading --------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from jobq import (
 )
 from jobq._shard_worker import CHAIN_LIMIT
 from jobq._shards import generated_id, shard_names, shard_of
+from jobq.keys import QueueKeys
 from tests.conftest import echo
 from tests.polling import until
 from tests.streams import stream_events
@@ -604,6 +605,54 @@ def test_a_reader_started_before_the_shards_store_their_mode_misses_nothing(
             assert completed.wait_for(8)
             assert sorted(completed.ids) == sorted(job.id for job in jobs)
             q.obliterate(force=True)
+
+
+def test_a_sharded_worker_stores_the_shard_marks_again_when_the_server_lost_them(
+    sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The count and each shard's mark (its scripts then publish the
+    wake-ups the fetchers wait for) were written once: after a FLUSHALL
+    every job waited a drain_delay (5 s) to be taken, for good."""
+    metas = [QueueKeys("jobq", name).meta for name in shard_names(sharded.name, SHARDS)]
+    logical = QueueKeys("jobq", sharded.name).meta
+
+    def marks() -> list[Any]:
+        return [redis_client.hget(logical, "shards")] + [redis_client.hget(m, "shard")
+                                                         for m in metas]
+
+    with Worker(sharded.name, lambda job: job.data, connection=redis_url, shards=SHARDS,
+                stalled_interval=0.2):
+        assert sharded.add("x", 1).wait_until_finished(timeout=WAIT) == 1
+        assert all(marks())
+        redis_client.hdel(logical, "shards")  # as FLUSHALL leaves them
+        for meta in metas:
+            redis_client.hdel(meta, "shard")
+        until(lambda: all(marks()), timeout=WAIT)
+        assert marks() == [str(SHARDS).encode()] + [b"1"] * SHARDS
+        assert sharded.add("x", 2).wait_until_finished(timeout=WAIT) == 2
+
+
+def test_a_pubsub_sharded_reader_follows_its_shards_to_their_streams_when_the_mode_is_lost(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobq import _reader
+
+    monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
+    completed = Completed()
+    with (
+        ShardedQueue(queue_name, shards=SHARDS, connection=redis_url, event_mode="pubsub") as q,
+        ShardedQueueEvents(queue_name, shards=SHARDS, connection=redis_url) as events,
+        Worker(queue_name, lambda job: job.data, connection=redis_url, shards=SHARDS),
+    ):
+        events.on("completed", completed)
+        assert events.wait_until_ready(WAIT)
+        assert q.add("x", 0).wait_until_finished(events, timeout=WAIT) == 0
+        for name in shard_names(queue_name, SHARDS):  # as FLUSHALL leaves them
+            redis_client.hdel(QueueKeys("jobq", name).meta, "em")
+        jobs = [q.add("x", i, job_id=ids_on(i % SHARDS, 1, f"m{i}")[0]) for i in range(1, 5)]
+        assert [job.wait_until_finished(events, timeout=WAIT) for job in jobs] == [1, 2, 3, 4]
+        assert completed.wait_for(5)
+        q.obliterate(force=True)
 
 
 @pytest.mark.parametrize("mode", ["stream", "pubsub"])
