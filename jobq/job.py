@@ -312,9 +312,13 @@ class Job(JobFlow):
         moved, run = self._context.calls.retry(state, 1, reset_attempts, [self.id])
         self._checked(moved, "retry")
         # the retry began the run's next generation: waits from now on are
-        # for it (or a later one), never for the outcome before the retry
+        # for it (or a later one), never for the outcome before the retry.
+        # The next wait still reads the record first: that generation may
+        # have ended in this very call (a parent a child still fails) and
+        # begun again since (reopened by that child's retry), while the
+        # reader has yet to read the end; taken as unseen, the wait took it
         self._run = run or self._run
-        self._fresh = True
+        self._fresh = False
 
     def promote(self) -> None:
         """Run a delayed job now.
