@@ -162,13 +162,20 @@ class QueueAdmin:
         """Whether the queue is paused."""
         return bool(self._context.redis.hget(self._context.keys.meta, "paused") == b"1")
 
-    def remove(self, job_id: str) -> bool:
+    def remove(self, job_id: str, *, remove_children: bool = True) -> bool:
         """Remove a job; False if there is none.
 
+        A parent (in a flow, or a job added with ``depends_on``) is removed
+        with its children, whatever their state or queue, and theirs at any
+        depth, all or none; ``remove_children=False`` removes it alone (its
+        children run on, and their outcomes go nowhere). A child removed is
+        dropped from its parent, which moves on if it was the last.
+
         Raises:
-            JobqError: the job is active with its lock held (cancel it).
+            JobqError: the job, or one of the children it would remove, is
+                active with its lock held (cancel it).
         """
-        return remove_job(self._context, lookup_id(job_id))
+        return remove_job(self._context, lookup_id(job_id), remove_children)
 
     def drain(self, delayed: bool = False) -> int:
         """Remove every waiting job (and delayed ones when asked); return how many.
@@ -289,9 +296,14 @@ def state_names(states: object) -> list[str]:
     return list(dict.fromkeys(states))
 
 
-def remove_job(context: QueueContext, job_id: str) -> bool:
+def remove_job(context: QueueContext, job_id: str, remove_children: bool) -> bool:
     """Run remove.lua for one job (the one place that calls it)."""
-    code = context.calls.remove(job_id)
+    code = context.calls.remove(job_id, flag("remove_children", remove_children))
+    if isinstance(code, str):
+        raise JobqError(
+            f"job {job_id!r} was not removed: its child {code} is active (a worker holds "
+            "its lock); cancel it first, or remove the job with remove_children=False"
+        )
     if code == LOCK_LOST:
         raise JobqError(
             f"job {job_id!r} is active (a worker holds its lock): it cannot be removed; "

@@ -182,9 +182,9 @@ class ShardedAdmin:
     def _every(self) -> tuple[Queue, ...]:
         raise NotImplementedError  # ShardedReading's
 
-    def remove(self, job_id: str) -> bool:
+    def remove(self, job_id: str, *, remove_children: bool = True) -> bool:
         """Remove a job (see ``Queue.remove``)."""
-        return self._shard(job_id).remove(job_id)
+        return self._shard(job_id).remove(job_id, remove_children=remove_children)
 
     def cancel(self, job_id: str, reason: str | None = None) -> bool:
         """Cancel a job, from any process (see ``Queue.cancel``)."""

@@ -312,9 +312,12 @@ class QueueScripts:
         """pause.lua: pause or resume the queue."""
         self._run("pause", "1" if paused else "0")
 
-    def remove(self, job_id: str) -> int:
-        """remove.lua: 1 removed, 0 no such job, -2 active with its lock held."""
-        return int(self._run("remove", job_id))
+    def remove(self, job_id: str, children: bool) -> int | str:
+        """remove.lua: 1 removed, 0 no such job, -2 active with its lock
+        held; with ``children``, the ``"<queue>:<id>"`` of a child active with
+        its lock held (then nothing is removed)."""
+        reply = self._run("remove", job_id, "1" if children else "0")
+        return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else int(reply)
 
     def drain(self, delayed: bool, batch: int, since: int) -> tuple[int, int, int]:
         """drain.lua: remove up to ``batch`` waiting (and delayed) jobs;

@@ -277,15 +277,17 @@ class Job(JobFlow):
             raise script_error(code, self.id, action)
         return code
 
-    def remove(self) -> bool:
-        """Remove the job; False if it is gone already.
+    def remove(self, *, remove_children: bool = True) -> bool:
+        """Remove the job (with its children: see ``Queue.remove``); False if
+        it is gone already.
 
         Raises:
-            JobqError: the job is active with its lock held (cancel it).
+            JobqError: the job, or one of the children it would remove, is
+                active with its lock held (cancel it).
         """
         from ._queue_ops import remove_job
 
-        return remove_job(self._context, self.id)
+        return remove_job(self._context, self.id, remove_children)
 
     def cancel(self, reason: str | None = None) -> bool:
         """Cancel the job (see ``Queue.cancel``); False when it is finished or gone."""

@@ -518,7 +518,7 @@ def test_a_detached_child_is_not_taken_in_by_a_new_parent_of_the_same_id(
     old_child = old.children[0].job
     workers.start("det")
     assert until(lambda: old_child.get_state() == "failed", timeout=WAIT)
-    assert old.job.remove()  # detaches the failed child
+    assert old.job.remove(remove_children=False)  # detaches the failed child
     new = flow.add({"name": "p", "queue": "det", "job_id": "report", "data": {"v": 100},
                     "children": [{"name": "c", "queue": "det", "data": {"v": 2},
                                   "job_id": "new-kid"}]})
@@ -579,17 +579,121 @@ def test_obliterate_leaves_no_parent_its_children_released(
     assert left == [f"{prefix}:{{obp}}:events", f"{prefix}:{{obp}}:id"]
 
 
-def test_removing_a_parent_detaches_its_children(flow: FlowProducer, workers: Workers) -> None:
+def test_removing_a_parent_removes_its_whole_tree(
+    flow: FlowProducer, workers: Workers, redis_url: str, prefix: str
+) -> None:
+    """BullMQ's default: the parent goes with its children at every depth,
+    whatever their state (completed, failed, ignored, pending) or queue, each
+    with a `removed` event, children first; queue names and ids with ':'."""
+    node = flow.add({
+        "name": "p", "queue": "rmt:top", "job_id": "p:1", "children": [
+            {"name": "done", "queue": "rmt:kids", "job_id": "k:done", "data": {"v": 1}},
+            {"name": "bad", "queue": "rmt:kids", "job_id": "k:bad",
+             "data": {"fail": "x"}, "ignore_dependency_on_failure": True},
+            {"name": "stuck", "queue": "rmt:kids", "job_id": "k:stuck", "data": {"fail": "y"}},
+            {"name": "mid", "queue": "rmt", "job_id": "kids:mid", "children": [
+                {"name": "leaf", "queue": "rmt:kids", "job_id": "leaf", "delay": 60},
+            ]},
+        ],
+    })
+    kids = flow.queue("rmt:kids")
+    with QueueEvents("rmt:kids", connection=redis_url, prefix=prefix) as events:
+        assert events.wait_until_ready(timeout=WAIT)
+        removed: list[str] = []
+        events.on("removed", lambda e: removed.append(e.job_id))
+        workers.start("rmt:kids")
+        assert until(lambda: kids.get_job_counts("completed", "failed") == {
+            "completed": 1, "failed": 2}, timeout=WAIT)
+        workers.close()
+        assert node.job.remove()
+        assert until(lambda: len(removed) == 4, timeout=WAIT)
+    assert sorted(removed) == ["k:bad", "k:done", "k:stuck", "leaf"]
+    for queue in ("rmt:top", "rmt:kids", "rmt"):
+        counts = flow.queue(queue).get_job_counts()
+        assert sum(counts.values()) == 0, (queue, counts)
+    client = flow.client
+    assert not client.keys(f"{prefix}:*deps:*") and not client.keys(f"{prefix}:*processed:*")
+
+
+def test_removing_a_child_with_its_own_children_tells_its_parent(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    node = flow.add({"name": "p", "queue": "rmc", "data": {"v": 7}, "children": [
+        {"name": "mid", "queue": "rmc", "children": [{"name": "leaf", "queue": "rmc"}]},
+    ]})
+    mid, leaf = node.children[0].job, node.children[0].children[0].job
+    assert mid.remove()
+    assert flow.queue("rmc").get_job(leaf.id) is None
+    assert node.job.get_state() == "waiting"
+    workers.start("rmc")
+    assert node.job.wait_until_finished(timeout=WAIT) == 7
+
+
+def test_removing_a_tree_of_one_queue_with_colons_and_no_prefix_tag(redis_url: str) -> None:
+    """Of the ways to split '<queue>:<id>' in a queue of its own slot, those
+    in other slots are never read (a cluster refuses them)."""
+    with FlowProducer(connection=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}") as own:
+        node = own.add({"name": "p", "queue": "a:b", "job_id": "c:d", "children": [
+            {"name": "c", "queue": "a:b", "job_id": "c:d:e",
+             "children": [{"name": "c", "queue": "a:b", "job_id": "f"}]},
+        ]})
+        assert node.job.remove()
+        assert sum(own.queue("a:b").get_job_counts().values()) == 0
+
+
+def test_a_locked_child_keeps_the_whole_tree(
+    flow: FlowProducer, workers: Workers
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(job: Job) -> int:
+        started.set()
+        assert release.wait(WAIT)
+        return 1
+
+    node = flow.add({"name": "p", "queue": "rml", "children": [
+        {"name": "mid", "queue": "rml", "children": [{"name": "leaf", "queue": "rml-kids"}]},
+    ]})
+    workers.start("rml-kids", processor=slow)
+    assert started.wait(WAIT)
+    leaf = node.children[0].children[0].job
+    try:
+        with pytest.raises(JobqError, match=f"child rml-kids:{leaf.id} is active"):
+            node.job.remove()
+        assert node.job.get_state() == "waiting-children"
+        assert node.children[0].job.get_state() == "waiting-children"
+    finally:
+        release.set()
+    assert leaf.wait_until_finished(timeout=WAIT) == 1
+    assert node.job.remove()
+    assert flow.queue("rml-kids").get_job(leaf.id) is None
+
+
+def test_removing_a_parent_alone_detaches_its_children(
+    flow: FlowProducer, workers: Workers
+) -> None:
     node = flow.add({
         "name": "p", "queue": "rmp", "children": [{"name": "c", "queue": "rmp-kids"}],
     })
-    assert node.job.remove()
+    with pytest.raises(ValueError, match="remove_children must be a bool"):
+        node.job.remove(remove_children=0)  # type: ignore[arg-type]
+    assert node.job.remove(remove_children=False)
     keys = flow.queue("rmp")._context.keys
     client = flow.client
     assert not client.exists(keys.parent_key("deps", node.job.id))
     workers.start("rmp-kids")
     assert node.children[0].job.wait_until_finished(timeout=WAIT) == 0
     assert flow.queue("rmp").get_job_counts()["waiting"] == 0
+
+
+def test_a_parent_by_depends_on_is_removed_with_its_dependencies(
+    flow: FlowProducer,
+) -> None:
+    queue = flow.queue("rmd")
+    a, b = queue.add("a"), queue.add("b")
+    merge = queue.add("merge", depends_on=[a, b.id])
+    assert queue.remove(merge.id)
+    assert queue.get_job_counts() == dict.fromkeys(queue.get_job_counts(), 0)
 
 
 @pytest.mark.parametrize("how", ["clean", "drain", "obliterate", "remove_on_fail"])

@@ -112,7 +112,7 @@ def _exercise(
         "emit": lambda: q.emit("custom", [("a", packed)]),
         "getCounts": q.get_counts,
         "pause": lambda: q.pause(False),
-        "remove": lambda: q.remove("nope"),
+        "remove": lambda: q.remove("nope", True),
         "drain": lambda: q.drain(False, 10, 0),
         "clean": lambda: q.clean("completed", 0, 10, b""),
         "obliterate": lambda: q.obliterate(True, 10),

@@ -389,6 +389,26 @@ end
 -- The queue name in a queue's base ("<prefix>:{<queue>}:").
 local function queue_of(b) return string.match(b, '{([^{}]*)}:$') end
 
+-- The cluster slot of a key: CRC16 (XMODEM) of its hash tag (the first
+-- non-empty {...}) or of the whole key, modulo 16384.
+local function key_slot(key)
+  local s = string.find(key, '{', 1, true)
+  if s then
+    local e = string.find(key, '}', s + 1, true)
+    if e and e > s + 1 then key = string.sub(key, s + 1, e - 1) end
+  end
+  local crc = 0
+  for i = 1, #key do
+    crc = bit.bxor(crc, bit.lshift(string.byte(key, i), 8))
+    for _ = 1, 8 do
+      crc = bit.lshift(crc, 1)
+      if bit.band(crc, 0x10000) ~= 0 then crc = bit.bxor(crc, 0x1021) end
+      crc = bit.band(crc, 0xffff)
+    end
+  end
+  return crc % 16384
+end
+
 -- The parents still to be told in this call (see notify_parent), or nil.
 local _telling = nil
 
