@@ -253,8 +253,9 @@ class QueueScripts:
     def __init__(self, run: Run) -> None:
         self._run = run
 
-    def add(self, jobs: Sequence[NewJob]) -> tuple[float, list[Added]]:
-        """add.lua: add jobs atomically; (the server's time, s; each job)."""
+    def add(self, jobs: Sequence[NewJob]) -> tuple[float, list[Added], bool]:
+        """add.lua: add jobs atomically; (the server's time, s; each job;
+        whether the queue's stored settings are missing)."""
         argv: list[Any]
         settings = jobs[0][4:]
         if all(job[4:] == settings for job in jobs):
@@ -269,11 +270,12 @@ class QueueScripts:
                 argv += job[:4]
                 argv += _settings(job[4:])
         reply = self._run("add", *argv)
+        unset = len(reply) % 3 == 2
         added = [
             Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)
-            for i in range(1, len(reply), 3)
+            for i in range(1, len(reply) - unset, 3)
         ]
-        return float(reply[0]) / 1000.0, added
+        return float(reply[0]) / 1000.0, added, unset
 
     def add_flow(self, nodes: Sequence[FlowNode]) -> tuple[float, list[Added], int, int]:
         """addFlow.lua: add a tree (or a job and its dependencies) atomically;

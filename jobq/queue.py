@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
@@ -186,6 +186,7 @@ class Queue(
         self._context.payload_limit = self.max_payload_bytes
         self._settings = (event_mode, max_events, result_ttl)
         self._recorded = False
+        self._owner_lost: Callable[[], None] | None = None  # a shard's ShardedQueue's
         # no I/O here: a module-level Queue must not break an import while the
         # server is down; settings are stored and checked on first use
         self._context.on_first_use(self._first_use)
@@ -197,6 +198,17 @@ class Queue(
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise unreachable(exc, client) from exc
         warn_if_evicting(client)
+
+    def _settings_lost(self) -> None:
+        """The server no longer holds the queue's settings (it lost its
+        data, or the meta key was deleted): store them again before the next
+        command, and list the queue again. A shard tells its sharded queue,
+        whose count and shard marks went too."""
+        self._context.on_first_use(self._first_use)
+        if self._owner_lost is not None:
+            self._owner_lost()
+        else:
+            self._recorded = False
 
     def _record(self) -> None:
         """Record the queue's name in the known-queues set (for ``jobq info``
@@ -211,8 +223,8 @@ class Queue(
         if event_mode is not None and client.hsetnx(meta, "em", event_mode) and \
                 event_mode == "pubsub":
             tell_readers_pubsub(client, self._context.keys.events)
-        stored_mode, stored_max, stored_ttl, shards = client.hmget(
-            meta, ["em", "maxev", "rttl", "shards"]
+        stored_mode, stored_max, stored_ttl, shards, marked = client.hmget(
+            meta, ["em", "maxev", "rttl", "shards", "cfg"]
         )
         if shards:  # a ShardedQueue's name: its jobs are on its shards
             raise mismatch(self.name, int(shards), None)
@@ -232,6 +244,8 @@ class Queue(
         if result_ttl is not None and round(result_ttl * 1000) != round(self._result_ttl * 1000):
             client.hset(meta, "rttl", round(result_ttl * 1000))
             self._result_ttl = float(result_ttl)
+        if not marked:  # last: stored (add.lua reports a queue whose mark is gone)
+            client.hset(meta, "cfg", "1")
 
     @property
     def event_mode(self) -> str:
@@ -371,10 +385,12 @@ class Queue(
             chunk = prepared[start : start + BATCH]
             jobs = [new._replace(trace=trace) if trace else new for new, _, _ in chunk]
             try:
-                timestamp, added = self._context.calls.add(jobs)
+                timestamp, added, unset = self._context.calls.add(jobs)
             except redis.exceptions.OutOfMemoryError as exc:
                 raise RedisOOMError("Redis is out of memory and refused the add (used_memory > "
                                     f"maxmemory, maxmemory-policy noeviction): {exc}") from exc
+            if unset:
+                self._settings_lost()
             for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):
                 new, opts, data = item
                 if duplicated:

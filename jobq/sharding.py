@@ -118,6 +118,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         )
         for index, shard_queue in enumerate(self._shards):
             shard_queue._recorded = True  # the logical name is listed, not its shards
+            shard_queue._owner_lost = self._settings_lost
             shard_context = shard_queue._context
             shard_context.queue_name = name  # a job's queue is the sharded queue
             # a job's wait goes through this queue's events, not a reader of its shard
@@ -149,6 +150,13 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     def _restore(self) -> None:
         """After ``obliterate``: the next use stores the count again."""
         self._first_use()
+
+    def _settings_lost(self) -> None:
+        """A shard's add found its settings gone (the server lost its data):
+        the next use stores the count and the shard marks again, and lists
+        the queue again."""
+        self._recorded = False
+        self._context.on_first_use(self._first_use)
 
     # -- what it is ---------------------------------------------------------
 

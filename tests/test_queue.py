@@ -1103,6 +1103,31 @@ def test_settings_set_by_hand_to_no_number_count_as_unset(
         assert (q.max_events, q.result_ttl) == (10_000, 60.0)
 
 
+def test_a_queue_stores_its_settings_again_after_the_server_lost_them(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Settings were written on a Queue's first use alone: after the server
+    lost its data (FLUSHALL, a restart without persistence), a process ran
+    on with the defaults (stream mode, 10,000 events, a 60 s result TTL)
+    and its queue unlisted, until it made a new Queue. The first add that
+    finds them gone stores them again, and lists the queue."""
+    meta = f"jobq:{{{queue_name}}}:meta"
+    known = jobq.keys.queues_key("jobq")
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub", max_events=500,
+               result_ttl=5) as q:
+        q.add("x")
+        assert redis_client.sismember(known, queue_name)
+        stored = redis_client.hgetall(meta)
+        assert stored == {b"em": b"pubsub", b"maxev": b"500", b"rttl": b"5000", b"cfg": b"1"}
+        redis_client.delete(meta)  # as FLUSHALL leaves them
+        redis_client.srem(known, queue_name)
+        q.add("x")  # written with the defaults: it finds them gone
+        assert redis_client.hgetall(meta) == stored
+        assert redis_client.sismember(known, queue_name)
+        assert q.get_job_counts("waiting") == {"waiting": 2}
+        assert (q.event_mode, q.max_events, q.result_ttl) == ("pubsub", 500, 5.0)
+
+
 def test_a_client_whose_pool_cannot_lend_two_connections_is_refused(
     queue_name: str, redis_url: str
 ) -> None:

@@ -632,6 +632,25 @@ def test_a_sharded_worker_stores_the_shard_marks_again_when_the_server_lost_them
         assert sharded.add("x", 2).wait_until_finished(timeout=WAIT) == 2
 
 
+def test_a_sharded_queue_stores_its_count_again_when_the_server_lost_it(
+    sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """With no sharded worker running to store the count again, a worker
+    started after the loss served the sharded queue as a plain one: the
+    jobs its producer added to the shards never ran. The producer's first
+    add that finds a shard's settings gone stores them again."""
+    metas = [QueueKeys("jobq", name).meta for name in shard_names(sharded.name, SHARDS)]
+    logical = QueueKeys("jobq", sharded.name).meta
+    first = sharded.add("x", 1)
+    redis_client.delete(logical, *metas)  # as FLUSHALL leaves them
+    second = sharded.add("x", 2)
+    assert redis_client.hget(logical, "shards") == str(SHARDS).encode()
+    assert [redis_client.hget(m, "shard") for m in metas] == [b"1"] * SHARDS
+    with Worker(sharded.name, lambda job: job.data, connection=redis_url):  # count read
+        assert first.wait_until_finished(timeout=WAIT) == 1
+        assert second.wait_until_finished(timeout=WAIT) == 2
+
+
 def test_a_pubsub_sharded_reader_follows_its_shards_to_their_streams_when_the_mode_is_lost(
     queue_name: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,13 +66,15 @@ local function job_key(id) return base .. 'job:' .. id end
 local function lock_key(id) return base .. 'lock:' .. id end
 
 -- The queue's settings, read once per call: event mode, stream length, the
--- paused flag (no script both pauses and reads it) and the result TTL in ms.
+-- paused flag (no script both pauses and reads it), the result TTL in ms,
+-- the shard mark, and whether a Queue stored its settings (field cfg, which
+-- a server that lost its data no longer has: see add.lua).
 local _meta = nil
 local function meta()
   if not _meta then
-    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard')
+    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard', 'cfg')
     _meta = { m[1] or 'stream', m[2] and string.match(m[2], '^%d+$') or '10000', m[3] == '1',
-      tonumber(m[4]) or 60000, m[5] == '1' }
+      tonumber(m[4]) or 60000, m[5] == '1', m[6] and true or false }
   end
   return _meta
 end

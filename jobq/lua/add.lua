@@ -19,6 +19,9 @@
            context ('' for none: sent only while tracing is on, stored as
            the record's tc; see jobq/_tracing.py)
   Returns  {timestamp ms, id, duplicated, added, id, duplicated, added, ...}
+           and then 'unset' when no Queue stored its settings (the meta
+           field cfg is gone: a new queue, or a server that lost its data;
+           the Queue stores them again)
            (duplicated: 0 added; 1 a job with that custom id already
            existed, left as it was; 2 deduplicated: id is the job that owns
            the dedup key, left as it was; 3 debounced: id is the owner, a
@@ -167,4 +170,5 @@ for j = 0, n - 1 do
   out[#out + 1] = added
 end
 push_waiting(ready)
+if not meta()[6] then out[#out + 1] = 'unset' end
 return out
