@@ -4,6 +4,7 @@ what JSON cannot (NaN, bytes, keys that are not strings, sets)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -15,8 +16,9 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> 
     """``value`` as strict JSON (any parser reads it): a non-finite float
     as a string spelled as JavaScript does (``"NaN"``, ``"Infinity"``),
     bytes decoded (invalid UTF-8 replaced), every key a string (as ``json``
-    turns a number into one), a dataclass as the object of its fields, a
-    tuple or set as an array, anything else by its repr."""
+    turns a number into one), a datetime in ISO 8601, a dataclass as the
+    object of its fields, a tuple or set as an array, anything else by its
+    repr."""
     try:
         return json.dumps(jsonable(value), indent=indent, ensure_ascii=False,
                           sort_keys=sort_keys, allow_nan=False)
@@ -32,6 +34,8 @@ def jsonable(value: Any) -> Any:
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime too
+        return value.isoformat()
     if isinstance(value, Mapping):
         return {_key(k): jsonable(v) for k, v in value.items()}
     if hasattr(value, "__dataclass_fields__"):

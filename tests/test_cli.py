@@ -4,6 +4,7 @@ a pseudo-terminal)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pty
@@ -522,12 +523,15 @@ def _strict(text: str) -> Any:
 def test_json_output_is_strict_json_whatever_the_job_holds(queue: Queue, redis_url: str) -> None:
     """Job data may hold what JSON cannot: NaN and infinities were written
     as NaN / Infinity (which jq and JavaScript refuse)."""
-    data = {"nan": float("nan"), "inf": float("-inf"), b"raw": b"\xff", "pair": (1, 2)}
+    at = datetime.datetime(2020, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    data = {"nan": float("nan"), "inf": float("-inf"), b"raw": b"\xff", "pair": (1, 2),
+            "at": at}
     job = queue.add("odd", data)
     shown = jobq(redis_url, "job", queue.name, job.id, "--json")
     assert shown.returncode == 0, shown.stderr
     assert _strict(shown.stdout)["data"] == {
-        "nan": "NaN", "inf": "-Infinity", "raw": "\ufffd", "pair": [1, 2]}
+        "nan": "NaN", "inf": "-Infinity", "raw": "\ufffd", "pair": [1, 2],
+        "at": "2020-01-02T03:04:05+00:00"}
 
 
 def test_admin_commands(queue: Queue, redis_url: str) -> None:
