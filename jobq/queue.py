@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from . import _tracing, serializer
+from ._adding import Batch, JobPreparer
 from ._cancel import QueueCancel
 from ._checks import warn_if_evicting
 from ._closing import ClosedOnExit, OfQueue
@@ -25,8 +26,7 @@ from .errors import (
     SerializationError,
 )
 from .job import Job
-from .keys import SURROGATE, validate_job_id
-from .options import NO_DEDUP, JobOptions, byte_limit, stored_form
+from .options import byte_limit
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -43,66 +43,11 @@ DEFAULT_MAX_EVENTS = 10_000
 DEFAULT_RESULT_TTL = 60.0
 #: Largest encoded job data ``add`` accepts by default (1 MiB, as SQS).
 DEFAULT_MAX_PAYLOAD_BYTES = PAYLOAD_LIMIT
-#: Longest job name, in characters.
-MAX_JOB_NAME = 200
-
-
-def _job_name(name: object) -> str:
-    if (not isinstance(name, str) or not name or len(name) > MAX_JOB_NAME
-            or SURROGATE.search(name)):
-        raise ValueError(f"job name must be a non-empty str of at most {MAX_JOB_NAME} "
-                         f"characters without lone surrogates, not {name!r}")
-    return name
-
-
-class _Parsed(NamedTuple):
-    """A job's options as ``Queue._prepare`` uses them."""
-
-    #: the plain form (``Job.opts``)
-    plain: dict[str, Any]
-    #: add.lua's first argument of the job: its id, '' to generate one
-    job_id: str
-    #: add.lua's arguments of the job after its name and data (``NewJob``'s
-    #: fields from ``opts`` to ``policy``), the same for every job with these options
-    rest: tuple[Any, ...]
-
-
-class _Batch:
-    """What the jobs of one ``add_bulk`` call share: one msgpack Packer, and
-    the options parsed so far."""
-
-    __slots__ = ("encode", "parsed")
-
-    def __init__(self) -> None:
-        self.encode = serializer.encoder()
-        self.parsed: dict[tuple[Any, ...], _Parsed] = {}
 
 
 def _stored_int(value: bytes | None, default: int) -> int:
     """A whole number stored in the queue's settings, or ``default``."""
     return int(value) if value is not None and value.isdigit() else default
-
-
-def _memo_key(options: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """What options parse alike by, but their ``job_id``; None when a value
-    is not a plain scalar (a dict, a subclass of int). Types are part of it,
-    since ``1 == 1.0 == True`` and only the first is a valid ``attempts``;
-    floats are taken by their exact bits (``-0.0``)."""
-    key: list[Any] = []
-    for name, value in options.items():
-        kind = type(value)
-        if name == "job_id":
-            key.append(name)  # given (checked apart on each job) or not
-        elif kind is float:
-            key.append((name, kind, value.hex()))
-        elif kind in _MEMO_TYPES:
-            key.append((name, kind, value))
-        else:
-            return None
-    return tuple(key)
-
-
-_MEMO_TYPES = frozenset({int, bool, str, type(None)})
 
 
 def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
@@ -175,13 +120,8 @@ class Queue(
             raise ValueError(
                 f"result_ttl must be seconds from 0.001 to 30 days, not {result_ttl!r}"
             )
-        defaults = dict(default_job_options or {})
-        if defaults.get("job_id") is not None:  # every add after the first would be its job
-            raise ValueError("job_id cannot be a default job option")
-        JobOptions.parse(defaults)  # fail early on bad defaults
-        self._defaults = defaults
+        self._preparer = JobPreparer(default_job_options)
         self._tasks: dict[str, Task[Any]] = {}
-        self._default_options: _Parsed | None = None
         self._context = QueueContext(name, connection, prefix)
         self._context.payload_limit = self.max_payload_bytes
         self._settings = (event_mode, max_events, result_ttl)
@@ -271,54 +211,12 @@ class Queue(
 
     # -- adding -----------------------------------------------------------
 
-    def _options(self, options: Mapping[str, Any], batch: _Batch | None = None) -> _Parsed:
-        """Parsed options and what every job with them shares; the queue's
-        defaults alone (the common case) are parsed once, and so are the
-        options of a ``batch``'s jobs that differ only in ``job_id``."""
-        if not options and self._default_options is not None:
-            return self._default_options
-        memo = batch.parsed if batch is not None and options else None
-        key = _memo_key(options) if memo is not None else None
-        known = memo.get(key) if memo is not None and key is not None else None
-        if known is not None:
-            if "job_id" not in options:
-                return known
-            # the rest parsed already: only the id can be refused, as a parse would
-            job_id = options["job_id"]
-            return _Parsed(known.plain, "" if job_id is None else validate_job_id(job_id),
-                           known.rest)
-        opts = JobOptions.parse({**self._defaults, **options})
-        plain = opts.to_plain()
-        complete_count, complete_age = opts.remove_on_complete.to_script()
-        fail_count, fail_age = opts.remove_on_fail.to_script()
-        parsed = _Parsed(plain, opts.job_id or "", (
-            serializer.encode(stored_form(plain), "job options"),
-            round(opts.delay * 1000),
-            opts.priority,
-            opts.lifo,
-            opts.attempts,
-            complete_count,
-            complete_age,
-            fail_count,
-            fail_age,
-            NO_DEDUP if opts.dedup is None else opts.dedup.to_script(),
-            opts.on_failure,
-        ))
-        if not options:
-            self._default_options = parsed
-        elif memo is not None and key is not None:
-            memo[key] = parsed
-        return parsed
-
     def _prepare(
-        self, name: Any, data: Any, options: Mapping[str, Any], batch: _Batch | None = None
+        self, name: Any, data: Any, options: Mapping[str, Any], batch: Batch | None = None
     ) -> tuple[NewJob, dict[str, Any]]:
         """A job's arguments of add.lua and its options' plain form, every
         value checked; ``batch``: what the jobs of one ``add_bulk`` share."""
-        parsed = self._options(options, batch)
-        packed = (serializer.encode if batch is None else batch.encode)(data, "job data")
-        self._context.sized(packed, "job data")
-        return NewJob(parsed.job_id, _job_name(name), packed, *parsed.rest), parsed.plain
+        return self._preparer.prepare(self._context, name, data, options, batch)
 
     def add(self, name: str, data: Any = None, **options: Any) -> Job:
         """Add one job; return it.
@@ -363,7 +261,7 @@ class Queue(
         written a chunk of 1000 per round trip, each chunk atomically.
         """
         not_a_shard(self._context, "add jobs")
-        batch = _Batch()
+        batch = Batch()
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
         for name, data, options in job_specs(jobs):
             args, opts = self._prepare(name, data, options, batch)

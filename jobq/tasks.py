@@ -128,7 +128,7 @@ def _module_name(func: Callable[..., Any]) -> str:
 
 def task_name_of(func: Callable[..., Any], name: str | None) -> str:
     """A task's job name: ``name``, else ``"<module>.<qualname>"``; checked."""
-    from .queue import _job_name
+    from ._adding import job_name
 
     if name is None and not (isinstance(getattr(func, "__module__", None), str)
                              and isinstance(getattr(func, "__qualname__", None), str)):
@@ -136,7 +136,7 @@ def task_name_of(func: Callable[..., Any], name: str | None) -> str:
         raise TypeError(f"{func!r} has no module and name to name its task by: pass name=")
     # a name given is checked as given ("" is refused, not the default)
     task_name = f"{_module_name(func)}.{func.__qualname__}" if name is None else name
-    _job_name(task_name)
+    job_name(task_name)
     return task_name
 
 
