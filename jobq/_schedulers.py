@@ -44,8 +44,8 @@ from croniter import CroniterBadDateError, croniter
 
 from . import _tracing, serializer
 from ._context import not_a_shard
+from ._job_record import record_number
 from .errors import JobqError, ScriptCode
-from .job import record_number
 from .keys import lookup_key, validate_job_id
 from .options import MAX_SECONDS, JobOptions
 

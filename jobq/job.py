@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -11,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import serializer
 from ._job_flow import Dependencies, JobFlow
+from ._job_record import UserValue, load_record, text
 from .errors import JobNotFoundError, script_error
-from .options import JobOptions, flag, from_stored, list_index
+from .options import JobOptions, flag, list_index
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -27,45 +27,6 @@ STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-childr
 MAX_STACKTRACES = 10
 
 
-def _s(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("utf-8", "replace")
-
-
-def record_number(value: bytes | None) -> float | None:
-    """A number field of a stored record, read as the scripts read it (Lua's
-    ``tonumber``): None when absent, empty or not a finite number. A record
-    written by hand or by another version may hold anything there, and one
-    such field must not make a whole listing raise."""
-    if not value:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _number(record: Mapping[bytes, bytes], key: bytes, bad: list[str]) -> float | None:
-    """Field ``key`` of a job's record as a number; one that is not is
-    noted in ``bad`` (a worker does not run its job: Runner._prepare)."""
-    raw = record.get(key)
-    value = record_number(raw)
-    if value is None and raw:
-        bad.append(f"{key.decode()} {raw[:40]!r} is not a number")
-    return value
-
-
-def _ms(record: Mapping[bytes, bytes], key: bytes, bad: list[str]) -> float | None:
-    """A time in ms of a job's record, in seconds (see ``_number``)."""
-    value = _number(record, key, bad)
-    return None if value is None else value / 1000.0
-
-
-def _queue_of_base(base: str) -> str:
-    """The queue name in a queue's base key ``<prefix>:{<queue>}:``."""
-    return base[base.rindex("{") + 1 : -2]
-
-
 #: Guards the lazy creation of a Job's ``cancelled`` event (the worker's
 #: threads and the handler may ask for it at once); new in a forked child.
 _CANCELLED_LOCK = threading.Lock()
@@ -77,41 +38,6 @@ def _new_lock_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_new_lock_after_fork)
-
-
-class _Stored:
-    """A value as stored (msgpack bytes), with what to call it in an error."""
-
-    __slots__ = ("packed", "what")
-
-    def __init__(self, packed: bytes, what: str) -> None:
-        self.packed, self.what = packed, what
-
-
-class _UserValue:
-    """A user's value of a job (data, result, progress) read from its record
-    and decoded when first read: one value this process cannot decode (an
-    extension type registered only where it was written) fails that read,
-    not the reading of the record, so a listing of jobs or the worker's
-    failing of the attempt still reach the job. Decoded, the value is the
-    instance's own attribute (as with functools.cached_property): reading
-    or setting it costs nothing more."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name, self._stored = name, "_stored_" + name
-
-    def __get__(self, job: Any, owner: type | None = None) -> Any:
-        if job is None:
-            return self
-        stored = job.__dict__.get(self._stored)
-        value = None if stored is None else serializer.decode(stored.packed, stored.what)
-        job.__dict__[self._name] = value  # kept; a value that raised is decoded again next time
-        return value
-
-    def load(self, job: Any, packed: bytes | None, what: str) -> None:
-        """Give ``job`` the value as stored, to be decoded when first read."""
-        job.__dict__.pop(self._name, None)
-        job.__dict__[self._stored] = None if packed is None else _Stored(packed, what)
 
 
 class Job(JobFlow):
@@ -135,9 +61,9 @@ class Job(JobFlow):
     lock: a cooperative handler may stop early.
     """
 
-    data = _UserValue()
-    return_value = _UserValue()
-    progress = _UserValue()
+    data = UserValue()
+    return_value = UserValue()
+    progress = UserValue()
 
     def __init__(
         self,
@@ -170,7 +96,7 @@ class Job(JobFlow):
         self.parent: tuple[str, str] | None = None
         self._cancelled: threading.Event | None = None  # made on first use
         self._token: str | None = None
-        self._unreadable: tuple[str, ...] = ()  # its record's non-numbers (_load)
+        self._unreadable: tuple[str, ...] = ()  # its record's non-numbers (load_record)
         self._ready_at: float | None = None  # ready, or due when delayed (s)
         # the token of this run of the job (the id of its `added` event in
         # stream mode; "#<n>" after the n-th retry), from `add`, `retry` or
@@ -187,38 +113,9 @@ class Job(JobFlow):
     @classmethod
     def from_record(cls, context: QueueContext, job_id: str, record: Mapping[bytes, bytes]) -> Job:
         """Build a Job from its Redis hash."""
-        job = cls(context, job_id, _s(record.get(b"name")) or "")
-        job._load(record)
+        job = cls(context, job_id, text(record.get(b"name")) or "")
+        load_record(job, record)
         return job
-
-    def _load(self, record: Mapping[bytes, bytes]) -> None:
-        get = record.get
-        self.name = _s(get(b"name")) or self.name
-        Job.data.load(self, get(b"data"), f"data of job {self.id!r}")
-        opts = serializer.decode(get(b"opts"), f"options of job {self.id!r}")
-        self.opts = from_stored(opts) if isinstance(opts, dict) else {}
-        bad: list[str] = []
-        self.timestamp = _ms(record, b"ts", bad)
-        self.delay = _ms(record, b"delay", bad) or 0.0
-        self.priority = int(_number(record, b"priority", bad) or 0)
-        self.attempts_made = int(_number(record, b"atm", bad) or 0)
-        self.stalled_counter = int(_number(record, b"stc", bad) or 0)
-        Job.progress.load(self, get(b"prog"), f"progress of job {self.id!r}")
-        Job.return_value.load(self, get(b"rv"), f"return value of job {self.id!r}")
-        self.failed_reason = _s(get(b"fr"))
-        self.exc_type = _s(get(b"et")) or None
-        stacktrace = serializer.decode(get(b"st"), "stack trace")
-        self.stacktrace = list(stacktrace) if isinstance(stacktrace, list) else []
-        self.processed_on = _ms(record, b"pon", bad)
-        self._ready_at = _ms(record, b"rdy", bad)
-        self.finished_on = _ms(record, b"fon", bad)
-        self.processed_by = _s(get(b"pb"))
-        pid, pqb = get(b"pid"), get(b"pqb")
-        self.parent = None
-        if pid is not None and pqb is not None:
-            self.parent = (_queue_of_base(pqb.decode()), pid.decode())
-        self._run = _s(get(b"run")) or self._run
-        self._unreadable = tuple(bad)
 
     def __repr__(self) -> str:
         return f"<Job {self.id!r} name={self.name!r} queue={self.queue_name!r}>"
@@ -250,7 +147,7 @@ class Job(JobFlow):
     def get_state(self) -> str:
         """The job's current state, or ``"unknown"`` when it does not exist."""
         state = self._context.redis.hget(self._context.keys.job(self.id), "state")
-        return _s(state) or "unknown"
+        return text(state) or "unknown"
 
     def refresh(self) -> Job:
         """Re-read the job's record; return self.
@@ -261,7 +158,7 @@ class Job(JobFlow):
         record = self._context.redis.hgetall(self._context.keys.job(self.id))
         if not record:
             raise JobNotFoundError(self.id)
-        self._load(record)
+        load_record(self, record)
         return self
 
     def get_logs(self, start: int = 0, end: int = -1) -> list[str]:

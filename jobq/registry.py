@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import serializer
-from .job import record_number
+from ._job_record import record_number
 from .keys import is_valid_name, queues_key
 
 if TYPE_CHECKING:
