@@ -27,9 +27,10 @@ import redis
 
 from . import events as _events
 from . import serializer
+from ._batch_check import BatchCheck
 from ._context import QueueContext
-from .calls import OutcomeReply, outcome_args, outcome_reply
-from .connection import TRANSIENT_ERRORS, is_transient
+from .calls import OutcomeReply
+from .connection import is_transient
 from .errors import (
     ClosedError,
     JobCancelledError,
@@ -37,7 +38,6 @@ from .errors import (
     JobNotFoundError,
     SerializationError,
 )
-from .scripts import function_missing, load_library
 
 logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
 
@@ -49,9 +49,6 @@ CONCURRENT_CHECKS = 16
 #: Calls of getOutcome.lua (2,000 events each) a check may make to scan a
 #: removed run's events: the whole stream at the default max_events.
 SCAN_CALLS = 100
-#: Waiters checked in one pipelined round trip when many are checked at once
-#: (after a gap in the events or a reconnect).
-CHECK_BATCH = 500
 #: Most woken threads that have yet to run; more are woken when half of
 #: those have run, or when none has run for WAKE_STALE seconds. See WakeGate.
 WAKE_BATCH = 64
@@ -379,6 +376,7 @@ class WaiterTable:
 
     def __init__(self, context: QueueContext, reader: ReaderPosition) -> None:
         self._context, self._reader = context, reader
+        self._batch = BatchCheck(context, self._apply)
         self._reset()
 
     def _reset(self) -> None:
@@ -548,58 +546,8 @@ class WaiterTable:
         Ten thousand waiters re-checked after a gap cost twenty round trips
         here, against ten thousand (each thread checking its own record).
         """
-        client = self._context.bounded
-        if isinstance(client, redis.RedisCluster):  # the node serving the queue's slot
-            node = client.get_node_from_key(self._context.keys.base)  # type: ignore[no-untyped-call]
-            client = getattr(node, "redis_connection", None)
-        if not isinstance(client, redis.Redis) or self._context.closed:
-            return list(waiters)
-        left: list[Waiter] = []
-        answered: list[tuple[Waiter, Outcome]] = []
-        for start in range(0, len(waiters), CHECK_BATCH):
-            chunk = [w for w in waiters[start:start + CHECK_BATCH] if w.outcome is None]
-            try:
-                left += self._check_batch(chunk, client, answered)
-            except TRANSIENT_ERRORS as exc:
-                logger.debug("checking %d jobs at once failed: %s", len(chunk), exc)
-                if unreached:
-                    left += [w for w in waiters[start:] if w.outcome is None]
-                break
+        left, answered = self._batch.run(waiters, unreached)
         self.gate.add(answered)  # the reader wakes them, a batch at a time
-        return left
-
-    def _check_batch(
-        self, chunk: list[Waiter], client: Any, answered: list[tuple[Waiter, Outcome]]
-    ) -> list[Waiter]:
-        """One pipelined round trip of ``check_many``; the waiters left."""
-        keys, scripts = self._context.keys, self._context.scripts
-        # Sent again once when a restarted server (the first call after a
-        # reconnect) left the pool's connections dead or lacks the library:
-        # else every thread of the batch would check on its own.
-        for attempt in range(2):
-            try:
-                with client.pipeline(transaction=False) as pipe:
-                    for waiter in chunk:
-                        args = outcome_args(waiter.job_id, waiter.run or "", "", False)
-                        scripts.run("getOutcome", keys.base, *args, client=pipe)
-                    replies = pipe.execute(raise_on_error=False)
-            except TRANSIENT_ERRORS:
-                if attempt:
-                    raise
-                continue
-            if attempt or not any(map(function_missing, replies)):
-                break
-            load_library(client)
-        left = []
-        for waiter, raw in zip(chunk, replies, strict=True):
-            reply = None if isinstance(raw, Exception) else outcome_reply(raw)
-            if reply is None or reply.cursor is not None:
-                left.append(waiter)  # a function to load again, or a long scan
-                continue
-            try:
-                self._apply(waiter, reply, answered)
-            except Exception:  # undecodable: its own check raises it to its caller
-                left.append(waiter)
         return left
 
     def _apply(
