@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
@@ -26,14 +26,12 @@ from ._reader import ALL, Dispatcher, EventReader
 from ._sentinel import brief
 from ._threads import BackgroundLoop, join_or_cut, start_thread, wait_event
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
+from ._waiting import ThreadWait
 from .connection import BLOCK_CAP
-from .errors import ClosedError, WaitUntilFinishedTimeoutError
+from .errors import ClosedError
 from .keys import lookup_id
 from .listeners import Listener, ListenerMethods, ListenerRegistry
 from .options import blocking_seconds, flag, wait_timeout
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["QueueEvents"]
 
@@ -44,14 +42,6 @@ logger = logging.getLogger(__name__)
 #: dispatcher), so that an event lost without the reader knowing (a record
 #: deleted by hand, FLUSHDB, an eviction) can never leave a waiter hanging.
 RECHECK_INTERVAL = 10.0
-#: Longest single sleep of a waiting thread with no deadline (it only loops).
-WAIT_SLICE = 60.0
-#: Seconds before a check that failed on a transient error is tried again.
-RETRY_CHECK = 0.25
-#: Seconds a wait's first look at the job's record (and at its result) may
-#: take past a shorter timeout: ``timeout=0`` asks whether the job has
-#: finished, and the look is a round trip.
-FIRST_LOOK = 1.0
 #: Seconds a close gives its threads once it has cut a reader stuck on a
 #: server that does not answer (past the close's own timeout).
 CUT_GRACE = 0.5
@@ -288,62 +278,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         once it was ready, a lost connection only delays the wait.
         """
         job_id, timeout = lookup_id(job_id), wait_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        look_by = None if deadline is None else max(deadline, time.monotonic() + FIRST_LOOK)
-
-        def remaining() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-        def to_look() -> float | None:  # a short timeout still gets its look
-            return None if look_by is None else max(0.0, look_by - time.monotonic())
-
-        if self._stop.is_set():
-            raise ClosedError(f"QueueEvents {self.name!r} is closed")
-        if not self.wait_until_ready(0):
-            # the first use: an unreachable server is an error, as for a Queue
-            wait_event(self._reader.tried, to_look())
-            if self._stop.is_set():  # its first connect cut by the close
-                raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
-            error = self._reader.unreachable
-            if error is not None and not self._reader.ready.is_set():
-                raise type(error)(*error.args)
-        if not self.wait_until_ready(to_look()):
-            if self._stop.is_set():
-                raise ClosedError(f"QueueEvents {self.name!r} closed during the wait")
-            raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
-        waiter = Waiter(job_id, run, stale=not fresh)
-        unseen = self._table.register(waiter, fresh and self._reader.follows(run))
-        try:
-            # a run the reader has not yet seen end needs no look at its
-            # record, unless there is no time to wait: its last event will
-            # reach this waiter
-            checked = True if unseen and remaining() != 0.0 else \
-                _try_check(self, waiter, look_by)
-            while waiter.outcome is None:
-                left = remaining()
-                if left is not None and left <= 0:
-                    raise WaitUntilFinishedTimeoutError(job_id, float(timeout or 0))
-                # Woken when answered, or poked to check the record (after a
-                # reconnect, or when a batched look could not decide); a
-                # check that failed (server away, slot migrating) is retried
-                # soon. The periodic look at the record is the waker's,
-                # batched: ten thousand threads each waking to check their
-                # own kept the process busy with wake-ups (bench/load, L1).
-                wait = WAIT_SLICE if checked else RETRY_CHECK
-                if left is not None:
-                    wait = min(left, wait)
-                if not wait_event(waiter.event, wait):
-                    if checked:
-                        continue
-                elif waiter.outcome is not None:
-                    break
-                waiter.event.clear()
-                if waiter.outcome is None and remaining() != 0.0:
-                    checked = _try_check(self, waiter, deadline)
-            return self._result(waiter, look_by)
-        finally:
-            self._table.unregister(waiter)
-            waiter.resumed()  # the reader wakes more threads once this one is done
+        return ThreadWait(self, job_id, timeout).result(run, fresh)
 
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
@@ -403,19 +338,6 @@ def wake_loop(name: str, gate: WakeGate, parts: list[QueueEvents], stop: threadi
         return 0.0
 
     BackgroundLoop(f"waker of {name!r}", step, stop=stop, log=logger).run()
-
-
-def _try_check(events: QueueEvents, waiter: Waiter, deadline: float | None) -> bool:
-    """The waiter's record check; a check cut by ``close()`` (its connection
-    dropped under it, which some redis-py versions report as any error)
-    raises ClosedError. ``deadline``: the waiting thread's own (see
-    ``WaiterTable.check``)."""
-    try:
-        return events._table.try_check(waiter, deadline)
-    except Exception:
-        if events.closed:
-            raise ClosedError(f"QueueEvents {events.name!r} closed during the wait") from None
-        raise
 
 
 class _JobFuture(Future[Any]):
