@@ -17,7 +17,6 @@ The Worker is an orchestrator with one lifecycle (``NEW`` -> ``RUNNING`` ->
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import logging
 import os
@@ -30,15 +29,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _fork, _tracing
+from . import _fork
 from ._attempt import Pausing
 from ._closing import ClosedOnExit
 from ._context import QueueContext
+from ._lifecycle import CloseStep, Lifecycle, WorkerState, shut_down
 from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
 from ._shard_worker import ShardedContext, worker_context
 from ._shards import validate_count
-from ._signals import StopSignals
 from ._threads import start_thread
 from .connection import BLOCK_CAP, clone_client, close_client, resolve
 from .errors import ClosedError, JobqError
@@ -46,7 +45,7 @@ from .events import Event
 from .job import Job
 from .listeners import ListenerMethods, ListenerRegistry
 from .options import MAX_SECONDS, byte_limit, flag, wait_timeout
-from .registry import DEFAULT_HEARTBEAT_TTL, withdraw
+from .registry import DEFAULT_HEARTBEAT_TTL
 from .tasks import refuse_async
 
 if TYPE_CHECKING:
@@ -65,12 +64,6 @@ _CHANNEL_EVENTS = frozenset({"drained", "stalled"})
 EVENTS_READY_TIMEOUT = 10.0
 #: Least time ``close()`` gives its threads to end once told to stop.
 JOIN_GRACE = BLOCK_CAP + 0.5
-#: Least time a close with no timeout gives its last call, leaving the
-#: worker registry, however long its threads took to end.
-LEAVE_GRACE = 1.0
-#: Least time ``close()`` gives the listeners' thread to deliver ``closed``
-#: and end, when the close ran past its deadline.
-LISTENER_GRACE = 0.5
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
@@ -145,15 +138,6 @@ def _settings(
         heartbeat_ttl=_positive("heartbeat_ttl", heartbeat_ttl),
         max_result_bytes=byte_limit("max_result_bytes", max_result_bytes), limit=limit,
     )
-
-
-class Lifecycle(enum.Enum):
-    """Where a Worker is in its life; it only ever moves forward."""
-
-    NEW = "new"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
@@ -232,15 +216,10 @@ class Worker(ListenerMethods, ClosedOnExit):
         )
         self._announced_queues: tuple[str, ...] = (queue_name,)  # the CLI names all it serves
         self._listeners = ListenerRegistry()
-        self._cond = threading.Condition()
-        self._state = Lifecycle.NEW
-        self._pause = Pausing(self._cond)
-        self._force = False  # set by close(force=True) or a second signal; read, never waited
-        self._closer: int | None = None  # the thread that began the close
-        self._starting = False  # a start() is under way
-        self._signals: StopSignals | None = None
+        self._life = WorkerState()
+        self._pause = Pausing(self._life.cond)
         self._roles: Roles | None = None
-        self._channel = _Channel(self._cond)
+        self._channel = _Channel(self._life.cond)
         self._take_args = TakeTokens(self._settings)
         self._run_context = self._context
         _LIVE.add(self)
@@ -257,14 +236,14 @@ class Worker(ListenerMethods, ClosedOnExit):
     @property
     def state(self) -> Lifecycle:
         """Where the worker is in its life."""
-        return self._state
+        return self._life.state
 
     def __repr__(self) -> str:
-        return f"<Worker {self.name!r} queue={self.queue_name!r} {self._state.value}>"
+        return f"<Worker {self.name!r} queue={self.queue_name!r} {self._life.state.value}>"
 
     def is_running(self) -> bool:
         """Whether the worker was started and is not closing or closed."""
-        return self._state is Lifecycle.RUNNING
+        return self._life.state is Lifecycle.RUNNING
 
     def start(self) -> Worker:
         """Start fetching and running jobs in background threads; return self.
@@ -273,27 +252,21 @@ class Worker(ListenerMethods, ClosedOnExit):
         most ``EVENTS_READY_TIMEOUT``). Raises ``ShardCountError`` when
         ``shards`` is not the count stored with the queue."""
         _fork.check()
-        with self._cond:
-            while self._starting:  # another thread's start (its waits are bounded)
-                self._cond.wait(1.0)
-            if self._state in (Lifecycle.CLOSING, Lifecycle.CLOSED):
-                raise ClosedError(f"worker {self.name!r} is closed")
-            if self._state is Lifecycle.RUNNING:
-                return self
-            self._starting = True
+        if not self._life.begin_start(self.name):
+            return self
         # what may wait for the server is done without the lock: a close()
         # from another thread ends it (it held the lock for up to 20 s)
         run_context = self._context
         try:
             run_context = worker_context(  # sharding.py
-                self._context, self._shards, lambda: self._state is not Lifecycle.NEW)
+                self._context, self._shards, lambda: self._life.state is not Lifecycle.NEW)
             if any(self._listeners.has(e) for e in _CHANNEL_EVENTS):
-                with self._cond:  # opened unless closed: a close then closes it too
-                    if self._state is Lifecycle.NEW:
+                with self._life.cond:  # opened unless closed: a close then closes it too
+                    if self._life.state is Lifecycle.NEW:
                         self._channel.open(run_context, self._emit)
                 self._channel.wait_ready(self.name)
-            with self._cond:
-                if self._state is not Lifecycle.NEW:  # closed meanwhile: it stays closed
+            with self._life.cond:
+                if self._life.state is not Lifecycle.NEW:  # closed meanwhile: it stays closed
                     raise ClosedError(f"worker {self.name!r} was closed while it started")
                 self._run_context = run_context
                 route = functools.partial(_handler_for, self._routes, self._processor, self.name)
@@ -302,19 +275,17 @@ class Worker(ListenerMethods, ClosedOnExit):
                     paused=self._pause.paused, handler_for=route, take_args=self._take_args,
                     status=functools.partial(_status, self),
                 )
-                self._state = Lifecycle.RUNNING
+                self._life.state = Lifecycle.RUNNING
                 roles.start()
         except BaseException as exc:
             if self._roles is None:
                 self._undo_start(run_context)
-            if self._state is Lifecycle.CLOSED and not isinstance(exc, ClosedError):
+            if self._life.state is Lifecycle.CLOSED and not isinstance(exc, ClosedError):
                 # the close cut what the start waited for
                 raise ClosedError(f"worker {self.name!r} was closed while it started") from exc
             raise
         finally:
-            with self._cond:
-                self._starting = False
-                self._cond.notify_all()
+            self._life.end_start()
         return self
 
     def _undo_start(self, run_context: QueueContext) -> None:
@@ -327,24 +298,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         """Run until ``close()``. In the main thread, SIGINT / SIGTERM close
         gracefully and a second one forces. After ``start()``, it waits for
         the close the same way (the worker is not started twice)."""
-        if threading.current_thread() is not threading.main_thread():
-            self.start()
-            with self._cond:
-                while self._state is not Lifecycle.CLOSED:
-                    self._cond.wait(1.0)
-            return
-        with StopSignals(
-            f"%s: closing worker {self.name!r} gracefully (again to force)",
-            f"%s again: closing worker {self.name!r} at once",
-        ) as signals:
-            self._signals = signals
-            try:
-                self.start()
-                while not signals.wait(0.5) and self._state is Lifecycle.RUNNING:
-                    pass
-                self.close()
-            finally:
-                self._signals = None
+        self._life.serve(self.name, self.start, self.close)
 
     def close(self, timeout: float | None = None, force: bool = False) -> None:
         """Stop taking jobs, let jobs in flight finish (a timed-out attempt's
@@ -374,56 +328,27 @@ class Worker(ListenerMethods, ClosedOnExit):
             start_thread(f"jobq-closer-{self.queue_name}", lambda: self.close(timeout, force))
             return
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            if force:
-                self._force = True
+
+        def waits() -> bool:  # not a listener's call: the close waits for it
             roles = self._roles
-            starting = self._starting
-            if self._state is Lifecycle.NEW:
-                self._state = Lifecycle.CLOSED
-                self._cond.notify_all()
-            elif self._state is Lifecycle.RUNNING:
-                self._state = Lifecycle.CLOSING
-                self._closer = threading.get_ident()
-            else:
-                if self._closer == threading.get_ident():
-                    return  # a signal handler on the closing thread: `force` is seen
-                if roles is None or threading.current_thread() is not roles.dispatcher.thread:
-                    self._cond.wait_for(lambda: self._state is Lifecycle.CLOSED, timeout)
-                return
+            return roles is None or threading.current_thread() is not roles.dispatcher.thread
+
+        step = self._life.begin_close(force, waits, timeout)
+        if step is CloseStep.DONE:
+            return
+        roles = self._roles
         if roles is None:  # never started
-            if starting:  # a start under way on another thread: end its wait
+            if step is CloseStep.STARTING:  # a start under way on another thread: end its wait
                 self._channel.close(JOIN_GRACE if timeout is None else timeout)
             self._listeners.emit("closing")
             self._context.close()
             self._listeners.emit("closed")
             return
         try:
-            self._shutdown(roles, deadline)
+            shut_down(roles, self.name, deadline, self._life.forced, self._channel.close,
+                      self._context, self._run_context)
         finally:
-            with self._cond:
-                self._state = Lifecycle.CLOSED
-                self._cond.notify_all()
-
-    def _forced(self) -> bool:
-        signals = self._signals
-        return self._force or (signals is not None and signals.forced)
-
-    def _shutdown(self, roles: Roles, deadline: float | None) -> None:
-        emit = roles.dispatcher.emit
-        emit("closing")
-        until = roles.stop(self.name, deadline, self._forced, self._run_context)
-        self._channel.close(max(0.0, until - time.monotonic()))
-        _leave_registry(self._context, self.name, until, deadline)
-        emit("closed")
-        # past the deadline too: the thread ends at once unless a listener runs
-        roles.dispatcher.stop(max(LISTENER_GRACE, until - time.monotonic()))
-        hook = _tracing.hook
-        if hook is not None:  # the attempts' spans leave before the process may end
-            hook.flush()
-        if self._run_context is not self._context:
-            self._run_context.close()
-        self._context.close()
+            self._life.closed()
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -433,13 +358,11 @@ class Worker(ListenerMethods, ClosedOnExit):
         own (see ``_child_identity``)."""
         self.name, self._settings, self._take_args = _child_identity(self._given_name,
                                                                       self._settings)
-        self._cond = self._pause.cond = threading.Condition()
-        self._listeners.after_fork()
-        self._channel = _Channel(self._cond)
-        self._signals = None
-        if self._state in (Lifecycle.RUNNING, Lifecycle.CLOSING):
-            self._state = Lifecycle.NEW
+        if self._life.after_fork():
             self._roles = None
+        self._pause.cond = self._life.cond
+        self._listeners.after_fork()
+        self._channel = _Channel(self._life.cond)
 
     # -- pausing ------------------------------------------------------------
 
@@ -460,7 +383,7 @@ class Worker(ListenerMethods, ClosedOnExit):
         early if the worker is resumed or closed meanwhile.
         """
         if self._pause.pause(lambda: self._roles, flag("wait", wait), wait_timeout(timeout),
-                             lambda: self._state is Lifecycle.CLOSED):
+                             lambda: self._life.state is Lifecycle.CLOSED):
             self._listeners.emit("paused")  # on the caller's thread, before returning
 
     def resume(self) -> None:
@@ -475,11 +398,11 @@ class Worker(ListenerMethods, ClosedOnExit):
     # -- listeners (on / once / off / listener_count: ListenerMethods) -----------
 
     def _check_listenable(self) -> None:
-        if self._state is Lifecycle.CLOSED:
+        if self._life.state is Lifecycle.CLOSED:
             raise ClosedError(f"worker {self.name!r} is closed: its listeners are never called")
 
     def _listener_added(self, event: str) -> None:
-        if event in _CHANNEL_EVENTS and self._state is Lifecycle.RUNNING:
+        if event in _CHANNEL_EVENTS and self._life.state is Lifecycle.RUNNING:
             self._channel.open(self._run_context, self._emit)
 
     def _emit(self, event: str, *args: Any) -> None:
@@ -526,19 +449,6 @@ def _child_identity(given: str | None, settings: Settings) -> tuple[str, Setting
     name = given or _worker_name(None)
     settings = dataclasses.replace(settings, name=name)
     return name, settings, TakeTokens(settings)
-
-
-def _leave_registry(context: QueueContext, name: str, until: float,
-                    deadline: float | None) -> None:
-    """Withdraw a closing worker from the registry: by ``until`` (the close's
-    end) with a timeout, else always, with LEAVE_GRACE of its own (its threads
-    may have used all their grace on a busy machine)."""
-    leave_by = until if deadline is not None else max(until, time.monotonic() + LEAVE_GRACE)
-    if time.monotonic() < leave_by:
-        try:
-            withdraw(context, name, leave_by)
-        except Exception as exc:  # best effort: the announcement expires anyway
-            logger.debug("worker %r could not leave the registry: %s", name, exc)
 
 
 def _own_client(connection: object, name: str, concurrency: int) -> Any:

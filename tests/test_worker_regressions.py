@@ -978,7 +978,7 @@ def test_close_from_another_thread_ends_a_start_waiting_for_the_server(listener:
 
     thread = threading.Thread(target=start, name="test-start")
     thread.start()
-    until(lambda: worker._starting, timeout=WAIT)
+    until(lambda: worker._life.starting, timeout=WAIT)
     began = time.monotonic()
     worker.close(timeout=1)
     closing = time.monotonic() - began
@@ -1028,7 +1028,7 @@ def test_a_close_called_again_by_a_closing_listener_returns_at_once(
 
     def again() -> None:
         worker.close()
-        states.append(worker._state)
+        states.append(worker._life.state)
 
     worker.on(event, again)
     worker.start()
