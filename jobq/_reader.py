@@ -14,13 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 from . import _fork
 from . import connection as _connection
 from . import events as _events
 from ._context import QueueContext
-from ._threads import BackgroundLoop, reached
 from ._waiters import (
     CHECKPOINT,
     MISSING,
@@ -273,29 +270,25 @@ class EventMode:
 
 
 class EventReader:
-    """The reader thread: reads the event channel on its own connection,
-    resolves waiters directly, and hands events to the dispatcher."""
+    """What the reader thread reads for one queue: its position in the event
+    channel, the entries it consumes there (it resolves waiters directly, and
+    hands events to the dispatcher), and its readiness. Its thread is a
+    ``ReaderLoop`` (of a ShardedQueueEvents: the ``ShardReader`` of all)."""
 
     def __init__(
         self,
         context: QueueContext,
         start_id: str,
-        block: float,
-        stop: threading.Event,
         dispatcher: Dispatcher,
         listeners: ListenerRegistry,
         lost: Callable[[], None],
-        failed: Callable[[BaseException], None],
     ) -> None:
         self._context = context
         self._start_id = start_id
         self.event_mode = EventMode(context)
-        self._block = block
-        self._stop = stop
         self._dispatcher = dispatcher
         self._listeners = listeners
         self._lost = lost  # events may have been lost: re-check every waiter
-        self._failed = failed
         self.table: WaiterTable | None = None
         self.after_fork()
 
@@ -308,11 +301,9 @@ class EventReader:
         self.event_mode.reset()
         self.read_id: StreamId | None = None
         self.first_id: StreamId | None = None  # where reading began
-        self._blocked: _connection.Blocked | None = None
-        self._client: Client | None = None  # the reader thread's own
-        self._held: Any = None  # its connection for reads, kept between them
-        self._pubsub: Any = None
-        self._next_mode_check = 0.0  # pub/sub mode: monotonic
+        # the reader thread's connection for reads, kept between them (ReaderLoop)
+        self.held: Any = None
+        self.pubsub: Any = None  # the subscription read in pub/sub mode
 
     @property
     def name(self) -> str:
@@ -339,64 +330,10 @@ class EventReader:
         """The events stream's key (and channel's name)."""
         return self._context.keys.events
 
-    def wake(self) -> None:
-        """Cut the reader's current block short, so that close is prompt."""
-        if self.mode == "pubsub":
-            publish_wake(self._context)
-        else:
-            _connection.unblock(self._context.bounded, self._blocked)
-
     def stopped(self) -> None:
         """Closed: end the waits for its first connect and readiness (they see the stop)."""
         self.tried.set()
         self.ready.set()
-
-    def interrupt(self) -> None:
-        """Cut the connections under a read or connect that does not return (close's last)."""
-        _connection.cut_client(self._client)
-
-    # -- the loop ---------------------------------------------------------
-
-    def loop(self) -> None:
-        """The reader thread's body, until the stop event is set."""
-        BackgroundLoop(
-            f"events reader of {self.name!r}", self._step, on_error=self._reconnect,
-            on_exit=self._disconnect, stop=self._stop, log=logger,
-        ).run()
-
-    def _step(self) -> float:
-        if self._client is None:
-            client = self._client = blocking_client(
-                self._context.client, f"jobq-events-{self.name}"
-            )
-            if self._stop.is_set():  # closed before the client was there to cut
-                return 0.0
-            try:
-                self._blocked = _connection.client_id(client, self._context.keys.events)
-                self._pubsub = self._connect(client)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    OSError) as exc:
-                raise self.connect_failed(exc) from exc
-            reached()
-        if self._pubsub is not None:
-            self._read_pubsub(self._pubsub)
-            self._check_mode(self._client)
-        else:
-            self._read_stream(self._client)
-        return 0.0
-
-    def _check_mode(self, client: Client) -> None:
-        """Pub/sub mode, every MODE_CHECK_INTERVAL: if the queue's stored
-        mode is gone (its settings lost with the server's data), read its
-        stream from the start: the events are written there again."""
-        now = time.monotonic()
-        if now < self._next_mode_check:
-            return
-        self._next_mode_check = now + MODE_CHECK_INTERVAL
-        if self.read_mode(client) != "pubsub":
-            logger.warning("queue %r: its pub/sub event mode is no longer stored (the server "
-                           "lost its data?); reading its stream", self.name)
-            raise ModeChanged(f"queue {self.name!r} uses its stream again")
 
     def read_mode(self, client: Client) -> str:
         """Read the queue's stored mode (``EventMode.read``). A reader that
@@ -407,25 +344,6 @@ class EventReader:
         if was == "pubsub" and mode == "stream" and self.read_id is None:
             self.read_id = (0, 0)
         return mode
-
-    def _reconnect(self, exc: Exception) -> None:
-        """A failed read: report it; the next step connects again."""
-        if not isinstance(exc, ModeChanged):
-            self._failed(exc)
-        self._disconnect()
-
-    def _disconnect(self) -> None:
-        self.event_mode.close()
-        _connection.close_subscription(self._client, self._pubsub)
-        self._client, self._pubsub, self._held = None, None, None
-
-    def _connect(self, client: Client) -> Any:
-        """(Re)connect: read the queue's mode, subscribe, resolve the start id."""
-        self.read_mode(client)
-        self._next_mode_check = time.monotonic() + MODE_CHECK_INTERVAL
-        pubsub = self.event_mode.subscribe(client, self._stop.is_set)
-        self.start(client)
-        return pubsub
 
     def connect_failed(self, exc: Exception) -> Exception:
         """A failed connect: the error (naming the server) a never-ready reader's waits raise."""
@@ -467,9 +385,9 @@ class EventReader:
         self._lost()
 
     def _release_held(self, client: Client) -> None:
-        if self._held is not None:
-            client.connection_pool.release(self._held)
-            self._held = None
+        if self.held is not None:
+            client.connection_pool.release(self.held)
+            self.held = None
 
     def _detect_gap(self, client: Client, since: StreamId | None = None,
                     timed: bool = False) -> None:
@@ -482,18 +400,6 @@ class EventReader:
             logger.warning("events of %r were trimmed before they were read%s; re-checking "
                            "waiters", self.name, " (max_events was lowered)" if missed else "")
             self._forget()
-
-    def _read_stream(self, client: Client) -> None:
-        assert self.read_id is not None
-        # kept from read to read (a loan polls the socket and keeps the
-        # pool's books); the pool's only one, whose id ``client_id`` recorded
-        if self._held is None and _connection.pooled(client):
-            self._held = _connection.take_connection(client.connection_pool)
-        reply = _connection.xread(
-            client, self._context.keys.events, self.position(), READ_COUNT,
-            int(self._block * 1000), self._held,
-        )
-        self.consume(_connection.stream_entries(reply), client)
 
     def position(self) -> str:
         """The id to read after (stream mode, once ready)."""
@@ -514,8 +420,8 @@ class EventReader:
             if name == _MODE_STORED:
                 self.read_id = sid(entry)
                 self._release_held(client)  # the look runs on it
-                self._pubsub = self.event_mode.stored(client)
-                if self._pubsub is not None:  # what follows comes by it
+                self.pubsub = self.event_mode.stored(client)
+                if self.pubsub is not None:  # what follows comes by it
                     _connection.close_client(client)  # one connection open, as ever
                     break
                 continue
@@ -543,15 +449,10 @@ class EventReader:
         self.table.settle()
         # XREAD cannot tell that entries after ``since`` were trimmed: the
         # stream's first id can (see EventMode.gap_look for when to look)
-        if entries and self._pubsub is None:
+        if entries and self.pubsub is None:
             timed = self.event_mode.gap_look(len(entries), time.monotonic())
             if timed is not None:
                 self._detect_gap(client, since, timed)
-
-    def _read_pubsub(self, pubsub: Any) -> None:
-        message = pubsub.get_sharded_message(timeout=self._block)
-        if message is not None:
-            self.consume_message(message)
 
     def consume_message(self, message: dict[str, Any]) -> None:
         """Handle a message of the subscription to the events channel."""

@@ -23,6 +23,7 @@ from . import connection as _connection
 from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher, EventReader
+from ._reader_loop import ReaderLoop
 from ._sentinel import brief
 from ._threads import BackgroundLoop, join_or_cut, start_thread, wait_event
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
@@ -132,9 +133,10 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._dispatcher = shared.dispatcher
         block = max(0.01, min(float(blocking_timeout), BLOCK_CAP))
         self._reader = EventReader(
-            self._context, last_event_id, block, self._stop, self._dispatcher,
-            self._listeners, self._poke_all, self._dispatcher.error,
+            self._context, last_event_id, self._dispatcher, self._listeners, self._poke_all,
         )
+        self._loop = ReaderLoop(self._context, self._reader, block, self._stop,
+                                self._dispatcher.error)
         self._table = WaiterTable(self._context, self._reader)
         self._reader.table = self._table
         self._threads = shared.threads  # filled in place: the parts of a whole share it
@@ -175,7 +177,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             self._started = True
             self._restart = False
             self._threads[:] = [
-                start_thread(f"jobq-events-{self.name}", self._reader.loop),
+                start_thread(f"jobq-events-{self.name}", self._loop.loop),
                 start_thread(f"jobq-dispatch-{self.name}", self._dispatcher.loop),
                 start_thread(f"jobq-wake-{self.name}", self._wake_loop),
             ]
@@ -207,8 +209,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             waiter.resolve(CLOSED)
         self._table.gate.stop()
         self._dispatcher.wake()
-        self._reader.wake()
-        close_threads(self._threads, timeout, self._reader.interrupt, self._context.close)
+        self._loop.wake()
+        close_threads(self._threads, timeout, self._loop.interrupt, self._context.close)
         self._context.close()
 
     def _after_fork(self) -> Any:
@@ -220,6 +222,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._listeners.after_fork()
         self._dispatcher.after_fork()
         self._reader.after_fork()
+        self._loop.after_fork()
         self._table.after_fork()
         was_running = self._started and not self._stop.is_set()
         self._started = False

@@ -1,0 +1,141 @@
+"""The reader thread of a plain QueueEvents: its own connection, opened
+again after every failure, and its loop of blocking reads (the stream, or
+the pub/sub channel) whose entries its ``EventReader`` consumes. A
+ShardedQueueEvents has one thread for all its shards instead
+(``_shard_reader``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from . import _reader
+from . import connection as _connection
+from ._context import QueueContext
+from ._reader import READ_COUNT, EventReader, ModeChanged, publish_wake
+from ._threads import BackgroundLoop, reached
+from .connection import Client, blocking_client
+
+logger = logging.getLogger("jobq.queue_events")  # the public module's name, as documented
+
+
+class ReaderLoop:
+    """The reader thread of one ``EventReader``: reads on its own connection
+    (blocks of ``block`` seconds) until ``stop`` is set; ``failed`` hears
+    every failed read."""
+
+    def __init__(self, context: QueueContext, reader: EventReader, block: float,
+                 stop: threading.Event, failed: Callable[[BaseException], None]) -> None:
+        self._reader = reader
+        self._context = context
+        self._block = block
+        self._stop = stop
+        self._failed = failed
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """Start afresh: no connection yet."""
+        self._blocked: _connection.Blocked | None = None
+        self._client: Client | None = None  # the reader thread's own
+        self._next_mode_check = 0.0  # pub/sub mode: monotonic
+
+    @property
+    def name(self) -> str:
+        return self._context.name
+
+    def wake(self) -> None:
+        """Cut the reader's current block short, so that close is prompt."""
+        if self._reader.mode == "pubsub":
+            publish_wake(self._context)
+        else:
+            _connection.unblock(self._context.bounded, self._blocked)
+
+    def interrupt(self) -> None:
+        """Cut the connections under a read or connect that does not return (close's last)."""
+        _connection.cut_client(self._client)
+
+    def loop(self) -> None:
+        """The reader thread's body, until the stop event is set."""
+        BackgroundLoop(
+            f"events reader of {self.name!r}", self._step, on_error=self._reconnect,
+            on_exit=self._disconnect, stop=self._stop, log=logger,
+        ).run()
+
+    def _step(self) -> float:
+        reader = self._reader
+        if self._client is None:
+            client = self._client = blocking_client(
+                self._context.client, f"jobq-events-{self.name}"
+            )
+            if self._stop.is_set():  # closed before the client was there to cut
+                return 0.0
+            try:
+                self._blocked = _connection.client_id(client, self._context.keys.events)
+                reader.pubsub = self._connect(client)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    OSError) as exc:
+                raise reader.connect_failed(exc) from exc
+            reached()
+        if reader.pubsub is not None:
+            self._read_pubsub(reader.pubsub)
+            self._check_mode(self._client)
+        else:
+            self._read_stream(self._client)
+        return 0.0
+
+    def _check_mode(self, client: Client) -> None:
+        """Pub/sub mode, every MODE_CHECK_INTERVAL: if the queue's stored
+        mode is gone (its settings lost with the server's data), read its
+        stream from the start: the events are written there again."""
+        now = time.monotonic()
+        if now < self._next_mode_check:
+            return
+        self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
+        if self._reader.read_mode(client) != "pubsub":
+            logger.warning("queue %r: its pub/sub event mode is no longer stored (the server "
+                           "lost its data?); reading its stream", self.name)
+            raise ModeChanged(f"queue {self.name!r} uses its stream again")
+
+    def _reconnect(self, exc: Exception) -> None:
+        """A failed read: report it; the next step connects again."""
+        if not isinstance(exc, ModeChanged):
+            self._failed(exc)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        reader = self._reader
+        reader.event_mode.close()
+        _connection.close_subscription(self._client, reader.pubsub)
+        self._client, reader.pubsub, reader.held = None, None, None
+
+    def _connect(self, client: Client) -> Any:
+        """(Re)connect: read the queue's mode, subscribe, resolve the start id."""
+        reader = self._reader
+        reader.read_mode(client)
+        self._next_mode_check = time.monotonic() + _reader.MODE_CHECK_INTERVAL
+        pubsub = reader.event_mode.subscribe(client, self._stop.is_set)
+        reader.start(client)
+        return pubsub
+
+    def _read_stream(self, client: Client) -> None:
+        reader = self._reader
+        assert reader.read_id is not None
+        # kept from read to read (a loan polls the socket and keeps the
+        # pool's books); the pool's only one, whose id ``client_id`` recorded
+        if reader.held is None and _connection.pooled(client):
+            reader.held = _connection.take_connection(client.connection_pool)
+        reply = _connection.xread(
+            client, self._context.keys.events, reader.position(), READ_COUNT,
+            int(self._block * 1000), reader.held,
+        )
+        reader.consume(_connection.stream_entries(reply), client)
+
+    def _read_pubsub(self, pubsub: Any) -> None:
+        message = pubsub.get_sharded_message(timeout=self._block)
+        if message is not None:
+            self._reader.consume_message(message)
