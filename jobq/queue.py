@@ -127,6 +127,7 @@ class Queue(
         self._settings = (event_mode, max_events, result_ttl)
         self._recorded = False
         self._owner_lost: Callable[[], None] | None = None  # a shard's ShardedQueue's
+        self._marking = False  # the next setup writes the mark (see _settings_lost)
         # no I/O here: a module-level Queue must not break an import while the
         # server is down; settings are stored and checked on first use
         self._context.on_first_use(self._first_use)
@@ -140,10 +141,12 @@ class Queue(
         warn_if_evicting(client)
 
     def _settings_lost(self) -> None:
-        """The server no longer holds the queue's settings (it lost its
-        data, or the meta key was deleted): store them again before the next
-        command, and list the queue again. A shard tells its sharded queue,
-        whose count and shard marks went too."""
+        """An add found no mark of stored settings: the queue's first add,
+        or the server lost its data (the meta key deleted). Store them again,
+        with the mark, before the next command, and list the queue again. A
+        shard tells its sharded queue, whose count and shard marks went too.
+        (Only an add marks them: a queue that is only read leaves no key.)"""
+        self._marking = True
         self._context.on_first_use(self._first_use)
         if self._owner_lost is not None:
             self._owner_lost()
@@ -184,8 +187,9 @@ class Queue(
         if result_ttl is not None and round(result_ttl * 1000) != round(self._result_ttl * 1000):
             client.hset(meta, "rttl", round(result_ttl * 1000))
             self._result_ttl = float(result_ttl)
-        if not marked:  # last: stored (add.lua reports a queue whose mark is gone)
+        if self._marking and not marked:  # last: stored (see _settings_lost)
             client.hset(meta, "cfg", "1")
+        self._marking = False
 
     @property
     def event_mode(self) -> str:

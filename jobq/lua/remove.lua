@@ -73,10 +73,14 @@ if ARGV[2] == '1' and f[4] then
   while tree[i] do
     local pb, pid, pf = tree[i][1], tree[i][2], tree[i][3]
     if pf[4] then
+      -- (HGETALL, not HKEYS: the commands the documented ACL lines grant)
       local members = in_queue(pb, function()
         local all = redis.call('SMEMBERS', base .. 'deps:' .. pid)
-        append(all, redis.call('HKEYS', base .. 'processed:' .. pid))
-        return append(all, redis.call('HKEYS', base .. 'ignored:' .. pid))
+        for _, k in ipairs({ 'processed:', 'ignored:' }) do
+          local flat = redis.call('HGETALL', base .. k .. pid)
+          for j = 1, #flat, 2 do all[#all + 1] = flat[j] end
+        end
+        return all
       end)
       for _, m in ipairs(members) do
         local splits = {}
