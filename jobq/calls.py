@@ -314,6 +314,11 @@ class QueueScripts:
         """pause.lua: pause or resume the queue."""
         self._run("pause", "1" if paused else "0")
 
+    def store_settings(self, event_mode: str, max_events: str, result_ttl_ms: str) -> None:
+        """storeSettings.lua: store the settings given ('' for each not
+        given) and the mark of stored settings."""
+        self._run("storeSettings", event_mode, max_events, result_ttl_ms)
+
     def remove(self, job_id: str, children: bool) -> int | str:
         """remove.lua: 1 removed, 0 no such job, -2 active with its lock
         held; with ``children``, the ``"<queue>:<id>"`` of a child active with
@@ -447,6 +452,7 @@ SCRIPT_METHODS: dict[str, tuple[type, str]] = {
     "getCounts": (QueueScripts, "get_counts"),
     "pause": (QueueScripts, "pause"),
     "remove": (QueueScripts, "remove"),
+    "storeSettings": (QueueScripts, "store_settings"),
     "drain": (QueueScripts, "drain"),
     "clean": (QueueScripts, "clean"),
     "obliterate": (QueueScripts, "obliterate"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,8 @@ from .errors import (
 from .job import Job
 from .options import byte_limit
 from .tasks import QueueTasks, Task
+
+logger = logging.getLogger("jobq.queue")
 
 if TYPE_CHECKING:
 
@@ -127,7 +131,8 @@ class Queue(
         self._settings = (event_mode, max_events, result_ttl)
         self._recorded = False
         self._owner_lost: Callable[[], None] | None = None  # a shard's ShardedQueue's
-        self._marking = False  # the next setup writes the mark (see _settings_lost)
+        self._marking = False  # a store of settings under way (see _settings_lost)
+        self._marked_at = 0.0  # when the last one ended (monotonic)
         # no I/O here: a module-level Queue must not break an import while the
         # server is down; settings are stored and checked on first use
         self._context.on_first_use(self._first_use)
@@ -140,14 +145,29 @@ class Queue(
             raise unreachable(exc, client) from exc
         warn_if_evicting(client)
 
-    def _settings_lost(self) -> None:
-        """An add found no mark of stored settings: the queue's first add,
-        or the server lost its data (the meta key deleted). Store them again,
-        with the mark, before the next command, and list the queue again. A
+    def _settings_lost(self, sent: float) -> None:
+        """An add (sent at ``sent``, monotonic) found no mark of stored
+        settings: the queue's first add, or the server lost its data (the
+        meta key deleted). Store them again with the mark (one script call,
+        through the connection the adds share), and list the queue again. A
         shard tells its sharded queue, whose count and shard marks went too.
-        (Only an add marks them: a queue that is only read leaves no key.)"""
+        The replies of a burst of adds sent before the mark was written store
+        nothing again. (Only an add marks them: a queue only read leaves no
+        key.) A failure is left to the next add: this one was written."""
+        if self._marking or sent < self._marked_at:
+            return
         self._marking = True
-        self._context.on_first_use(self._first_use)
+        try:
+            event_mode, max_events, result_ttl = self._settings
+            self._context.calls.store_settings(
+                event_mode or "", "" if max_events is None else str(max_events),
+                "" if result_ttl is None else str(round(result_ttl * 1000)))
+            self._marked_at = time.monotonic()
+        except redis.exceptions.RedisError as exc:  # out of memory, say
+            logger.warning("queue %r: storing its settings again failed: %r", self.name, exc)
+            return
+        finally:
+            self._marking = False
         if self._owner_lost is not None:
             self._owner_lost()
         else:
@@ -166,8 +186,8 @@ class Queue(
         if event_mode is not None and client.hsetnx(meta, "em", event_mode) and \
                 event_mode == "pubsub":
             tell_readers_pubsub(client, self._context.keys.events)
-        stored_mode, stored_max, stored_ttl, shards, marked = client.hmget(
-            meta, ["em", "maxev", "rttl", "shards", "cfg"]
+        stored_mode, stored_max, stored_ttl, shards = client.hmget(
+            meta, ["em", "maxev", "rttl", "shards"]
         )
         if shards:  # a ShardedQueue's name: its jobs are on its shards
             raise mismatch(self.name, int(shards), None)
@@ -187,9 +207,6 @@ class Queue(
         if result_ttl is not None and round(result_ttl * 1000) != round(self._result_ttl * 1000):
             client.hset(meta, "rttl", round(result_ttl * 1000))
             self._result_ttl = float(result_ttl)
-        if self._marking and not marked:  # last: stored (see _settings_lost)
-            client.hset(meta, "cfg", "1")
-        self._marking = False
 
     @property
     def event_mode(self) -> str:
@@ -287,12 +304,13 @@ class Queue(
             chunk = prepared[start : start + BATCH]
             jobs = [new._replace(trace=trace) if trace else new for new, _, _ in chunk]
             try:
+                sent = time.monotonic()
                 timestamp, added, unset = self._context.calls.add(jobs)
             except redis.exceptions.OutOfMemoryError as exc:
                 raise RedisOOMError("Redis is out of memory and refused the add (used_memory > "
                                     f"maxmemory, maxmemory-policy noeviction): {exc}") from exc
             if unset:
-                self._settings_lost()
+                self._settings_lost(sent)
             for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):
                 new, opts, data = item
                 if duplicated:

@@ -57,6 +57,7 @@ _SCRIPT_NAMES = (
     "retry",
     "schedulerSync",
     "stalledCheck",
+    "storeSettings",
     "updateJob",
     "upsertScheduler",
 )
@@ -67,7 +68,7 @@ _SCRIPT_NAMES = (
 RESENDABLE = frozenset(
     {
         "complete", "extendLocks", "fail", "getCounts", "getMetrics", "getOutcome",
-        "getWorkers", "heartbeat", "pause", "stalledCheck",
+        "getWorkers", "heartbeat", "pause", "stalledCheck", "storeSettings",
     }
 )
 

@@ -113,6 +113,7 @@ def _exercise(
         "getCounts": q.get_counts,
         "pause": lambda: q.pause(False),
         "remove": lambda: q.remove("nope", True),
+        "storeSettings": lambda: q.store_settings("", "", ""),
         "drain": lambda: q.drain(False, 10, 0),
         "clean": lambda: q.clean("completed", 0, 10, b""),
         "obliterate": lambda: q.obliterate(True, 10),
