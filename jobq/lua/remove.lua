@@ -39,6 +39,8 @@ local function remove_one(jid, f, resolved)
     redis.call('ZREM', K_COMPLETED, jid)
   elseif state == 'failed' then
     redis.call('ZREM', K_FAILED, jid)
+  elseif state == 'waiting-children' then
+    redis.call('ZREM', base .. 'waiting-children', jid)
   end
   delete_job(jid, true, resolved)
   emit('removed', jid, { 'prev', state })
@@ -60,8 +62,8 @@ local f = record(id)
 if not f[1] then return 0 end
 if locked(id, f[1]) then return -2 end
 
--- The whole tree under the job, breadth first: { base, id, record, member }
--- per job, the job itself first. A child is named '<queue>:<id>' in its
+-- The whole tree under the job, breadth first: { base, id, record } per
+-- job, the job itself first. A child is named '<queue>:<id>' in its
 -- parent's keys, and a queue name may hold ':'; of the ways to split a
 -- name, the one whose job names this parent (pid, pqb) is the child.
 local tree = { { base, id, f } }
