@@ -104,6 +104,18 @@ class AttemptTable:
         with self._cond:
             return [a for a in self._attempts.values() if a.deadline is not None and not a.claimed]
 
+    def cancel_hinted(self, data: bytes | str) -> None:
+        """A message of the cancel channel (cancel.lua): ``"<job id> <lock
+        token>"``; tell the attempt it names that its job was cancelled. The
+        token is matched, not the id alone: a channel's name has no database
+        in it, and a job of the same id in another database of the server
+        was cancelled too."""
+        text = data.decode() if isinstance(data, bytes) else str(data)
+        job_id, _, token = text.partition(" ")
+        for attempt in self.by_job(job_id):
+            if attempt.token == token:
+                attempt.cancel()
+
     def by_job(self, job_id: str) -> list[Attempt]:
         """The attempts held for one job (one, but for a retried take)."""
         with self._cond:

@@ -122,10 +122,7 @@ class CancelListener:
             elif kind == "sunsubscribe":  # the slot moved: subscribe again
                 raise ConnectionError("the server ended the cancel subscription")
             elif kind == "smessage":
-                job_id = message["data"]
-                job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
-                for attempt in self._table.by_job(job_id):
-                    attempt.cancel()
+                self._table.cancel_hinted(message["data"])
             return 0.0
         except Exception:
             self._disconnect()

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 logger = logging.getLogger("jobq")
+
+#: The clients already checked: once each (every Queue's first use asked,
+#: a connection of the pool each).
+_checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def warn_if_evicting(client: Any) -> None:
@@ -13,8 +18,14 @@ def warn_if_evicting(client: Any) -> None:
     other than ``noeviction``): an evicted job, lock or marker is a lost job.
 
     Best effort: a server that refuses ``CONFIG GET`` (ACL, managed services)
-    or is unreachable is not checked.
+    or is unreachable is not checked. Once per client.
     """
+    try:
+        if client in _checked:
+            return
+        _checked.add(client)
+    except TypeError:  # a client that cannot be weakly referenced: checked each time
+        pass
     try:
         reply = client.config_get("maxmemory-policy")
     except Exception as exc:  # NOPERM, a cluster without the command, a dead server

@@ -144,6 +144,10 @@ class Coalescer:
         self._connection: Any = None
         self._closed = False
         self._idle = _Idle()
+        #: FUNCTION LOADs sent by its users, and the lock they take to send
+        #: one (see ``Scripts._call_coalesced``)
+        self.loads = 0
+        self.load_lock = threading.Lock()
 
     def call(self, packed: bytes) -> Any:
         """Send one packed command; return its reply (raise its error)."""

@@ -98,6 +98,9 @@ class QueueContext:
         self.scripts = Scripts(self.client)
         #: the scripts' typed front end, over ``run``
         self.calls = QueueScripts(self.run)
+        #: the same, for the first-use setup itself (``run`` would wait for it)
+        self.setup_calls = QueueScripts(
+            lambda script, *args: self.scripts.run(script, self.keys.base, *args))
         self._held = _Held(self.client, client_owned, self.scripts)
         self._finalizer = weakref.finalize(self, _release_unreachable, self._held, self.name)
         self._finalizer.atexit = False  # at exit the process ends anyway

@@ -54,17 +54,10 @@ GAP_CHECK_INTERVAL = 1.0
 MODE_CHECK_INTERVAL = 5.0
 #: Entries read at most per XREAD: a reader behind catches up in few reads.
 READ_COUNT = 5000
-#: The stream entry a Queue writes when it stores pub/sub mode: a reader
-#: that began on the stream (no mode was stored) moves to the channel. It
-#: is no event: readers never dispatch it.
+#: The stream entry storeSettings.lua writes when a Queue stores pub/sub
+#: mode: a reader that began on the stream (no mode was stored) moves to the
+#: channel. It is no event: readers never dispatch it.
 _MODE_STORED = b"__jobq_mode__"
-
-
-def tell_readers_pubsub(client: Client, key: str) -> None:
-    """A Queue stored pub/sub mode: tell the readers of the events stream
-    ``key``. The stream goes a minute later (pub/sub mode keeps none)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(key, {"ev": _MODE_STORED}).pexpire(key, 60_000).execute()
 
 
 class ModeChanged(ConnectionError):
@@ -290,6 +283,8 @@ class EventReader:
         self._listeners = listeners
         self._lost = lost  # events may have been lost: re-check every waiter
         self.table: WaiterTable | None = None
+        # its database's number: pub/sub events of another database are dropped
+        self._db = _connection.database(context.client)
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -466,10 +461,12 @@ class EventReader:
         if kind != "smessage":
             return
         try:
-            event = _events.from_pubsub(message["data"])
+            event, db = _events.from_pubsub(message["data"])
         except Exception:
             logger.exception("skipping undecodable event message of %r", self.name)
             return
+        if db is not None and db != self._db:
+            return  # the queue of this name in another database of the server
         if event.name == CHECKPOINT:
             self.table.settle(event.job_id)
             return

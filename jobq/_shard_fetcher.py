@@ -169,10 +169,7 @@ class ShardFetcher(Fetcher):
         if shard < 0:
             return
         if cancels:
-            data = message["data"]
-            job_id = data.decode() if isinstance(data, bytes) else str(data)
-            for attempt in self._table.by_job(job_id):
-                attempt.cancel()
+            self._table.cancel_hinted(message["data"])
         else:
             self._signalled.add(shard)
 

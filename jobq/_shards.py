@@ -110,11 +110,7 @@ def store_count(client: Any, prefix: str, name: str, count: int) -> None:
         held = (keys.wait, keys.prioritized, keys.delayed, keys.active, keys.completed,
                 keys.failed, keys.waiting_children, keys.schedulers)
         if client.exists(*held):
-            raise ShardCountError(
-                f"queue {name!r} is a plain queue that holds jobs: sharded, they would be "
-                "left where none of its workers looks; drain or obliterate it first (or "
-                "shard a queue of another name)"
-            )
+            raise holds_jobs(name)
     client.hsetnx(meta, COUNT_FIELD, count)
     stored = stored_count(client, prefix, name)
     if stored != count:
@@ -130,6 +126,15 @@ def check_prefix(prefix: str) -> None:
             f"a sharded queue cannot use the prefix {prefix!r}: its hash tag would put "
             "every shard in one cluster slot"
         )
+
+
+def holds_jobs(name: str) -> ShardCountError:
+    """The error for sharding a plain queue that holds jobs."""
+    return ShardCountError(
+        f"queue {name!r} is a plain queue that holds jobs: sharded, they would be "
+        "left where none of its workers looks; drain or obliterate it first (or "
+        "shard a queue of another name)"
+    )
 
 
 def mismatch(name: str, stored: int, asked: int | None) -> ShardCountError:

@@ -277,11 +277,14 @@ class QueueScripts:
         ]
         return float(reply[0]) / 1000.0, added, unset
 
-    def add_flow(self, nodes: Sequence[FlowNode]) -> tuple[float, list[Added], int, int]:
+    def add_flow(
+        self, nodes: Sequence[FlowNode]
+    ) -> tuple[float, list[Added], int, int, list[int]]:
         """addFlow.lua: add a tree (or a job and its dependencies) atomically;
-        (the server's time, s; each node; 0; 0), or, with nothing written,
-        (0; []; an error code; the node's 1-based index): -1 a named job
-        does not exist, -6 it has another parent."""
+        (the server's time, s; each node; 0; 0; the 0-based indexes of the
+        nodes written whose queue had no mark of stored settings), or, with
+        nothing written, (0; []; an error code; the node's 1-based index;
+        []): -1 a named job does not exist, -6 it has another parent."""
         argv: list[Any] = [len(nodes)]
         for node in nodes:
             job = node.job
@@ -289,12 +292,13 @@ class QueueScripts:
                      *job[7:12], *job.dedup, job.trace)
         reply = self._run("addFlow", *argv)
         if len(reply) == 2 and int(reply[0]) < 0:
-            return 0.0, [], int(reply[0]), int(reply[1])
+            return 0.0, [], int(reply[0]), int(reply[1]), []
+        end = 1 + 3 * len(nodes)
         added = [
             Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)
-            for i in range(1, len(reply), 3)
+            for i in range(1, end, 3)
         ]
-        return float(reply[0]) / 1000.0, added, 0, 0
+        return float(reply[0]) / 1000.0, added, 0, 0, [int(i) - 1 for i in reply[end:]]
 
     def emit(self, event: str, fields: Iterable[tuple[str, bytes]]) -> None:
         """emit.lua: publish a custom event with msgpack-encoded fields."""
@@ -314,10 +318,21 @@ class QueueScripts:
         """pause.lua: pause or resume the queue."""
         self._run("pause", "1" if paused else "0")
 
-    def store_settings(self, event_mode: str, max_events: str, result_ttl_ms: str) -> None:
+    def store_settings(
+        self, event_mode: str, max_events: str, result_ttl_ms: str, writes: str, db: str
+    ) -> list[bytes | None]:
         """storeSettings.lua: store the settings given ('' for each not
-        given) and the mark of stored settings."""
-        self._run("storeSettings", event_mode, max_events, result_ttl_ms)
+        given); ``writes`` 'c' the mark of stored settings too, 's' the
+        shard mark; ``db`` the caller's database (kept in pub/sub mode). The
+        settings as stored: event mode, max_events, result TTL in ms, shard
+        count (None for each not stored)."""
+        return list(self._run("storeSettings", event_mode, max_events, result_ttl_ms, writes,
+                              db))
+
+    def store_shard_count(self, count: int) -> int:
+        """storeShardCount.lua: store a sharded queue's count unless one is;
+        the count stored, 0 when the name is a plain queue holding jobs."""
+        return int(self._run("storeShardCount", count))
 
     def remove(self, job_id: str, children: bool) -> int | str:
         """remove.lua: 1 removed, 0 no such job, -2 active with its lock
@@ -453,6 +468,7 @@ SCRIPT_METHODS: dict[str, tuple[type, str]] = {
     "pause": (QueueScripts, "pause"),
     "remove": (QueueScripts, "remove"),
     "storeSettings": (QueueScripts, "store_settings"),
+    "storeShardCount": (QueueScripts, "store_shard_count"),
     "drain": (QueueScripts, "drain"),
     "clean": (QueueScripts, "clean"),
     "obliterate": (QueueScripts, "obliterate"),

@@ -476,6 +476,16 @@ class DeadlineConnections:
             connection.disconnect()
 
 
+def database(client: Client) -> str:
+    """The number of the database a client uses, as text ("0" on a cluster,
+    which has no other)."""
+    if isinstance(client, RedisCluster):
+        return "0"
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    return str(int(kwargs.get("db") or 0))
+
+
 def pooled(client: Any) -> bool:
     """Whether ``client`` is a plain client with a pool to lend connections
     (not a cluster client, a pipeline or a client bound to one connection)."""

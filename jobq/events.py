@@ -138,8 +138,10 @@ def to_netstrings(parts: list[str]) -> bytes:
     return b"".join(out)
 
 
-def from_pubsub(message: bytes) -> Event:
-    """Decode one pub/sub message: netstrings of alternating fields and values."""
+def from_pubsub(message: bytes) -> tuple[Event, str | None]:
+    """Decode one pub/sub message: netstrings of alternating fields and
+    values; the event, and the number of the database of the queue that
+    sent it (field db, see storeSettings.lua; None when it has none)."""
     parts: list[bytes] = []
     pos = 0
     end = len(message)
@@ -154,4 +156,6 @@ def from_pubsub(message: bytes) -> Event:
     if len(parts) % 2:
         raise SerializationError("event message has an odd number of parts")
     raw = {_text(parts[i]): parts[i + 1] for i in range(0, len(parts), 2)}
-    return build(raw, None, float(raw.get("ts", b"0")) / 1000.0)
+    db = raw.pop("db", None)
+    event = build(raw, None, float(raw.get("ts", b"0")) / 1000.0)
+    return event, None if db is None else _text(db)

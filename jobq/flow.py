@@ -9,6 +9,7 @@ the child's completion moves it on in the same script call. See docs/guide/flows
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -146,7 +147,8 @@ def _write(
         FlowNode(n.queue._context.keys.base, n.parent, n.new) for n in nodes
     ] + [FlowNode(QueueKeys(prefix, q).base, 1, _reference(i)) for q, i in refs]
     _check_slots(client, (node.base for node in flow))
-    timestamp, added, code, index = root._context.calls.add_flow(flow)
+    sent = time.monotonic()
+    timestamp, added, code, index, unset = root._context.calls.add_flow(flow)
     if code < 0:
         where, job_id = (
             (refs[index - len(nodes) - 1]) if index > len(nodes)
@@ -157,6 +159,8 @@ def _write(
         raise JobqError(
             f"job {where}:{job_id} has another parent already: a job has one parent"
         )
+    for queue in {id(nodes[i].queue): nodes[i].queue for i in unset}.values():
+        queue._settings_lost(sent)  # the server lost them: stored again, as an add does
     jobs: list[Job | None] = []
     recorded: set[str] = set()
     for node, (job_id, duplicated, run) in zip(nodes, added, strict=False):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import serializer
 from ._job_flow import Dependencies, JobFlow
 from ._job_record import UserValue, load_record, text
+from .connection import database
 from .errors import JobNotFoundError, script_error
 from .options import JobOptions, flag, list_index
 
@@ -338,6 +339,12 @@ def _events_for(job: Job, queue_events: QueueEvents | None) -> QueueEvents:
             f"job {job.id!r} of queue {context.name!r} (prefix "
             f"{context.prefix!r}) cannot be waited for through the QueueEvents of "
             f"queue {queue_events.name!r} (prefix {queue_events.prefix!r})"
+        )
+    mine, theirs = database(context.client), database(queue_events._context.client)
+    if mine != theirs:  # and per database
+        raise ValueError(
+            f"job {job.id!r} of database {mine} cannot be waited for through a "
+            f"QueueEvents of database {theirs}"
         )
     return queue_events
 

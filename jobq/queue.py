@@ -17,11 +17,10 @@ from ._closing import ClosedOnExit, OfQueue
 from ._context import PAYLOAD_LIMIT, QueueContext, not_a_shard
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading, record_queue
-from ._reader import tell_readers_pubsub
 from ._schedulers import QueueSchedulers
 from ._shards import mismatch
 from .calls import NewJob
-from .connection import unreachable
+from .connection import database, unreachable
 from .errors import (
     JobqError,
     RedisOOMError,
@@ -140,7 +139,7 @@ class Queue(
     def _first_use(self) -> None:
         client = self._context.client
         try:
-            self._setup_meta(*self._settings)
+            self._setup_meta()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise unreachable(exc, client) from exc
         warn_if_evicting(client)
@@ -148,49 +147,52 @@ class Queue(
     def _settings_lost(self, sent: float) -> None:
         """An add (sent at ``sent``, monotonic) found no mark of stored
         settings: the queue's first add, or the server lost its data (the
-        meta key deleted). Store them again with the mark (one script call,
-        through the connection the adds share), and list the queue again. A
-        shard tells its sharded queue, whose count and shard marks went too.
-        The replies of a burst of adds sent before the mark was written store
-        nothing again. (Only an add marks them: a queue only read leaves no
-        key.) A failure is left to the next add: this one was written."""
+        meta key deleted). Store them again with the mark, and list the
+        queue again. A shard has its sharded queue do it, for the count and
+        every shard. The replies of a burst of adds sent before the mark was
+        written store nothing again. (Only an add marks them: a queue only
+        read leaves no key.) A failure is left to the next add: this one
+        was written."""
         if self._marking or sent < self._marked_at:
             return
         self._marking = True
         try:
-            event_mode, max_events, result_ttl = self._settings
-            self._context.calls.store_settings(
-                event_mode or "", "" if max_events is None else str(max_events),
-                "" if result_ttl is None else str(round(result_ttl * 1000)))
-            self._marked_at = time.monotonic()
+            if self._owner_lost is not None:
+                self._owner_lost()
+            else:
+                self._store_settings("c")
+                self._recorded = False
         except redis.exceptions.RedisError as exc:  # out of memory, say
             logger.warning("queue %r: storing its settings again failed: %r", self.name, exc)
-            return
         finally:
             self._marking = False
-        if self._owner_lost is not None:
-            self._owner_lost()
-        else:
-            self._recorded = False
+
+    def _store_settings(self, writes: str) -> list[bytes | None]:
+        """Store this queue's settings (``writes`` as storeSettings.lua's: 'c'
+        their mark too; a shard always writes its shard mark) in one script
+        call, through the connection the adds share: several queues set up
+        at once took a connection of the pool each, past a small pool's
+        size. The settings as stored (see ``QueueScripts.store_settings``)."""
+        event_mode, max_events, result_ttl = self._settings
+        stored = self._context.setup_calls.store_settings(
+            event_mode or "", "" if max_events is None else str(max_events),
+            "" if result_ttl is None else str(round(result_ttl * 1000)),
+            writes + ("s" if self._owner_lost is not None else ""),
+            database(self._context.client))
+        if "c" in writes:
+            self._marked_at = time.monotonic()
+        return stored
 
     def _record(self) -> None:
         """Record the queue's name in the known-queues set (for ``jobq info``
         with no queue named), once, when it is first written to."""
         record_queue(self)
 
-    def _setup_meta(
-        self, event_mode: str | None, max_events: int | None, result_ttl: float | None
-    ) -> None:
-        meta = self._context.keys.meta
-        client = self._context.client
-        if event_mode is not None and client.hsetnx(meta, "em", event_mode) and \
-                event_mode == "pubsub":
-            tell_readers_pubsub(client, self._context.keys.events)
-        stored_mode, stored_max, stored_ttl, shards = client.hmget(
-            meta, ["em", "maxev", "rttl", "shards"]
-        )
+    def _setup_meta(self) -> None:
+        stored_mode, stored_max, stored_ttl, shards = self._store_settings("")
         if shards:  # a ShardedQueue's name: its jobs are on its shards
             raise mismatch(self.name, int(shards), None)
+        event_mode = self._settings[0]
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:
             raise JobqError(
@@ -200,13 +202,7 @@ class Queue(
         # a value that is no whole number (set by hand) counts as unset, as
         # the scripts take it
         self._max_events = _stored_int(stored_max, DEFAULT_MAX_EVENTS)
-        if max_events is not None and max_events != self._max_events:
-            client.hset(meta, "maxev", max_events)
-            self._max_events = max_events
         self._result_ttl = _stored_int(stored_ttl, round(DEFAULT_RESULT_TTL * 1000)) / 1000.0
-        if result_ttl is not None and round(result_ttl * 1000) != round(self._result_ttl * 1000):
-            client.hset(meta, "rttl", round(result_ttl * 1000))
-            self._result_ttl = float(result_ttl)
 
     @property
     def event_mode(self) -> str:

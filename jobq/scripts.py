@@ -58,6 +58,7 @@ _SCRIPT_NAMES = (
     "schedulerSync",
     "stalledCheck",
     "storeSettings",
+    "storeShardCount",
     "updateJob",
     "upsertScheduler",
 )
@@ -68,7 +69,7 @@ _SCRIPT_NAMES = (
 RESENDABLE = frozenset(
     {
         "complete", "extendLocks", "fail", "getCounts", "getMetrics", "getOutcome",
-        "getWorkers", "heartbeat", "pause", "stalledCheck", "storeSettings",
+        "getWorkers", "heartbeat", "pause", "stalledCheck", "storeSettings", "storeShardCount",
     }
 )
 
@@ -192,8 +193,6 @@ class Scripts:
         self._plain = pooled(client)  # its calls go through the coalescer
         self._coalescer: Coalescer | None = None
         self._coalescer_lock = threading.Lock()
-        self._loads = 0  # FUNCTION LOADs sent (see _call_coalesced)
-        self._load_lock = threading.Lock()
         self._refuser: int | None = None
         _fork.track(self)
 
@@ -201,7 +200,6 @@ class Scripts:
         """In a forked child: new locks (a parent's thread may have held
         one; the coalescer resets itself)."""
         self._coalescer_lock = threading.Lock()
-        self._load_lock = threading.Lock()
 
     def _coalesced(self, pool: Any) -> Coalescer:
         if self._coalescer is None:
@@ -328,18 +326,21 @@ class Scripts:
         new or restarted one) the first of the calls that found it missing
         loads it, and each goes again: a few hundred concurrent first calls
         each loading it on a connection of its own ran the pool out of
-        connections."""
-        loads = self._loads
+        connections. The count of loads is the pool's (its coalescer's),
+        not one queue's: the first calls of several queues at once did the
+        same."""
+        coalescer = self._coalesced(pool)
+        loads = coalescer.loads
         try:
-            return self._coalesced(pool).call(packed)
+            return coalescer.call(packed)
         except ResponseError as exc:
             if not function_missing(exc):
                 raise
-        with self._load_lock:
-            if self._loads == loads:  # not loaded since this call went out
+        with coalescer.load_lock:
+            if coalescer.loads == loads:  # not loaded since this call went out
                 load_library(self._client)
-                self._loads += 1
-        return self._coalesced(pool).call(packed)
+                coalescer.loads += 1
+        return coalescer.call(packed)
 
     def run_on(
         self, connection: Any, name: str, base: str, *args: Any, deadline: float | None = None

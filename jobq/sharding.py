@@ -31,9 +31,10 @@ from ._shards import (
     ShardCountError,
     check_prefix,
     generated_id,
+    holds_jobs,
+    mismatch,
     shard_names,
     shard_of,
-    store_count,
     stored_count,
     validate_count,
 )
@@ -141,9 +142,20 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         self._pool = None
 
     def _first_use(self) -> None:
+        """Store the shard count with the queue's name and each shard's
+        settings and mark (its scripts then publish wake-ups): one script
+        call each, through the connection the adds share (the shards set up
+        at once took a connection of the pool each, past a small pool's
+        size)."""
         client = self._context.client
         try:
-            store_count(client, self.prefix, self.name, self._count)
+            stored = self._context.setup_calls.store_shard_count(self._count)
+            if stored == 0:
+                raise holds_jobs(self.name)
+            if stored != self._count:
+                raise mismatch(self.name, stored, self._count)
+            for shard in self._shards:
+                shard._context.ensure_ready()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise unreachable(exc, client) from exc
 
@@ -153,10 +165,12 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
 
     def _settings_lost(self) -> None:
         """A shard's add found its settings gone (the server lost its data):
-        the next use stores the count and the shard marks again, and lists
+        store the count and every shard's settings and marks again, and list
         the queue again."""
+        self._context.calls.store_shard_count(self._count)
+        for shard in self._shards:
+            shard._store_settings("c")
         self._recorded = False
-        self._context.on_first_use(self._first_use)
 
     # -- what it is ---------------------------------------------------------
 

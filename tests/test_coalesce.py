@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Queue
+from jobq import Queue, ShardedQueue
+from jobq.keys import QueueKeys
 from jobq.testing import RedisServer, find_server_binary
 from tests.polling import until
 
@@ -45,9 +46,12 @@ def connections_named(client: redis.Redis, name: str) -> int:
     return sum(1 for c in client.client_list() if c["name"] == name)
 
 
-def add_from_threads(queue: Queue, threads: int, adds: int) -> dict[tuple[int, int], str]:
-    """Add ``adds`` jobs from each of ``threads`` threads started together;
-    return each job's id by its data."""
+def add_from_threads(
+    queue: Queue | ShardedQueue | list[Queue], threads: int, adds: int
+) -> dict[tuple[int, int], str]:
+    """Add ``adds`` jobs from each of ``threads`` threads started together
+    (thread ``t`` to queue ``t`` of a list, round the list); return each
+    job's id by its data."""
     ids: dict[tuple[int, int], str] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(threads)
@@ -56,8 +60,9 @@ def add_from_threads(queue: Queue, threads: int, adds: int) -> dict[tuple[int, i
     def produce(t: int) -> None:
         try:
             start.wait(WAIT)
+            target = queue[t % len(queue)] if isinstance(queue, list) else queue
             for i in range(adds):
-                job = queue.add("x", [t, i])
+                job = target.add("x", [t, i])
                 with lock:
                     ids[(t, i)] = job.id
         except BaseException as exc:  # reported by the test
@@ -281,6 +286,51 @@ def test_a_burst_of_calls_on_a_server_without_the_library_loads_it_once(
         # then go out in one batch, refused
         ids = add_from_threads(queue, THREADS, 2)
         assert queue.count() == len(set(ids.values())) == THREADS * 2
+        queue.obliterate(force=True)
+
+
+@pytest.mark.parametrize("shape", ["queues", "sharded"])
+def test_the_first_calls_of_several_queues_at_once_keep_to_a_small_pool(
+    small_pool: redis.Redis, queue_name: str, shape: str
+) -> None:
+    """Each queue (each shard of a sharded queue) set itself up on its first
+    call with a connection of the pool, and loaded the library on another:
+    the first adds of several queues at once ran a pool of two out of
+    connections (MaxConnectionsError, their jobs not written), 10 runs of
+    10. Both now go through the connection the adds share."""
+    small_pool.function_flush()  # a new or restarted server
+    queues: list[Any] = (
+        [Queue(f"{queue_name}-{i}", connection=small_pool) for i in range(4)] if shape == "queues"
+        else [ShardedQueue(queue_name, shards=4, connection=small_pool)]
+    )
+    try:
+        ids = add_from_threads(queues if shape == "queues" else queues[0], THREADS, 2)
+        assert len(ids) == sum(q.count() for q in queues) == THREADS * 2
+    finally:
+        for q in queues:
+            q.obliterate(force=True)
+            q.close()
+
+
+def test_a_sharded_queue_stores_its_settings_again_through_the_shared_connection(
+    small_pool: redis.Redis, queue_name: str
+) -> None:
+    """After the server lost its data, a sharded queue stored its count and
+    shard marks again on the pool, as on its first use: with a pool of two,
+    that raced the library's load for the last connection. Each is now one
+    script call through the connection the adds share."""
+    with ShardedQueue(queue_name, shards=4, connection=small_pool) as queue:
+        queue.add("x", "warm")
+        small_pool.function_flush()  # a server that lost its data (FLUSHALL, a restart)
+        metas = [shard._context.keys.meta for shard in queue.shards]
+        logical = QueueKeys("jobq", queue_name).meta
+        for key in (logical, *metas):  # one key a call: a cluster's slots
+            small_pool.delete(key)
+        ids = add_from_threads(queue, THREADS, 2)
+        assert queue.count() == len(set(ids.values())) + 1 == THREADS * 2 + 1
+        assert small_pool.hget(logical, "shards") == b"4"
+        assert small_pool.hget(logical, "cfg") is None  # the name holds no jobs
+        assert [small_pool.hmget(m, "shard", "cfg") for m in metas] == [[b"1", b"1"]] * 4
         queue.obliterate(force=True)
 
 

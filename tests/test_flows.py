@@ -25,6 +25,7 @@ from jobq import (
     QueueEvents,
     Worker,
 )
+from jobq.keys import QueueKeys, queues_key
 from tests.polling import until
 
 WAIT = 20.0
@@ -576,7 +577,8 @@ def test_obliterate_leaves_no_parent_its_children_released(
     queue.obliterate()
     assert queue.get_job(node.job.id) is None
     left = sorted(k.decode() for k in redis_client.scan_iter(match=f"{prefix}:{{obp}}:*"))
-    assert left == [f"{prefix}:{{obp}}:events", f"{prefix}:{{obp}}:id"]
+    # what stays: the settings (their mark), the id counter, the obliterated event
+    assert left == [f"{prefix}:{{obp}}:{key}" for key in ("events", "id", "meta")]
 
 
 def test_removing_a_parent_removes_its_whole_tree(
@@ -950,3 +952,33 @@ def test_on_a_cluster_queues_in_two_slots_are_refused(redis_url: str) -> None:
     ):
         producer.add({"name": "p", "queue": "slot-a", "children": [
             {"name": "c", "queue": "slot-b"}]})
+
+
+def test_a_flow_stores_its_queues_settings_again_after_the_server_lost_them(
+    flow: FlowProducer, prefix: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A process that only added flows never stored its queues' settings
+    again once the server lost them (FLUSHALL, a restart without
+    persistence): its queues went unlisted, and a depends_on add ran on
+    with the defaults. addFlow.lua reports the queues it found unmarked, as
+    add.lua does, and each is stored again."""
+    known = queues_key(prefix)
+    metas = [QueueKeys(prefix, name).meta for name in ("fa", "fb")]
+    tree = {"name": "p", "queue": "fa", "children": [{"name": "c", "queue": "fb"}]}
+    flow.add(tree)
+    assert [redis_client.hget(meta, "cfg") for meta in metas] == [b"1", b"1"]
+    for meta in metas:  # as FLUSHALL leaves them (one key a call: a cluster's slots)
+        redis_client.delete(meta)
+    redis_client.delete(known)
+    flow.add(tree)
+    assert [redis_client.hget(meta, "cfg") for meta in metas] == [b"1", b"1"]
+    assert redis_client.smembers(known) == {b"fa", b"fb"}
+    with Queue("fc", connection=redis_url, prefix=prefix, event_mode="pubsub",
+               max_events=500) as q:
+        first = q.add("n")
+        meta = QueueKeys(prefix, "fc").meta
+        stored = redis_client.hgetall(meta)
+        assert stored == {b"em": b"pubsub", b"maxev": b"500", b"cfg": b"1", b"db": b"0"}
+        redis_client.delete(meta)
+        q.add("p", depends_on=[first])
+        assert redis_client.hgetall(meta) == stored

@@ -1118,7 +1118,8 @@ def test_a_queue_stores_its_settings_again_after_the_server_lost_them(
         q.add("x")
         assert redis_client.sismember(known, queue_name)
         stored = redis_client.hgetall(meta)
-        assert stored == {b"em": b"pubsub", b"maxev": b"500", b"rttl": b"5000", b"cfg": b"1"}
+        assert stored == {b"em": b"pubsub", b"maxev": b"500", b"rttl": b"5000", b"cfg": b"1",
+                          b"db": b"0"}  # its database (see test_databases.py)
         redis_client.delete(meta)  # as FLUSHALL leaves them
         redis_client.srem(known, queue_name)
         q.add("x")  # written with the defaults: it finds them gone

@@ -67,14 +67,16 @@ local function lock_key(id) return base .. 'lock:' .. id end
 
 -- The queue's settings, read once per call: event mode, stream length, the
 -- paused flag (no script both pauses and reads it), the result TTL in ms,
--- the shard mark, and whether a Queue stored its settings (field cfg, which
--- a server that lost its data no longer has: see add.lua).
+-- the shard mark, whether a Queue stored its settings (field cfg, which a
+-- server that lost its data no longer has: see add.lua), and in pub/sub
+-- mode the number of the queue's database (field db, see
+-- storeSettings.lua; false when none is stored).
 local _meta = nil
 local function meta()
   if not _meta then
-    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard', 'cfg')
+    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard', 'cfg', 'db')
     _meta = { m[1] or 'stream', m[2] and string.match(m[2], '^%d+$') or '10000', m[3] == '1',
-      tonumber(m[4]) or 60000, m[5] == '1', m[6] and true or false }
+      tonumber(m[4]) or 60000, m[5] == '1', m[6] and true or false, m[7] }
   end
   return _meta
 end
@@ -125,11 +127,16 @@ local function emit(name, jid, fields, then_name, own_record)
   end
   local id = ''
   if m[1] == 'pubsub' then
+    -- a channel's name has no database in it: db tells the readers of
+    -- this database's queue from those of its namesakes in other ones
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
+    if m[7] then append(parts, { 'db', m[7] }) end
     redis.call('SPUBLISH', K_EVENTS, netstrings(parts))
     if then_name then
-      redis.call('SPUBLISH', K_EVENTS, netstrings({ 'ev', then_name, 'jid', jid, 'ts', now_ms() }))
+      local more = { 'ev', then_name, 'jid', jid, 'ts', now_ms() }
+      if m[7] then append(more, { 'db', m[7] }) end
+      redis.call('SPUBLISH', K_EVENTS, netstrings(more))
     end
     if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
   else

@@ -18,7 +18,9 @@
   Returns  {timestamp ms, id, duplicated, added, ...} per node as add.lua
            (duplicated: 0 written; 1 an existing job, left as it was and
            adopted as a child when it has a parent node; 4 not written,
-           under a node that existed); or {-1, i}: node i names no existing
+           under a node that existed), then the index i of each node written
+           whose queue has no mark of stored settings (add.lua's 'unset';
+           the caller stores them again); or {-1, i}: node i names no existing
            job (nothing written); {-6, i}: node i is an existing job with
            another parent (nothing written)
   Events   per node written: added, then waiting-children (a node with
@@ -109,6 +111,7 @@ local function write_node(node)
     push_ready(id, priority, lifo == '1')
     emit('waiting', id, {})
   end
+  node.unset = not meta()[6]
   return added
 end
 
@@ -161,5 +164,8 @@ for i = 1, n do
       and redis.call('SCARD', node.qb .. 'deps:' .. node.id) == 0 then
     in_queue(node.qb, release_parent, node.id, now)
   end
+end
+for i = 1, n do
+  if nodes[i].unset then out[#out + 1] = i end
 end
 return out

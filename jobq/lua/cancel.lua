@@ -21,7 +21,9 @@
            running job's too: an add after the cancel makes a new job)
   Schedulers  a scheduler's pending tick cancelled: the next tick is
            produced now, at the schedule's following time
-  Pub/sub  SPUBLISH <base>cancels <job id>, for a running job
+  Pub/sub  SPUBLISH <base>cancels "<job id> <lock token>", for a running job
+           whose lock is held (a channel's name has no database in it: the
+           token tells the worker whose attempt it is)
 ]]
 local id, reason = ARGV[1], ARGV[2]
 local jk = job_key(id)
@@ -34,7 +36,8 @@ if state == 'active' then
   release_dedup(id, f[4], f[5], true)
   redis.call('HSET', jk, 'cx', reason)
   emit('cancelled', id, { 'reason', reason, 'prev', 'active' })
-  redis.call('SPUBLISH', base .. 'cancels', id)
+  local token = redis.call('GET', lock_key(id))
+  if token then redis.call('SPUBLISH', base .. 'cancels', id .. ' ' .. token) end
   return 2
 end
 if state == 'waiting' then
