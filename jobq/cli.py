@@ -97,11 +97,12 @@ def _load(spec: str) -> Any:
             f"cannot load {spec!r}: {type(exc).__name__}: {exc}{where}"
         ) from exc
     from .queue import Queue
+    from .sharding import ShardedQueue
 
-    if isinstance(target, Queue):
+    if isinstance(target, (Queue, ShardedQueue)):
         if not target.tasks:
-            raise _UsageError(f"{spec!r} is a Queue without tasks (decorate functions "
-                              "with @queue.task)")
+            raise _UsageError(f"{spec!r} is a {type(target).__name__} without tasks (decorate "
+                              "functions with @queue.task)")
         return target
     if isinstance(target, Mapping):
         if not target or not all(isinstance(k, str) and callable(v) for k, v in target.items()):
@@ -142,13 +143,22 @@ def _when(seconds: float | None) -> str:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from ._serve import default_name, serve
     from .queue import Queue
+    from .sharding import ShardedQueue
 
     processor = _load(args.processor)
     if args.concurrency < 1:
         raise _UsageError("--concurrency must be at least 1")
     names = args.queue
-    if isinstance(processor, Queue):  # its tasks, on its own queue unless told
+    connection, prefix = args.url, args.prefix
+    if isinstance(processor, (Queue, ShardedQueue)):
+        # its tasks, on its own queue, server and prefix unless told: the
+        # defaults served another server's (or prefix's) queue of its name,
+        # where nothing waited, and a burst exited 0
         names = names or [processor.name]
+        if "url" not in args.given:
+            connection = processor.client
+        if "prefix" not in args.given:
+            prefix = processor.prefix
         processor = processor.tasks
     if not names:
         raise _UsageError("--queue is required unless MODULE:CALLABLE names a Queue")
@@ -156,8 +166,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.lock_duration is not None:
         options["lock_duration"] = args.lock_duration
     serve(
-        [(q, processor) for q in dict.fromkeys(names)], connection=args.url,
-        prefix=args.prefix, concurrency=args.concurrency, name=args.name or default_name(),
+        [(q, processor) for q in dict.fromkeys(names)], connection=connection,
+        prefix=prefix, concurrency=args.concurrency, name=args.name or default_name(),
         burst=args.burst, **options,
     )
     return EXIT_OK
@@ -702,7 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "run a worker until SIGINT / SIGTERM (a second signal forces)")
     worker.add_argument("processor", metavar="MODULE:CALLABLE",
                         help="a callable taking a Job, a dict of job names to callables, "
-                             "or a Queue (its @queue.task functions)")
+                             "or a Queue or ShardedQueue (its @queue.task functions, on its "
+                             "server and prefix unless --url / --prefix say otherwise)")
     worker.add_argument("--queue", "-q", action="append", default=None,
                         help="queue to serve (repeat for several; default: the Queue's own "
                              "when MODULE:CALLABLE names one)")
@@ -826,6 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``jobq`` command; return its exit code."""
     args = build_parser().parse_args(argv)
+    args.given = {key for key in ("url", "prefix") if getattr(args, key, None) is not None}
     # defaults filled here: set_defaults() would reach the subcommands' shared
     # actions and override a --url given before the command
     for key, default in (("url", os.environ.get("JOBQ_REDIS_URL") or None),

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 import jobq
-from jobq import Queue
+from jobq import Queue, ShardedQueue
 from tests.test_cli import ROOT, _env
 from tests.test_cli import jobq as run_jobq
 
@@ -31,6 +33,38 @@ def test_worker_burst_runs_a_queues_tasks_until_empty_then_exits_0(
     assert done.returncode == 0, done.stderr
     assert "(burst)" in done.stderr
     assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [0, 2, 4, 6, 8]
+
+
+def test_a_worker_of_a_queue_serves_it_on_its_own_server_and_prefix(
+    redis_url: str, queue_name: str
+) -> None:
+    """``jobq worker MODULE:queue`` took the Queue's name and tasks, but
+    served them on --url's server (or $JOBQ_REDIS_URL, or localhost) and
+    --prefix's prefix: a queue of another database or prefix was left
+    waiting, and a burst exited 0. A ShardedQueue was refused."""
+    from tests import task_app
+
+    cluster = os.environ.get("JOBQ_TEST_CLUSTER") == "1"  # one database only
+    own = redis_url if cluster else urlunsplit(urlsplit(redis_url)._replace(path="/3"))
+    prefix = f"app-{queue_name[-8:]}"
+    env = dict(_env(redis_url), JOBQ_TEST_TASK_QUEUE=queue_name, JOBQ_TEST_TASK_URL=own,
+               JOBQ_TEST_TASK_PREFIX=prefix)
+    with Queue(queue_name, connection=own, prefix=prefix) as queue, \
+            ShardedQueue(f"{queue_name}-sharded", shards=2, connection=own,
+                         prefix=prefix) as sharded:
+        jobs = [queue.add(task_app.add.name, {"args": [n, 1], "kwargs": {}}) for n in range(3)]
+        products = [sharded.add(task_app.mul.name, {"args": [n, 2], "kwargs": {}})
+                    for n in range(3)]
+        for target in ("tests.task_app:queue", "tests.task_app:sharded"):
+            done = subprocess.run(
+                [sys.executable, "-m", "jobq", "worker", target, "--burst"],
+                env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+            )
+            assert done.returncode == 0, done.stderr
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [1, 2, 3]
+        assert [j.wait_until_finished(timeout=WAIT) for j in products] == [0, 2, 4]
+        queue.obliterate(force=True)
+        sharded.obliterate(force=True)
 
 
 def test_worker_burst_on_an_empty_queue_exits_at_once(redis_url: str, queue_name: str) -> None:
