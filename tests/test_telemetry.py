@@ -220,6 +220,30 @@ def test_add_bulk_is_one_producer_span_whose_context_every_job_carries(
         assert span.parent is not None and span.parent.span_id == _ctx(send).span_id
 
 
+def test_a_debounced_job_carries_the_trace_of_the_add_whose_data_it_runs(
+    queue: Queue, traced: Traced
+) -> None:
+    """A debounce replaced the pending job's data, options and settings, but
+    not its trace context: the attempt that ran the last add's data was in
+    the first add's trace."""
+    dedup = {"id": "k", "replace": True}
+    with traced.tracer.start_as_current_span("first"):
+        first = queue.add("n", "first", delay=60, dedup=dedup)
+    with traced.tracer.start_as_current_span("second") as second:
+        job = queue.add("n", "second", delay=60, dedup=dedup)
+    assert job.id == first.id
+    sends = traced.spans(f"send {queue.name}")
+    assert len(sends) == 2 and _ctx(sends[1]).trace_id == second.get_span_context().trace_id
+    sent = _ctx(sends[1])
+    assert _record_field(queue, job.id, "tc") == \
+        f"00-{sent.trace_id:032x}-{sent.span_id:016x}-{sent.trace_flags:02x}".encode()
+    job.promote()
+    with _worker(queue, lambda j: j.data):
+        assert job.wait_until_finished(timeout=WAIT) == "second"
+        (process,) = traced.wait_spans(f"process {queue.name}", 1)
+    assert process.parent is not None and process.parent.span_id == sent.span_id
+
+
 def test_a_flow_and_a_depends_on_add_keep_the_chain(queue: Queue, traced: Traced) -> None:
     """Every job of a flow carries the context of the one producer span of
     FlowProducer.add; the parent's attempt is in the same trace as the

@@ -51,7 +51,7 @@ local now = now_ms()
 -- as a string: a number reply would be truncated to whole ms, unlike the stored ts
 local out = { fmt(now) }
 -- the settings a debounce replaces on the pending job (others are kept)
-local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa', 'fpol' }
+local REPLACED = { 'priority', 'lifo', 'atts', 'kc', 'ka', 'kfc', 'kfa', 'fpol', 'tc' }
 -- The owner of a dedup key if the key holds: 2 deduplicated, 3 debounced
 -- (the owner, delayed, takes the add's content and delay), or nil.
 -- `a`: the job's first value in ARGV; its settings from ARGV[s + 1].
@@ -90,6 +90,7 @@ local function dedup_hit(a, s, now)
     if ARGV[s + 3 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[s + 3 + i] }) end
   end
   if ARGV[s + 13] ~= '' then append(fields, { 'fpol', ARGV[s + 13] }) end
+  if ARGV[s + 14] ~= '' then append(fields, { 'tc', ARGV[s + 14] }) end  -- its trace too
   redis.call('HSET', jk, unpack(fields))
   add_delayed(owner, run_at)
   emit('delayed', owner, { 'delay', delay, 'run_at', run_at, 'prev', 'delayed' })
