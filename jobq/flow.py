@@ -190,6 +190,24 @@ def add_with_dependencies(
 ) -> Job:
     """``Queue.add(..., depends_on=...)``: one job that waits for existing
     jobs (a bare id: of the same queue; ``(queue, id)``; a Job)."""
+    refs = dependency_refs(queue, depends_on)
+    new, plain = queue._prepare(name, data, options)
+    if new.dedup != NO_DEDUP:  # given, or one of the queue's default options
+        raise ValueError("dedup cannot be combined with depends_on")
+    job = _traced(queue, queue.client, [_Pending(queue, new, plain, data, 0)], refs)[0]
+    assert job is not None
+    return job
+
+
+def dependency_refs(queue: Any, depends_on: Iterable[Any]) -> list[tuple[str, str]]:
+    """The jobs of a ``depends_on`` for a job of ``queue``, checked: (queue,
+    id) each.
+
+    Raises:
+        TypeError: not a list of job ids, (queue, id) pairs or Jobs.
+        ValueError: a Job of another prefix or of a sharded queue, or two
+            jobs their parent would know by one name.
+    """
     if isinstance(depends_on, (str, bytes, Job)):
         raise TypeError(
             f"depends_on takes a list of job ids, (queue, id) pairs or Jobs, not {depends_on!r}"
@@ -214,12 +232,7 @@ def add_with_dependencies(
                 f"depends_on takes job ids, (queue, id) pairs or Jobs, not {dep!r}"
             )
     _check_names(refs)
-    new, plain = queue._prepare(name, data, options)
-    if new.dedup != NO_DEDUP:  # given, or one of the queue's default options
-        raise ValueError("dedup cannot be combined with depends_on")
-    job = _traced(queue, queue.client, [_Pending(queue, new, plain, data, 0)], refs)[0]
-    assert job is not None
-    return job
+    return refs
 
 
 class FlowProducer(ClosedOnExit):

@@ -56,6 +56,14 @@ __all__ = ["ShardCountError", "ShardedQueue", "open_queue"]
 _Prepared = tuple[NewJob, dict[str, Any], Any]
 
 
+def flows_refused(name: str) -> JobqError:
+    """The error for ``depends_on`` or a failure policy on a sharded queue."""
+    return JobqError(
+        f"queue {name!r} is sharded: depends_on and flows need every job of a flow in "
+        "one slot; use a plain queue for them"
+    )
+
+
 class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnExit):
     """A queue spread over ``shards`` sub-queues, each in its own cluster slot.
 
@@ -219,10 +227,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             if options.get("depends_on") is not None or any(
                 options.get(p) for p in FAILURE_POLICIES
             ):
-                raise JobqError(
-                    f"queue {self.name!r} is sharded: depends_on and flows need every job "
-                    "of a flow in one slot; use a plain queue for them"
-                )
+                raise flows_refused(self.name)
             shard = self._route(options)
             new, opts = self._shards[shard]._prepare(name, data, options)
             groups[shard].append((count, (new, opts, data)))

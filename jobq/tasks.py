@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import serializer
-from .options import JobOptions
+from .options import NO_DEDUP, JobOptions
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -101,13 +101,17 @@ def _on_commit(action: Callable[[], Any], using: str | None) -> None:
     transaction.on_commit(action, using=using)
 
 
-def _frozen(queue: Any, name: str, data: Any, options: Mapping[str, Any]) -> Any:
+def _frozen(
+    queue: Any, name: str, data: Any, options: Mapping[str, Any], depends: bool = False
+) -> Any:
     """``data`` of an add to be made at commit, as it is now: checked and
     encoded now (bad data fails here, not after the commit, when the job
     would be lost), then decoded again, so that a change the caller makes
     to its objects meanwhile (a list cleared and refilled for the next
-    batch) does not reach the job."""
+    batch) does not reach the job. ``depends``: the add has a depends_on."""
     new, _ = queue._prepare(name, data, options)
+    if depends and new.dedup != NO_DEDUP:  # as add refuses it
+        raise ValueError("dedup cannot be combined with depends_on")
     return serializer.decode(new.data, "job data")
 
 
@@ -150,12 +154,16 @@ class Task(Generic[R]):
     def __init__(
         self, queue: Queue | None, func: Callable[..., R], name: str, options: Mapping[str, Any]
     ) -> None:
+        # first: it copies the function's __dict__, whose keys (a "name" set
+        # by another decorator) must not replace the task's own
+        functools.update_wrapper(self, func)
         self._queue = queue
         self.func = func
         self.name = name
         self.options = dict(options)
-        self._signature = inspect.signature(func)
-        functools.update_wrapper(self, func)
+        # the signature of what the worker calls: a decorator's wrapper, not
+        # the function under it (its __wrapped__), whose arguments may differ
+        self._signature = inspect.signature(func, follow_wrapped=False)
 
     @property
     def queue(self) -> Queue:
@@ -274,6 +282,15 @@ class QueueTasks:
             return decorate(func)
         return decorate
 
+    def _take_tasks(self, old: QueueTasks) -> None:
+        """Take the tasks of ``old``, a queue of this name closed by a
+        framework's ``close_queues`` and built again as this one: they add
+        to this queue from now on (they were bound to the closed one)."""
+        for name, task in old._tasks.items():
+            if name not in self._tasks:
+                task._queue = self  # type: ignore[assignment]
+                self._tasks[name] = task
+
     @property
     def tasks(self) -> dict[str, Callable[[Job], Any]]:
         """The registered tasks: job name to processor, for a ``Worker``."""
@@ -284,6 +301,16 @@ class QueueTasks:
         it rolls back). Data and options are checked now, and taken as they
         are now."""
         queue: Any = self
-        data = _frozen(queue, name, data, options)
+        depends_on = options.pop("depends_on", None)
+        if depends_on is not None:  # checked now, as (queue, id) pairs (a Job is not copied)
+            from .flow import dependency_refs
+            from .sharding import ShardedQueue, flows_refused
+
+            if isinstance(queue, ShardedQueue):
+                raise flows_refused(queue.name)
+            depends_on = dependency_refs(queue, depends_on)
+        data = _frozen(queue, name, data, options, depends_on is not None)
         options = copy.deepcopy(options)  # a dedup dict changed later is not this add's
+        if depends_on is not None:
+            options["depends_on"] = depends_on
         _on_commit(lambda: queue.add(name, data, **options), None)

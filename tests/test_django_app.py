@@ -118,6 +118,28 @@ def test_an_add_on_commit_takes_its_data_as_it_was_at_the_call(shop: Any) -> Non
                                       {"args": [["c"]], "kwargs": {}}, {"who": "a"}]
 
 
+def test_an_add_on_commit_may_depend_on_jobs(shop: Any) -> None:
+    """``add_on_commit(..., depends_on=...)`` raised "unknown job options"
+    (and a Job in it cannot be copied): it is checked now, and added with
+    its dependencies at the commit."""
+    from django.db import transaction
+
+    queue = shop.queue
+    first, second = (queue.add("audit", {"who": who}) for who in ("first", "second"))
+    with transaction.atomic():
+        queue.add_on_commit("audit", {"who": "after"},
+                            depends_on=[first, (queue.name, second.id)])
+        with pytest.raises(TypeError, match="depends_on takes"):
+            queue.add_on_commit("audit", None, depends_on="not a list")
+        with pytest.raises(ValueError, match="dedup cannot be combined"):
+            queue.add_on_commit("audit", None, depends_on=[first], dedup={"id": "d"})
+        assert queue.get_job_counts("waiting-children") == {"waiting-children": 0}
+    (after,) = queue.get_jobs("waiting-children")
+    assert after.data == {"who": "after"}
+    assert sorted(after.get_dependencies().pending) == sorted(
+        [f"{queue.name}:{first.id}", f"{queue.name}:{second.id}"])
+
+
 def test_manage_py_jobq_worker_burst_runs_the_discovered_tasks(
     shop: Any, prefix: str, redis_url: str
 ) -> None:
@@ -367,3 +389,22 @@ def test_manage_py_jobq_worker_handles_db_connections_as_requests(
         assert done.returncode == 0, done.stderr
         assert [queue.get_job_result(j.id) for j in jobs] == [False] * 4
         queue.obliterate(force=True)
+
+
+def test_after_close_queues_the_tasks_add_to_the_queue_built_again(shop: Any) -> None:
+    """close_queues() left every ``@get_queue().task()`` task bound to the
+    queue it closed: the next ``delay`` raised ClosedError, and the queue
+    built again had no tasks (``manage.py jobq_worker`` found none). (Last
+    in this module: the example's ``tasks.queue``, kept from before, is set
+    to the new queue here.)"""
+    from jobq.contrib.django import close_queues, get_queue
+
+    closed = shop.queue
+    close_queues()
+    job = shop.add.delay(2, 3)
+    queue = get_queue()
+    shop.queue = queue  # a Queue kept from before is closed, as documented
+    assert queue is not closed and shop.add.queue is queue
+    assert sorted(queue.tasks) == ["shop.tasks.add", "shop.tasks.send_welcome"]
+    assert queue.get_job(job.id) is not None
+    queue.drain()

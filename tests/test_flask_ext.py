@@ -44,6 +44,27 @@ def test_jobq_app_gives_one_shared_queue_per_name_with_the_config(app: flask.Fla
     mail.obliterate(force=True)
 
 
+def test_after_close_the_tasks_of_a_queue_add_to_the_queue_built_again(
+    app: flask.Flask,
+) -> None:
+    """A task made with ``@ext.queue(name).task()`` stayed bound to the queue
+    that ``close()`` closed: its next ``delay`` raised ClosedError, and the
+    queue built again had no tasks for a worker."""
+    ext = JobQ(app)
+    first = ext.queue("mail")
+
+    @first.task(name="notify")
+    def notify(to: str) -> str:
+        return f"to {to}"
+
+    ext.close()
+    job = notify.delay("a")
+    again = ext.queue("mail")
+    assert again is not first and notify.queue is again and list(again.tasks) == ["notify"]
+    assert again.get_job(job.id) is not None
+    again.obliterate(force=True)
+
+
 def test_init_app_and_the_app_context(app: flask.Flask) -> None:
     ext = JobQ()
     ext.init_app(app)

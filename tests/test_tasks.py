@@ -92,6 +92,32 @@ def test_a_call_that_does_not_fit_the_signature_is_refused_before_any_write(
     assert queue.get_job_counts()["waiting"] == 0
 
 
+def test_a_decorated_function_is_checked_and_named_as_the_worker_runs_it(queue: Queue) -> None:
+    """Under another decorator, a task's arguments were checked against the
+    function below it (inspect followed __wrapped__): a decorator that
+    supplies an argument made the right call refused, and the call it
+    accepted failed in the worker. And a ``name`` that decorator set on the
+    function replaced the task's name, under which no worker ran it."""
+
+    def with_session(func: Any) -> Any:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, session="db", **kwargs)
+        wrapper.name = "labelled"  # type: ignore[attr-defined]  # as some registries do
+        return wrapper
+
+    @queue.task(name="uses-session")
+    @with_session
+    def lookup(key: str, session: str) -> str:
+        return f"{key} in {session}"
+
+    assert lookup.name == "uses-session" and list(queue.tasks) == ["uses-session"]
+    job = lookup.delay("k")
+    assert job.name == "uses-session"
+    with Worker(queue.name, queue.tasks, connection=queue.client, prefix=queue.prefix):
+        assert job.wait_until_finished(timeout=WAIT) == "k in db"
+
+
 def test_enqueue_refuses_args_that_are_not_a_list_or_tuple(queue: Queue) -> None:
     @queue.task()
     def greet(*names: Any) -> str:

@@ -121,8 +121,10 @@ class _AppQueues:
     def close(self) -> None:
         with self.lock:
             queues, self.queues = self.queues, {}
-        for queue in queues.values():
+        for name, queue in queues.items():
             queue.close()
+            if queue.tasks:  # built again at once (no I/O): its tasks were bound to it
+                self.get(name)._take_tasks(queue)
 
 
 class JobQ:
@@ -204,7 +206,10 @@ class JobQ:
         return decorate
 
     def close(self) -> None:
-        """Close and forget the app's shared queues (tests, shutdown)."""
+        """Close and forget the app's shared queues (tests, shutdown). A
+        queue with tasks is built again at once (no I/O), with the closed
+        one's tasks (``@jobq_ext.queue(name).task()`` ones included: their
+        ``delay`` adds to it); a Queue kept from before is closed."""
         self._state().close()
 
 

@@ -56,7 +56,10 @@ def get_queue(name: str = "default") -> Queue:
 
 def close_queues() -> None:
     """Close and forget this process's shared queues (tests; a process
-    shutting down). The next ``get_queue`` builds them again."""
+    shutting down). The next ``get_queue`` builds them again; a queue with
+    tasks is built again at once (no I/O), with the closed one's tasks,
+    whose ``delay`` adds to it. A Queue kept from before (``queue =
+    get_queue()`` in a module) is closed: call ``get_queue()`` again."""
     _config().close_queues()
 
 

@@ -81,11 +81,15 @@ class JobqConfig(AppConfig):
             return self._dashboard
 
     def close_queues(self) -> None:
-        """Close and forget the shared queues (and the dashboard app)."""
+        """Close and forget the shared queues (and the dashboard app). A
+        queue with tasks is built again at once (no I/O), with its tasks:
+        they were bound to the closed one."""
         with self._lock:
             queues, self._queues = self._queues, {}
             dashboard, self._dashboard = self._dashboard, None
-        for queue in queues.values():
+        for name, queue in queues.items():
             queue.close()
+            if queue.tasks:
+                self.queue(name)._take_tasks(queue)
         if dashboard is not None:
             dashboard.close()
