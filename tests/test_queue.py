@@ -18,6 +18,7 @@ import redis
 import jobq
 from jobq import (
     ClosedError,
+    Job,
     JobqError,
     PayloadTooLarge,
     Queue,
@@ -1631,3 +1632,32 @@ def test_a_queue_never_closed_lets_go_of_its_threads_and_connections_once_droppe
         gc.collect()
         until(lambda: not readers(), WAIT)
         until(lambda: len(redis_client.client_list()) <= before, WAIT)
+
+
+def test_a_record_that_may_be_delayed_carries_its_priority_for_workers_of_0_1(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """0.1's take promoted a due delayed job only when its record had a
+    priority field, and dropped one without it (the job stayed "delayed",
+    in no list, for good). Records left the default priority out: a
+    delayed job (or one retried after a backoff) added during a rolling
+    upgrade, or kept over a rollback, was lost on a 0.1 worker. A record
+    that may be delayed stores it; others stay without (less memory)."""
+    lean = [queue.add("plain"), queue.add_bulk([{"name": "bulk"}])[0],
+            queue.add("plain2")]
+    jobs = [queue.add("later", delay=60), queue.add("retried", attempts=2, backoff=1)]
+    jobs += queue.add_bulk([{"name": "bulk", "delay": 60}, {"name": "bulk", "attempts": 3}])
+    debounce = {"id": "k", "replace": True}
+    jobs.append(queue.add("debounced", 1, delay=60, dedup=debounce))
+    assert queue.add("debounced", 2, delay=60, dedup=debounce).id == jobs[-1].id
+    jobs.append(queue.add("child", delay=60, depends_on=[lean[0]]))  # addFlow.lua
+    queue.upsert_scheduler("tick", every=3600)
+    ticks = [j for j in queue.get_jobs("waiting") if j.id.startswith("repeat:")]
+    assert len(ticks) == 1
+
+    def priority(job: Job) -> bytes | None:
+        value: bytes | None = redis_client.hget(queue._context.keys.job(job.id), "priority")
+        return value
+
+    assert [priority(job) for job in [*jobs, *ticks]] == [b"0"] * (len(jobs) + 1)
+    assert [priority(job) for job in lean] == [None] * len(lean)

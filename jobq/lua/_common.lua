@@ -643,6 +643,8 @@ local function schedule_tick(sid, slot, after, now)
   for i = 4, #TEMPLATE do  -- settings at their default are not stored
     if s[i + 3] then append(fields, { TEMPLATE[i], s[i + 3] }) end
   end
+  -- but the priority always is: a tick is delayed (see add.lua)
+  if not s[7] then append(fields, { 'priority', '0' }) end
   local delay = math.max(0, slot - now)
   if delay > 0 then
     append(fields, { 'state', 'delayed', 'rdy', slot, 'delay', delay })

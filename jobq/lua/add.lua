@@ -84,7 +84,7 @@ local function dedup_hit(a, s, now)
   redis.call('HDEL', jk, unpack(REPLACED))
   local fields = { 'name', ARGV[a + 1], 'data', ARGV[a + 2], 'opts', ARGV[a + 3],
     'rdy', run_at, 'delay', delay }
-  if tonumber(ARGV[s + 2]) ~= 0 then append(fields, { 'priority', ARGV[s + 2] }) end
+  append(fields, { 'priority', ARGV[s + 2] })  -- delayed: see the add below
   if ARGV[s + 3] == '1' then append(fields, { 'lifo', '1' }) end
   for i, name in ipairs(SETTINGS) do
     if ARGV[s + 3 + i] ~= DEFAULTS[i] then append(fields, { name, ARGV[s + 3 + i] }) end
@@ -136,8 +136,14 @@ for j = 0, n - 1 do
       append(fields, { 'state', 'waiting', 'rdy', fmt(now) })
     end
     -- settings at their default are left out: readers take a missing field
-    -- as its default (fewer fields: less memory and work per job)
-    if priority ~= 0 then append(fields, { 'priority', ARGV[s + 2] }) end
+    -- as its default (fewer fields: less memory and work per job). But a
+    -- job that may be delayed (a delay, or attempts to retry after a
+    -- backoff) keeps its priority: a 0.1 worker promotes a due delayed job
+    -- only when its record has one, and drops one without it
+    -- (docs/how-to/upgrade.md)
+    if priority ~= 0 or delay > 0 or ARGV[s + 4] ~= '1' then
+      append(fields, { 'priority', ARGV[s + 2] })
+    end
     if lifo == '1' then append(fields, { 'lifo', lifo }) end
     for i, name in ipairs(SETTINGS) do
       local value = ARGV[s + 3 + i]

@@ -88,7 +88,9 @@ local function write_node(node)
   else
     append(fields, { 'state', 'waiting', 'rdy', fmt(now) })
   end
-  if priority ~= 0 then append(fields, { 'priority', priority }) end
+  if priority ~= 0 or delay > 0 or ARGV[a + 7] ~= '1' then  -- as add.lua (0.1 workers)
+    append(fields, { 'priority', priority })
+  end
   if lifo == '1' then append(fields, { 'lifo', lifo }) end
   for j, name in ipairs(SETTINGS) do
     local value = ARGV[a + 6 + j]

@@ -52,7 +52,8 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
   if delay > 0 then
     local run_at = now + delay
     redis.call('ZADD', K_DELAYED, run_at, id)
-    redis.call('HSET', jk, 'state', 'delayed', 'rdy', run_at)
+    -- with its priority, for a 0.1 worker's take (see add.lua)
+    redis.call('HSET', jk, 'state', 'delayed', 'rdy', run_at, 'priority', f[3] or '0')
     mark_due(run_at)
     emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'active' })
   else

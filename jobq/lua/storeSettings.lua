@@ -1,10 +1,13 @@
-#!lua
+#!lua flags=allow-oom
 --[[
   Store a Queue's settings: on its first use, and again after the server
   lost its data (an add found the mark of stored settings, meta field cfg,
   missing: see add.lua). A mode stored by another Queue is kept; a
-  max_events or result TTL given is written. Nothing is written for the
-  name of a sharded queue (a plain Queue opened on it is refused).
+  max_events or result TTL given is written. A field is written only when
+  it differs (a reader whose ACL grants no write opens a queue a writer
+  set up), and nothing for the name of a sharded queue (a plain Queue
+  opened on it is refused). Runs when the server is out of memory: a
+  reader's first use must.
 
   KEYS[1]  queue base prefix
   ARGV[1]  event mode ('' not given)
@@ -13,8 +16,9 @@
   ARGV[4]  what more to write: 'c' the mark of stored settings, 's' the
            shard mark (a shard of a sharded queue: its scripts publish
            wake-ups), in any combination ('' neither)
-  ARGV[5]  the number of the caller's database: stored in pub/sub mode
-           (field db; the scripts cannot tell it). Every pub/sub event
+  ARGV[5]  the number of the caller's database: stored in pub/sub mode by
+           a writer (a mode given, or 'c'; field db: the scripts cannot
+           tell it). Every pub/sub event
            carries it: a channel's name has no database in it, so the queues
            of one name in several databases of a server share their
            channel, and readers drop the events of another database
@@ -24,20 +28,30 @@
            stream's readers (jobq/_reader.py _MODE_STORED); the stream goes
            a minute later (pub/sub mode keeps none)
 ]]
-local FIELDS = { 'em', 'maxev', 'rttl', 'shards' }
-local stored = redis.call('HMGET', K_META, unpack(FIELDS))
-if stored[4] then return stored end
+local FIELDS = { 'em', 'maxev', 'rttl', 'shards', 'cfg', 'shard', 'db' }
+local m = redis.call('HMGET', K_META, unpack(FIELDS))
+local function stored() return { m[1], m[2], m[3], m[4] } end
+if m[4] then return stored() end
+-- each field is written only when it differs: a reader's first use (a
+-- monitor's ACL grants no write) writes nothing of what a writer stored
+local function set(i, value)
+  if m[i] ~= value then
+    redis.call('HSET', K_META, FIELDS[i], value)
+    m[i] = value
+  end
+end
 local writes = ARGV[4]
-if ARGV[1] ~= '' and redis.call('HSETNX', K_META, 'em', ARGV[1]) == 1
-    and ARGV[1] == 'pubsub' then
-  redis.call('XADD', K_EVENTS, '*', 'ev', '__jobq_mode__')
-  redis.call('PEXPIRE', K_EVENTS, 60000)
+local writer = ARGV[1] ~= '' or string.find(writes, 'c', 1, true) ~= nil
+if ARGV[1] ~= '' and not m[1] then
+  set(1, ARGV[1])
+  if ARGV[1] == 'pubsub' then
+    redis.call('XADD', K_EVENTS, '*', 'ev', '__jobq_mode__')
+    redis.call('PEXPIRE', K_EVENTS, 60000)
+  end
 end
-if ARGV[2] ~= '' then redis.call('HSET', K_META, 'maxev', ARGV[2]) end
-if ARGV[3] ~= '' then redis.call('HSET', K_META, 'rttl', ARGV[3]) end
-if redis.call('HGET', K_META, 'em') == 'pubsub' then
-  redis.call('HSET', K_META, 'db', ARGV[5])
-end
-if string.find(writes, 'c', 1, true) then redis.call('HSET', K_META, 'cfg', '1') end
-if string.find(writes, 's', 1, true) then redis.call('HSET', K_META, 'shard', '1') end
-return redis.call('HMGET', K_META, unpack(FIELDS))
+if ARGV[2] ~= '' then set(2, ARGV[2]) end
+if ARGV[3] ~= '' then set(3, ARGV[3]) end
+if string.find(writes, 'c', 1, true) then set(5, '1') end
+if string.find(writes, 's', 1, true) then set(6, '1') end
+if writer and m[1] == 'pubsub' then set(7, ARGV[5]) end
+return stored()

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 --[[
   Store a sharded queue's shard count with its name, unless one is stored:
   on the ShardedQueue's first use, and again after the server lost its

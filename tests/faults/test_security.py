@@ -64,6 +64,39 @@ def test_acl_lines_grant_every_command_the_scripts_use() -> None:
         assert needed <= granted, (user, sorted(needed - granted))
 
 
+def test_acl_monitor_reads_a_pubsub_and_a_sharded_queue(
+    acl_server: RedisServer, queue_name: str
+) -> None:
+    """A Queue's first use, reads included, stores its settings; the script
+    wrote a pub/sub queue's database number and a shard's mark each time,
+    which the monitor's line does not grant: its reads of such queues, and
+    the read-only dashboard's pages of them, failed ("no permissions to run
+    the 'hset' command")."""
+    from werkzeug import test as werkzeug_test
+
+    from jobq import ShardedQueue
+    from jobq.dashboard import create_app
+
+    producer_url = _url(acl_server, "jobq-producer")
+    monitor_url = _url(acl_server, "jobq-monitor")
+    pubsub, sharded = f"{queue_name}-ps", f"{queue_name}-sh"
+    with Queue(pubsub, connection=producer_url, event_mode="pubsub") as q, \
+            ShardedQueue(sharded, shards=2, connection=producer_url) as sq:
+        job, sjob = q.add("x", 1), sq.add("x", 2)
+        with Queue(pubsub, connection=monitor_url) as mq, \
+                ShardedQueue(sharded, shards=2, connection=monitor_url) as msq:
+            assert mq.get_job_counts("waiting") == {"waiting": 1}
+            assert mq.get_job(job.id).data == 1  # type: ignore[union-attr]
+            assert msq.get_job_counts("waiting") == {"waiting": 1}
+            assert msq.get_job(sjob.id).data == 2  # type: ignore[union-attr]
+        with create_app(monitor_url, read_only=True, cache_ttl=0) as dashboard:
+            browser = werkzeug_test.Client(dashboard)
+            for name in (pubsub, sharded):
+                assert browser.get(f"/queue?q={name}").status_code == 200, name
+        q.obliterate(force=True)
+        sq.obliterate(force=True)
+
+
 def test_acl_producer_worker_monitor(acl_server: RedisServer, queue_name: str) -> None:
     server = acl_server
     producer_url, worker_url = _url(server, "jobq-producer"), _url(server, "jobq-worker")
