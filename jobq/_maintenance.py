@@ -154,7 +154,7 @@ class Maintenance:
         lost them (FLUSHALL, a restart without persistence) had every job
         wait up to a ``drain_delay`` to be taken, for as long as the
         processes ran. Store them again when they are gone."""
-        from ._shards import COUNT_FIELD, SHARD_FIELD, store_count
+        from ._shards import COUNT_FIELD, SHARD_FIELD
 
         pipe = context.client.pipeline(transaction=False)
         pipe.hget(context.keys.meta, COUNT_FIELD)
@@ -164,7 +164,7 @@ class Maintenance:
             return
         logger.warning("queue %r: its shard count or marks are gone (the server lost its "
                        "data?); storing them again", context.name)
-        store_count(context.client, context.prefix, context.name, context.count)
+        context.store_count()
 
     def _check_stalled(self) -> None:
         guard = round(self._interval * 1000)

@@ -38,7 +38,6 @@ from ._attempt import Attempt
 from ._cancel import check_marks
 from ._fetcher import Fetcher
 from ._shard_worker import ShardedContext
-from ._shards import store_count
 from ._threads import reached
 from .calls import TakeArgs, WorkerScripts
 from .connection import BLOCK_CAP, blocking_client, close_subscription, cut_client, ssubscribe
@@ -103,7 +102,7 @@ class ShardFetcher(Fetcher):
     def _subscribe(self) -> None:
         client = self._context.client
         context = self._context
-        store_count(client, context.prefix, context.name, context.count)
+        context.store_count()
         groups: dict[Any, dict[bytes, tuple[int, bool]]] = {}
         if isinstance(client, RedisCluster):
             for shard, keys in enumerate(self._context.shard_keys):

@@ -22,7 +22,7 @@ from typing import Any
 
 from ._context import QueueContext
 from ._sentinel import brief
-from ._shards import mismatch, shard_keys, shard_of, stored_count
+from ._shards import SHARD_FIELD, holds_jobs, mismatch, shard_keys, shard_of, stored_count
 from ._threads import RetryBackoff
 from .connection import is_transient
 from .errors import JobqError
@@ -95,6 +95,24 @@ class ShardedContext(QueueContext):
         if script in _LOGICAL:
             return self.keys.base
         raise JobqError(f"script {script!r} has no one shard in sharded queue {self.name!r}")
+
+    def store_count(self) -> None:
+        """Store the shard count with the queue's name unless one is
+        (storeShardCount.lua, which refuses a plain queue that holds jobs),
+        and mark each shard: its scripts then publish wake-ups.
+
+        Raises:
+            ShardCountError: another count is stored, or none is and the
+                name is a plain queue that holds jobs or schedulers.
+        """
+        stored = int(self.scripts.run("storeShardCount", self.keys.base, self.count,
+                                      client=self.client))
+        if stored == 0:
+            raise holds_jobs(self.name)
+        if stored != self.count:
+            raise mismatch(self.name, stored, self.count)
+        for keys in self.shard_keys:
+            self.client.hset(keys.meta, SHARD_FIELD, "1")
 
     def run(self, script: str, *args: Any) -> Any:
         return self._send(None, script, args)

@@ -95,30 +95,6 @@ def stored_count(client: Any, prefix: str, name: str) -> int | None:
     return int(raw) if raw else None
 
 
-def store_count(client: Any, prefix: str, name: str, count: int) -> None:
-    """Store the shard count with queue ``name`` unless one is stored, and
-    mark each shard (its scripts then publish wake-ups).
-
-    Raises:
-        ShardCountError: another count is stored, or none is and ``name`` is
-            a plain queue that holds jobs (or schedulers): no worker of the
-            sharded queue would ever look at them.
-    """
-    keys = QueueKeys(prefix, name)
-    meta = keys.meta
-    if stored_count(client, prefix, name) is None:
-        held = (keys.wait, keys.prioritized, keys.delayed, keys.active, keys.completed,
-                keys.failed, keys.waiting_children, keys.schedulers)
-        if client.exists(*held):
-            raise holds_jobs(name)
-    client.hsetnx(meta, COUNT_FIELD, count)
-    stored = stored_count(client, prefix, name)
-    if stored != count:
-        raise mismatch(name, stored or 1, count)
-    for keys in shard_keys(prefix, name, count):
-        client.hset(keys.meta, SHARD_FIELD, "1")
-
-
 def check_prefix(prefix: str) -> None:
     """Refuse a prefix with a hash tag: every shard would share its slot."""
     if "{" in prefix:
