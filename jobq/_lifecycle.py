@@ -64,7 +64,7 @@ class WorkerState:
 
     def serve(self, name: str, start: Callable[[], object], close: Callable[[], None]) -> None:
         """``Worker.run``: ``start()``, then wait for the close; in the main
-        thread, a first SIGINT / SIGTERM makes it ``close()``, a second one
+        thread, a first SIGINT / SIGTERM / SIGHUP makes it ``close()``, a second one
         forces that close."""
         if threading.current_thread() is not threading.main_thread():
             start()

@@ -1,4 +1,4 @@
-"""SIGINT / SIGTERM for ``Worker.run`` and the ``jobq worker`` command."""
+"""SIGINT / SIGTERM / SIGHUP for ``Worker.run`` and the ``jobq`` commands."""
 
 from __future__ import annotations
 
@@ -12,9 +12,18 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+_HANGUP = getattr(signal, "SIGHUP", None)  # none on Windows
+_STOPPING = tuple(s for s in (signal.SIGINT, signal.SIGTERM, _HANGUP) if s is not None)
+
 
 class StopSignals:
-    """The first SIGINT / SIGTERM sets ``stopped``, a second sets ``forced``.
+    """The first SIGINT / SIGTERM / SIGHUP sets ``stopped``, a second sets
+    ``forced``.
+
+    SIGHUP (a closed terminal, a supervisor's reload) stops gracefully too:
+    its default ended the process at once, leaving its jobs active until the
+    stall check. A process started with SIGHUP ignored (``nohup``) keeps
+    ignoring it.
 
     The handler only sets attributes: taking a lock in a signal handler (as
     ``Event.set()`` does) can deadlock with the main thread holding it, and
@@ -46,7 +55,9 @@ class StopSignals:
         self.stopped = True
 
     def __enter__(self) -> StopSignals:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in _STOPPING:
+            if signum == _HANGUP and signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # nohup: the hangup stays ignored
             self._previous[int(signum)] = signal.signal(signum, self._handle)
         return self
 

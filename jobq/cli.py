@@ -6,7 +6,8 @@ command: NOPERM, WRONGTYPE); 2 usage error (bad arguments, an unloadable
 ``MODULE:CALLABLE``, ``obliterate`` without ``--yes``); 3 Redis unreachable;
 4 ``wait --timeout`` elapsed;
 130 ``wait`` interrupted. Long-running commands (``worker``, ``info --watch``,
-``events``, ``server``, ``metrics``, ``dashboard``) exit 0 when stopped by SIGINT or SIGTERM.
+``events``, ``server``, ``metrics``, ``dashboard``) exit 0 when stopped by SIGINT,
+SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
@@ -709,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     worker = command("worker", _cmd_worker,
-                     "run a worker until SIGINT / SIGTERM (a second signal forces)")
+                     "run a worker until SIGINT / SIGTERM / SIGHUP (a second signal forces)")
     worker.add_argument("processor", metavar="MODULE:CALLABLE",
                         help="a callable taking a Job, a dict of job names to callables, "
                              "or a Queue or ShardedQueue (its @queue.task functions, on its "

@@ -295,8 +295,8 @@ class Worker(ListenerMethods, ClosedOnExit):
             run_context.close()
 
     def run(self) -> None:
-        """Run until ``close()``. In the main thread, SIGINT / SIGTERM close
-        gracefully and a second one forces. After ``start()``, it waits for
+        """Run until ``close()``. In the main thread, SIGINT / SIGTERM / SIGHUP
+        close gracefully and a second one forces. After ``start()``, it waits for
         the close the same way (the worker is not started twice)."""
         self._life.serve(self.name, self.start, self.close)
 

@@ -57,10 +57,12 @@ def jobq(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProce
 class Running:
     """A long-running ``jobq`` command whose output lines are read as they come."""
 
-    def __init__(self, url: str, *args: str) -> None:
+    def __init__(self, url: str, *args: str, nohup: bool = False) -> None:
         self.proc = subprocess.Popen(
             _command(url, args), env=_env(url), cwd=ROOT, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            # as nohup starts it: SIGHUP ignored, inherited through exec
+            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None,
         )
         self.lines: _queue.SimpleQueue[tuple[str, str]] = _queue.SimpleQueue()
         self.seen: list[tuple[str, str]] = []
@@ -122,8 +124,8 @@ def running(redis_url: str) -> Iterator[Any]:
     """Start ``jobq`` commands; each is killed at the end of the test."""
     started: list[Running] = []
 
-    def start(*args: str) -> Running:
-        process = Running(redis_url, *args)
+    def start(*args: str, nohup: bool = False) -> Running:
+        process = Running(redis_url, *args, nohup=nohup)
         started.append(process)
         return process
 
@@ -329,6 +331,35 @@ def test_worker_logs_each_job_and_stops_gracefully_on_sigterm(
     assert worker.wait() == 0
     assert gated.wait_until_finished(timeout=WAIT) == "done"
     assert queue.get_workers() == []  # it left the registry on its way out
+
+
+def test_worker_stops_gracefully_on_sighup_unless_started_under_nohup(
+    running: Any, queue: Queue, redis_client: redis.Redis
+) -> None:
+    """SIGHUP (a closed terminal, a supervisor's reload) ended the process
+    at once, its job left active until the stall check: it now finishes
+    the jobs in flight as SIGTERM does. A process started with SIGHUP
+    ignored (nohup) keeps ignoring it."""
+    ignoring = running("worker", "tests.cli_tasks:gated", "-q", queue.name, nohup=True)
+    ignoring.expect("serving", "err")
+    ignoring.signal(signal.SIGHUP)
+    job = queue.add("gated")
+    _ledger(redis_client, queue.name)  # the nohup worker took it: it is alive
+    worker = running("worker", "tests.cli_tasks:gated", "-q", queue.name)
+    worker.expect("serving", "err")
+    ignoring.signal(signal.SIGTERM)  # the job in flight holds it until the gate opens
+    ignoring.expect("SIGTERM: finishing jobs in flight", "err")
+    gated = queue.add("gated")
+    assert _ledger(redis_client, queue.name) == f"start|{gated.id}"
+    worker.signal(signal.SIGHUP)
+    worker.expect("SIGHUP: finishing jobs in flight", "err")
+    assert worker.proc.poll() is None  # waits for its job in flight
+    _go(redis_client, queue.name)
+    _go(redis_client, queue.name)
+    assert worker.wait() == 0 and ignoring.wait() == 0
+    assert job.wait_until_finished(timeout=WAIT) == "done"
+    assert gated.wait_until_finished(timeout=WAIT) == "done"
+    assert "SIGHUP" not in ignoring.text("err")
 
 
 def test_worker_second_signal_abandons_jobs_in_flight(

@@ -1,6 +1,6 @@
 """``manage.py jobq_worker [QUEUE...]``: run the tasks of every installed
-app's ``tasks`` module until SIGINT / SIGTERM (or, with ``--burst``, until
-the queues are empty).
+app's ``tasks`` module until SIGINT / SIGTERM / SIGHUP (or, with ``--burst``,
+until the queues are empty).
 
 Each job's database connections are handled as a request's: before and
 after it, the connections of its thread that are unusable or past
