@@ -511,6 +511,8 @@ def _cmd_schedulers(args: argparse.Namespace) -> int:
             print(f"removed scheduler {args.remove} of {args.queue}")
             return EXIT_OK
         schedulers = queue.get_schedulers()
+    if not schedulers:  # a name mistyped would say nothing at all
+        print(f"no schedulers in queue {args.queue!r}", file=sys.stderr)
     for s in schedulers:
         schedule = f"every {s.every:g}s" if s.every is not None else f"cron {s.cron} ({s.tz})"
         limit = f"/{s.limit}" if s.limit is not None else ""

@@ -718,3 +718,6 @@ def test_cli_schedulers(queue: Queue, redis_url: str, capsys: pytest.CaptureFixt
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 0
     assert queue.get_scheduler("nightly") is None
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 1
+    capsys.readouterr()
+    assert main(["--url", redis_url, "schedulers", queue.name]) == 0  # none: said so
+    assert capsys.readouterr() == ("", f"no schedulers in queue {queue.name!r}\n")
