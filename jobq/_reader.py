@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from . import _fork
 from . import connection as _connection
 from . import events as _events
@@ -171,6 +173,10 @@ class EventMode:
 
     def reset(self) -> None:
         self.mode = "stream"
+        #: what publishes on the events channel in pub/sub mode, as the
+        #: scripts do (_common.lua's meta): SPUBLISH for a shard and in a
+        #: cluster, else PUBLISH (which 0.1 processes subscribe to)
+        self.publish = "SPUBLISH"
         self.undecided = False
         self.gap_batch = 1000  # a read this long may follow a trimmed gap
         self._next_look = 0.0  # the next timed look for a gap (monotonic)
@@ -181,7 +187,8 @@ class EventMode:
     def read(self, client: Client) -> str:
         """Read the queue's event mode (returned) and stream length."""
         keys = self._context.keys
-        mode, max_events, shards = client.hmget(keys.meta, ["em", "maxev", "shards"])
+        mode, max_events, shards, shard, sharded = client.hmget(
+            keys.meta, ["em", "maxev", "shards", "shard", "sp"])
         if shards and not self._told_sharded:  # its events are in its shards' streams
             self._told_sharded = True
             logger.warning(
@@ -191,6 +198,11 @@ class EventMode:
             )
         self.mode = "pubsub" if mode == b"pubsub" else "stream"
         self.undecided = mode is None and not client.exists(keys.events)
+        # a cluster's reader subscribes on the queue's node even before a
+        # 0.2 writer stored sp there (a queue of 0.1's: its events, published
+        # to every node, are not heard until then)
+        in_cluster = isinstance(client, RedisCluster)
+        self.publish = "SPUBLISH" if shard or sharded or in_cluster else "PUBLISH"
         self.gap_batch = _gap_batch(max_events)
         return self.mode
 
@@ -229,7 +241,7 @@ class EventMode:
         pubsub = own.pubsub()  # sharded: the queue's own node
         try:
             _connection.ssubscribe(pubsub, [self._context.keys.events], stopping,
-                                   "the events channel")
+                                   "the events channel", sharded=self.publish == "SPUBLISH")
         except BaseException:
             _connection.close_subscription(own if own is not client else None, pubsub)
             raise
@@ -307,6 +319,11 @@ class EventReader:
     @property
     def mode(self) -> str:
         return self.event_mode.mode
+
+    @property
+    def publish(self) -> str:
+        """The command that publishes on its events channel (``EventMode.publish``)."""
+        return self.event_mode.publish
 
     def follows(self, run: str | None) -> bool:
         """Whether this reader sees every event of the run that began with
@@ -453,12 +470,12 @@ class EventReader:
         """Handle a message of the subscription to the events channel."""
         assert self.table is not None
         kind = _text(message["type"])
-        if kind == "ssubscribe":  # a silent reconnect resubscribed
+        if kind in ("ssubscribe", "subscribe"):  # a silent reconnect resubscribed
             self._lost()
             return
         if kind == "sunsubscribe":  # the slot moved: subscribe again
             raise ConnectionError("the server ended the sharded subscription")
-        if kind != "smessage":
+        if kind not in ("smessage", "message"):
             return
         try:
             event, db = _events.from_pubsub(message["data"])
@@ -575,13 +592,13 @@ def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
     return since
 
 
-def publish_wake(context: QueueContext) -> None:
-    """Publish a checkpoint on a queue's events channel: it ends a reader's
-    wait for a message there."""
+def publish_wake(context: QueueContext, command: str = "SPUBLISH") -> None:
+    """Publish a checkpoint on a queue's events channel (with ``command``, as
+    its reader subscribed): it ends a reader's wait for a message there."""
     try:
         message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
         deadline = time.monotonic() + _connection.UNBLOCK_TIMEOUT
-        context.command_by(deadline, "SPUBLISH", context.keys.events, message)
+        context.command_by(deadline, command, context.keys.events, message)
     except Exception:  # the wait ends by itself within a second
         pass
 

@@ -51,7 +51,7 @@ class ReaderLoop:
     def wake(self) -> None:
         """Cut the reader's current block short, so that close is prompt."""
         if self._reader.mode == "pubsub":
-            publish_wake(self._context)
+            publish_wake(self._context, self._reader.publish)
         else:
             _connection.unblock(self._context.bounded, self._blocked)
 

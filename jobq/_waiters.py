@@ -362,6 +362,9 @@ class ReaderPosition(Protocol):
     @property
     def read_id(self) -> StreamId | None: ...
 
+    @property
+    def publish(self) -> str: ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Remembered:
@@ -612,7 +615,8 @@ class WaiterTable:
             # in pub/sub mode the checkpoint is a marker we publish ourselves
             # on the bounded client: a caller's timeout holds under an outage
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
-            self._context.command_by(deadline, "SPUBLISH", self._context.keys.events, message)
+            self._context.command_by(deadline, self._reader.publish, self._context.keys.events,
+                                     message)
 
     def try_check(self, waiter: Waiter, deadline: float | None = None) -> bool:
         """``check``, a transient error (a lost connection, a BUSY or

@@ -323,9 +323,10 @@ class QueueScripts:
     ) -> list[bytes | None]:
         """storeSettings.lua: store the settings given ('' for each not
         given); ``writes`` 'c' the mark of stored settings too, 's' the
-        shard mark; ``db`` the caller's database (kept in pub/sub mode). The
-        settings as stored: event mode, max_events, result TTL in ms, shard
-        count (None for each not stored)."""
+        shard mark, 'p' the caller's client is a cluster's; ``db`` the
+        caller's database (kept in pub/sub mode). The settings as stored:
+        event mode, max_events, result TTL in ms, shard count (None for each
+        not stored)."""
         return list(self._run("storeSettings", event_mode, max_events, result_ttl_ms, writes,
                               db))
 

@@ -241,19 +241,23 @@ SUBSCRIBE_TIMEOUT = 10.0
 
 
 def ssubscribe(pubsub: Any, channels: Iterable[Any], stopping: Callable[[], bool],
-               what: str) -> None:
-    """SSUBSCRIBE ``pubsub`` to each channel (one slot per command) and wait
-    for every confirmation: from then on no message published there is
-    missed. ConnectionError naming ``what`` when they do not all come within
-    SUBSCRIBE_TIMEOUT, or once ``stopping()``."""
+               what: str, sharded: bool = True) -> None:
+    """SSUBSCRIBE ``pubsub`` to each channel (one slot per command; SUBSCRIBE
+    when not ``sharded``) and wait for every confirmation: from then on no
+    message published there is missed. ConnectionError naming ``what`` when
+    they do not all come within SUBSCRIBE_TIMEOUT, or once ``stopping()``."""
     channels = list(channels)
     for channel in channels:
-        pubsub.ssubscribe(channel)
+        if sharded:
+            pubsub.ssubscribe(channel)
+        else:
+            pubsub.subscribe(channel)
     confirmed = 0
+    kinds = ("ssubscribe", b"ssubscribe") if sharded else ("subscribe", b"subscribe")
     deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
     while confirmed < len(channels):
         message = pubsub.get_sharded_message(timeout=BLOCK_CAP)
-        if message is not None and message["type"] in ("ssubscribe", b"ssubscribe"):
+        if message is not None and message["type"] in kinds:
             confirmed += 1
         elif stopping() or time.monotonic() > deadline:
             raise ConnectionError(f"no subscribe confirmation on {what}")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from . import _tracing, serializer
 from ._adding import Batch, JobPreparer
@@ -177,7 +178,8 @@ class Queue(
         stored = self._context.setup_calls.store_settings(
             event_mode or "", "" if max_events is None else str(max_events),
             "" if result_ttl is None else str(round(result_ttl * 1000)),
-            writes + ("s" if self._owner_lost is not None else ""),
+            writes + ("s" if self._owner_lost is not None else "")
+            + ("p" if isinstance(self._context.client, RedisCluster) else ""),
             database(self._context.client))
         if "c" in writes:
             self._marked_at = time.monotonic()

@@ -8,6 +8,7 @@ sleep is used to synchronise.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from jobq import (
     WaitUntilFinishedTimeoutError,
     Worker,
 )
+from jobq.events import to_netstrings
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
 from tests.polling import until
@@ -1023,6 +1025,36 @@ def test_pubsub_mode_end_to_end(queue_name: str, redis_url: str,
             never = queue.add("z", delay=60)
             with pytest.raises(WaitUntilFinishedTimeoutError):
                 never.wait_until_finished(qe, timeout=0.2)
+
+
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1",
+                    reason="in a cluster, a queue's events are published on its own node")
+def test_pubsub_events_on_one_server_reach_the_readers_of_0_1_and_theirs_reach_0_2(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """0.2 published pub/sub events with SPUBLISH, which 0.1's readers
+    (SUBSCRIBE) never hear, and heard none of a 0.1 worker's (PUBLISH):
+    in a rolling upgrade every wait across the two versions timed out. On
+    one server they are published with PUBLISH again."""
+    old = redis_client.pubsub()  # a 0.1 reader's subscription
+    rec = Recorder()
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue, \
+            QueueEvents(queue_name, connection=redis_url) as qe:
+        channel = queue._context.keys.events
+        old.subscribe(channel)
+        assert old.get_message(timeout=WAIT)["type"] == "subscribe"
+        qe.on_all_events(rec)
+        assert qe.wait_until_ready(WAIT)
+        job = queue.add("x", 1)
+        with Worker(queue_name, echo, connection=redis_url):
+            assert job.wait_until_finished(qe, timeout=WAIT) == 1
+        heard: list[bytes] = []
+        until(lambda: (m := old.get_message(timeout=0.1)) is not None
+              and heard.append(m["data"]) is None and b"9:completed" in heard[-1], timeout=WAIT)
+        # a 0.1 worker's event: PUBLISH, no db field
+        redis_client.publish(channel, to_netstrings(["ev", "waiting", "jid", "old-1", "ts", "1"]))
+        assert rec.wait_name("waiting", "old-1")
+    old.close()
 
 
 @pytest.mark.parametrize("mode", ["pubsub", "stream"])

@@ -70,13 +70,19 @@ local function lock_key(id) return base .. 'lock:' .. id end
 -- the shard mark, whether a Queue stored its settings (field cfg, which a
 -- server that lost its data no longer has: see add.lua), and in pub/sub
 -- mode the number of the queue's database (field db, see
--- storeSettings.lua; false when none is stored).
+-- storeSettings.lua; false when none is stored), and the command that
+-- publishes its pub/sub events: SPUBLISH for a shard and in a cluster
+-- (field sp: the queue's own node serves its channel), else PUBLISH, which
+-- is what 0.1 processes subscribe to (they hear 0.2's events, and 0.2
+-- hears theirs).
 local _meta = nil
 local function meta()
   if not _meta then
-    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard', 'cfg', 'db')
+    local m = redis.call('HMGET', K_META, 'em', 'maxev', 'paused', 'rttl', 'shard', 'cfg', 'db',
+      'sp')
     _meta = { m[1] or 'stream', m[2] and string.match(m[2], '^%d+$') or '10000', m[3] == '1',
-      tonumber(m[4]) or 60000, m[5] == '1', m[6] and true or false, m[7] }
+      tonumber(m[4]) or 60000, m[5] == '1', m[6] and true or false, m[7],
+      (m[5] == '1' or m[8] == '1') and 'SPUBLISH' or 'PUBLISH' }
   end
   return _meta
 end
@@ -132,11 +138,11 @@ local function emit(name, jid, fields, then_name, own_record)
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
     if m[7] then append(parts, { 'db', m[7] }) end
-    redis.call('SPUBLISH', K_EVENTS, netstrings(parts))
+    redis.call(m[8], K_EVENTS, netstrings(parts))
     if then_name then
       local more = { 'ev', then_name, 'jid', jid, 'ts', now_ms() }
       if m[7] then append(more, { 'db', m[7] }) end
-      redis.call('SPUBLISH', K_EVENTS, netstrings(more))
+      redis.call(m[8], K_EVENTS, netstrings(more))
     end
     if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
   else

@@ -15,7 +15,10 @@
   ARGV[3]  result TTL in ms ('' not given)
   ARGV[4]  what more to write: 'c' the mark of stored settings, 's' the
            shard mark (a shard of a sharded queue: its scripts publish
-           wake-ups), in any combination ('' neither)
+           wake-ups), 'p' the caller's client is a cluster's (a writer
+           stores field sp in pub/sub mode: events are published with
+           SPUBLISH, on the queue's own node, rather than PUBLISH), in any
+           combination ('' none)
   ARGV[5]  the number of the caller's database: stored in pub/sub mode by
            a writer (a mode given, or 'c'; field db: the scripts cannot
            tell it). Every pub/sub event
@@ -28,7 +31,7 @@
            stream's readers (jobq/_reader.py _MODE_STORED); the stream goes
            a minute later (pub/sub mode keeps none)
 ]]
-local FIELDS = { 'em', 'maxev', 'rttl', 'shards', 'cfg', 'shard', 'db' }
+local FIELDS = { 'em', 'maxev', 'rttl', 'shards', 'cfg', 'shard', 'db', 'sp' }
 local m = redis.call('HMGET', K_META, unpack(FIELDS))
 local function stored() return { m[1], m[2], m[3], m[4] } end
 if m[4] then return stored() end
@@ -53,5 +56,8 @@ if ARGV[2] ~= '' then set(2, ARGV[2]) end
 if ARGV[3] ~= '' then set(3, ARGV[3]) end
 if string.find(writes, 'c', 1, true) then set(5, '1') end
 if string.find(writes, 's', 1, true) then set(6, '1') end
-if writer and m[1] == 'pubsub' then set(7, ARGV[5]) end
+if writer and m[1] == 'pubsub' then
+  set(7, ARGV[5])
+  if string.find(writes, 'p', 1, true) then set(8, '1') end
+end
 return stored()
