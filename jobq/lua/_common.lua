@@ -70,11 +70,8 @@ local function lock_key(id) return base .. 'lock:' .. id end
 -- the shard mark, whether a Queue stored its settings (field cfg, which a
 -- server that lost its data no longer has: see add.lua), and in pub/sub
 -- mode the number of the queue's database (field db, see
--- storeSettings.lua; false when none is stored), and the command that
--- publishes its pub/sub events: SPUBLISH for a shard and in a cluster
--- (field sp: the queue's own node serves its channel), else PUBLISH, which
--- is what 0.1 processes subscribe to (they hear 0.2's events, and 0.2
--- hears theirs).
+-- storeSettings.lua; false when none is stored), and whether its pub/sub
+-- events are published with SPUBLISH (see publish_event).
 local _meta = nil
 local function meta()
   if not _meta then
@@ -82,9 +79,21 @@ local function meta()
       'sp')
     _meta = { m[1] or 'stream', m[2] and string.match(m[2], '^%d+$') or '10000', m[3] == '1',
       tonumber(m[4]) or 60000, m[5] == '1', m[6] and true or false, m[7],
-      (m[5] == '1' or m[8] == '1') and 'SPUBLISH' or 'PUBLISH' }
+      m[5] == '1' or m[8] == '1' }
   end
   return _meta
+end
+
+-- Publish a pub/sub event message on the queue's events channel: with
+-- SPUBLISH for a shard and in a cluster (field sp: the queue's own node
+-- serves the channel), else with PUBLISH, which 0.1 processes subscribe to
+-- (they hear 0.2's events, and 0.2 hears theirs).
+local function publish_event(message)
+  if meta()[8] then
+    redis.call('SPUBLISH', K_EVENTS, message)
+  else
+    redis.call('PUBLISH', K_EVENTS, message)
+  end
 end
 
 -- Encode a flat list as netstrings ("<len>:<bytes>"), for pub/sub messages.
@@ -138,11 +147,11 @@ local function emit(name, jid, fields, then_name, own_record)
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
     if m[7] then append(parts, { 'db', m[7] }) end
-    redis.call(m[8], K_EVENTS, netstrings(parts))
+    publish_event(netstrings(parts))
     if then_name then
       local more = { 'ev', then_name, 'jid', jid, 'ts', now_ms() }
       if m[7] then append(more, { 'db', m[7] }) end
-      redis.call(m[8], K_EVENTS, netstrings(more))
+      publish_event(netstrings(more))
     end
     if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
   else

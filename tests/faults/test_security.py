@@ -93,6 +93,12 @@ def test_acl_monitor_reads_a_pubsub_and_a_sharded_queue(
             browser = werkzeug_test.Client(dashboard)
             for name in (pubsub, sharded):
                 assert browser.get(f"/queue?q={name}").status_code == 200, name
+        # the monitor waits for a pub/sub queue's job (its wait publishes a
+        # checkpoint on the events channel)
+        with QueueEvents(pubsub, connection=monitor_url) as watch:
+            assert watch.wait_until_ready(WAIT)
+            with Worker(pubsub, lambda j: j.data + 1, connection=_url(acl_server, "jobq-worker")):
+                assert job.wait_until_finished(watch, timeout=WAIT) == 2
         q.obliterate(force=True)
         sq.obliterate(force=True)
 
