@@ -70,19 +70,11 @@ class ModeChanged(ConnectionError):
 
 class Dispatcher:
     """The dispatcher thread: listeners in registration order, and the
-    futures' work (their checks and done-callbacks), each in a try/except."""
+    futures' done-callbacks, each in a try/except."""
 
-    def __init__(
-        self,
-        listeners: ListenerRegistry,
-        stop: threading.Event,
-        recheck: Callable[[], None],
-        interval: float,
-    ) -> None:
+    def __init__(self, listeners: ListenerRegistry, stop: threading.Event) -> None:
         self._listeners = listeners
         self._stop = stop
-        self._recheck = recheck
-        self.interval = interval
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -124,15 +116,11 @@ class Dispatcher:
     def loop(self) -> None:
         """The dispatcher thread's body, until the stop event is set."""
         self._thread = threading.current_thread()
-        next_recheck = time.monotonic() + self.interval
         while not self._stop.is_set():
             try:
                 item = self._queue.get(timeout=0.5)
             except _queue.Empty:
-                item = None
-            if time.monotonic() >= next_recheck:
-                next_recheck = time.monotonic() + self.interval
-                self._run(self._recheck)
+                continue
             if item is None:
                 continue
             if not isinstance(item, Event):

@@ -43,7 +43,6 @@ from .keys import lookup_id, validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .options import blocking_seconds, flag, wait_timeout
 from .queue_events import (
-    RECHECK_INTERVAL,
     QueueEvents,
     Shared,
     close_threads,
@@ -91,10 +90,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._listeners = ListenerRegistry()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._dispatcher = _ShardedDispatcher(
-            self._listeners, self._stop, self._recheck_futures, RECHECK_INTERVAL,
-            self._all_drained,
-        )
+        self._dispatcher = _ShardedDispatcher(self._listeners, self._stop, self._all_drained)
         shared = Shared(self._listeners, self._stop, self._dispatcher, [], self.run, self.close)
         self._threads = shared.threads
         self._readers = tuple(
@@ -220,6 +216,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._reader.wake()
         close_threads(self._threads, timeout, self._reader.interrupt,
                       *(part._context.close for part in self._readers))
+        self._gate.flush()  # futures the reader answered as the waker stopped
         for part in self._readers:
             part._context.close()
         if self._owned:
@@ -282,10 +279,6 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         """A Future of a job's outcome, through its shard's part (see QueueEvents)."""
         return self.reader_for(job_id).future_for(job_id, run)
 
-    def _recheck_futures(self) -> None:
-        for part in self._readers:
-            part._recheck_futures()
-
     def _all_drained(self) -> tuple[object, ...] | None:
         """None if a shard has a job waiting or active now; else what marks
         this drained state: the last entry id of each shard's stream (in
@@ -322,11 +315,9 @@ class _ShardedDispatcher(Dispatcher):
         self,
         listeners: ListenerRegistry,
         stop: threading.Event,
-        recheck: Callable[[], None],
-        interval: float,
         all_drained: Callable[[], tuple[object, ...] | None],
     ) -> None:
-        super().__init__(listeners, stop, recheck, interval)
+        super().__init__(listeners, stop)
         self._all_drained = all_drained
         self._reported: tuple[object, ...] | None = None  # the last drained state told
 

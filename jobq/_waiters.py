@@ -256,6 +256,7 @@ class WakeGate:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._queued: deque[tuple[Waiter, Outcome]] = deque()
+        self._actions: deque[Callable[[], object]] = deque()  # see defer
         self._outstanding = 0  # threads woken that have yet to run
         self._progress = 0.0  # when one last ran, or the last were woken
         self._pumping = False  # the waker waits for woken threads to run
@@ -302,16 +303,39 @@ class WakeGate:
             with self._cond:
                 self._cond.notify_all()
 
+    def defer(self, action: Callable[[], object]) -> None:
+        """Run ``action`` on the waker thread: the settling of a job's
+        future (the reader must not read a record or run callbacks, and the
+        dispatcher may be held up by a slow listener) and the futures'
+        checks."""
+        with self._cond:
+            self._actions.append(action)
+            self._cond.notify_all()
+
     def work(self, stop: threading.Event) -> float:
         """The waker thread's step: wait (a second at most) for queued
-        waiters, then wake them all, a batch at a time."""
+        waiters and actions, run the actions, then wake the waiters, a
+        batch at a time."""
         with self._cond:
-            self._cond.wait_for(lambda: bool(self._queued) or stop.is_set(), 1.0)
+            self._cond.wait_for(
+                lambda: bool(self._queued) or bool(self._actions) or stop.is_set(), 1.0)
+        self._run_actions()
         if stop.is_set():
             self.flush()
         else:
             self.pump(math.inf)
         return 0.0
+
+    def _run_actions(self) -> None:
+        while self._actions:
+            try:
+                action = self._actions.popleft()
+            except IndexError:  # taken by a flush on another thread
+                return
+            try:
+                action()
+            except Exception:  # the waker must outlive any of them
+                logger.exception("a deferred call on the waker thread raised")
 
     def stop(self) -> None:
         """End the waker's wait for work (its stop event is set)."""
@@ -347,7 +371,9 @@ class WakeGate:
                 self._progress = time.monotonic()
 
     def flush(self) -> None:
-        """Wake every queued waiter now (the reader stops, or cannot read)."""
+        """Run the actions and wake every queued waiter now (the reader
+        stops, or cannot read; a close, once the threads are joined)."""
+        self._run_actions()
         while self._queued:
             waiter, outcome = self._queued.popleft()
             waiter.resolve(outcome)

@@ -382,10 +382,13 @@ class QueueScripts:
         """changePriority.lua: 1, -1 no such job."""
         return int(self._run("changePriority", job_id, priority, "1" if lifo else "0"))
 
-    def update_job(self, job_id: str, what: str, value: Any, keep: int = 0) -> int:
+    def update_job(
+        self, job_id: str, what: str, value: Any, keep: int = 0, token: str | None = None
+    ) -> int:
         """updateJob.lua: set data or progress, or append a log line (then:
-        the number of lines); -1 no such job."""
-        return int(self._run("updateJob", job_id, what, value, keep))
+        the number of lines); -1 no such job; -2 ``token`` (an attempt's)
+        no longer owns it."""
+        return int(self._run("updateJob", job_id, what, value, keep, token or ""))
 
     def get_metrics(self, kind: str) -> MetricsReply:
         """getMetrics.lua: one kind's metrics with the server's clock."""

@@ -257,9 +257,12 @@ class Job(JobFlow):
         Raises:
             SerializationError: data is not msgpack-encodable.
             JobNotFoundError: no such job.
+            LockLostError: in a handler, its attempt no longer owns the job
+                (see ``update_progress``).
         """
         packed = self._context.sized(serializer.encode(data, "data"), "job data")
-        self._checked(self._context.calls.update_job(self.id, "data", packed), "update_data")
+        code = self._context.calls.update_job(self.id, "data", packed, token=self._token)
+        self._checked(code, "update_data")
         self.data = data
 
     def update_progress(self, value: Any) -> None:
@@ -268,9 +271,13 @@ class Job(JobFlow):
         Raises:
             SerializationError: value is not msgpack-encodable.
             JobNotFoundError: no such job.
+            LockLostError: in a handler, its attempt no longer owns the job
+                (it timed out, or its lock expired and another worker took
+                the job over): nothing is written, as its late result is
+                discarded. The same holds for ``update_data`` and ``log``.
         """
         packed = self._context.sized(serializer.encode(value, "progress"), "progress")
-        code = self._context.calls.update_job(self.id, "progress", packed)
+        code = self._context.calls.update_job(self.id, "progress", packed, token=self._token)
         self._checked(code, "update_progress")
         self.progress = value
         if self._on_progress is not None:
@@ -281,10 +288,15 @@ class Job(JobFlow):
 
         Returns:
             The number of lines in the log.
+
+        Raises:
+            LockLostError: in a handler, its attempt no longer owns the job
+                (see ``update_progress``).
         """
         line = _log_line(self._context, message)
         list_index("keep", keep, minimum=0)
-        return self._checked(self._context.calls.update_job(self.id, "log", line, keep), "log")
+        code = self._context.calls.update_job(self.id, "log", line, keep, token=self._token)
+        return self._checked(code, "log")
 
     # -- waiting ----------------------------------------------------------
 

@@ -39,8 +39,8 @@ __all__ = ["QueueEvents"]
 logger = logging.getLogger(__name__)
 
 #: Seconds between looks at the records of every waited-on job, in pipelined
-#: batches (the waiting threads' on the waker thread, the futures' on the
-#: dispatcher), so that an event lost without the reader knowing (a record
+#: batches (the waiting threads' and the futures', on the waker thread), so
+#: that an event lost without the reader knowing (a record
 #: deleted by hand, FLUSHDB, an eviction) can never leave a waiter hanging.
 RECHECK_INTERVAL = 10.0
 #: Seconds a close gives its threads once it has cut a reader stuck on a
@@ -104,7 +104,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         context = QueueContext(queue_name, connection, prefix, "QueueEvents")
         listeners = ListenerRegistry()
         stop = threading.Event()
-        dispatcher = Dispatcher(listeners, stop, self._recheck_futures, RECHECK_INTERVAL)
+        dispatcher = Dispatcher(listeners, stop)
         self._setup(context, last_event_id, blocking_timeout,
                     Shared(listeners, stop, dispatcher, [], None, None))
         # start on first use: autorun, or forked while running. No I/O here,
@@ -211,6 +211,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._dispatcher.wake()
         self._loop.wake()
         close_threads(self._threads, timeout, self._loop.interrupt, self._context.close)
+        self._table.gate.flush()  # futures the reader answered as the waker stopped
         self._context.close()
 
     def _after_fork(self) -> Any:
@@ -286,9 +287,12 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def future_for(self, job_id: str, run: str | None = None) -> Future[Any]:
         """A Future resolved with job ``job_id``'s result (or failure).
 
-        Its done-callbacks run on the dispatcher thread (where ``result()``
-        of a job not finished raises RuntimeError), or on the calling thread
-        when the job has finished already; never on the reader.
+        It is settled on the QueueEvents' waker thread, never behind the
+        listeners (a slow one holds up neither the future nor a thread
+        waiting on it, a listener included). Its done-callbacks run on the
+        dispatcher thread, after the listeners of the events read before,
+        or on the calling thread when the job has finished already; never
+        on the reader.
         ``run`` as for ``wait_for``; the token may be stale whatever the Job
         (a retry elsewhere since), so the reader's outcomes answer the
         future only once a check of the record, made at once (or when the
@@ -302,12 +306,12 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def _poke_all(self) -> None:
         """Re-check every waiter's record after a possible loss of events (on the
-        reader): the waiting threads' here, the futures' on the dispatcher."""
+        reader): the waiting threads' here, the futures' on the waker."""
         waiters = self._table.snapshot()
         self._check_threads(waiters)
         futures = [w for w in waiters if w.callback is not None]
         if futures:
-            self._dispatcher.call_soon(lambda: _check_futures(self, futures))
+            self._table.gate.defer(lambda: _check_futures(self, futures))
 
     def _check_threads(self, waiters: list[Waiter], unreached: bool = True) -> None:
         """Check the undecided waiting threads' records in pipelined batches: those
@@ -326,10 +330,11 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
 def wake_loop(name: str, gate: WakeGate, parts: list[QueueEvents], stop: threading.Event) -> None:
     """The waker thread's body: wake the threads whose waits the reader
-    answered beyond the batch it woke itself (WakeGate), and every
-    RECHECK_INTERVAL look at the records of all waiting threads of
-    ``parts`` (see RECHECK_INTERVAL). jobq's own thread: no listener runs
-    on it, so a slow one cannot hold that look up."""
+    answered beyond the batch it woke itself (WakeGate), settle the futures
+    it answered, and every RECHECK_INTERVAL look at the records of all
+    waiting threads and futures of ``parts`` (see RECHECK_INTERVAL).
+    jobq's own thread: no listener or callback runs on it, so a slow one
+    cannot hold that look up."""
     due = [time.monotonic() + RECHECK_INTERVAL]
 
     def step() -> float:
@@ -338,23 +343,40 @@ def wake_loop(name: str, gate: WakeGate, parts: list[QueueEvents], stop: threadi
             due[0] = time.monotonic() + RECHECK_INTERVAL
             for part in parts:
                 part._check_threads(part._table.snapshot(), unreached=False)
+                part._recheck_futures()
         return 0.0
 
     BackgroundLoop(f"waker of {name!r}", step, stop=stop, log=logger).run()
 
 
 class _JobFuture(Future[Any]):
-    """A job's Future, settled on its QueueEvents' dispatcher thread: there
-    (in a listener or a done-callback) a wait for it could never end.
+    """A job's Future, settled on its QueueEvents' waker thread (or on the
+    caller's, when the job had finished), whose done-callbacks run on the
+    dispatcher thread instead: user code never runs on jobq's reader or
+    waker.
 
     Pending until its job ends: ``cancel()`` gives it up (the job runs on)
     and forgets its waiter, so that futures given up on a job that never
     ends do not pile up in the waiter table."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, events: QueueEvents) -> None:
         super().__init__()
-        self._dispatcher = dispatcher
+        self._dispatcher = events._dispatcher
+        self._threads = events._threads
+        self._stop = events._stop
         self._forget: Callable[[], object] | None = None
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        def hop(future: Future[Any]) -> None:
+            # settled on the waker: the callback goes to the dispatcher
+            # (unless it stopped: then here, as on the closing thread)
+            if (threading.current_thread() in self._threads
+                    and not self._dispatcher.on_thread() and not self._stop.is_set()):
+                self._dispatcher.call_soon(functools.partial(_call_back, fn, future))
+            else:
+                fn(future)  # its errors are logged as Future's own are
+
+        super().add_done_callback(hop)
 
     def cancel(self) -> bool:
         if not super().cancel():
@@ -379,26 +401,19 @@ class _JobFuture(Future[Any]):
         except InvalidStateError:  # cancelled (or settled) meanwhile
             pass
 
-    def result(self, timeout: float | None = None) -> Any:
-        self._refuse_a_wait_that_cannot_end()
-        return super().result(timeout)
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._refuse_a_wait_that_cannot_end()
-        return super().exception(timeout)
 
-    def _refuse_a_wait_that_cannot_end(self) -> None:
-        if not self.done() and self._dispatcher.on_thread():
-            raise RuntimeError(
-                "a job's future that is not done cannot be waited for on the thread of its "
-                "QueueEvents' listeners, which settles it: use wait_until_finished(timeout=...) "
-                "there, or add a done-callback"
-            )
+def _call_back(fn: Callable[[Future[Any]], object], future: Future[Any]) -> None:
+    """A future's done-callback, on the dispatcher thread."""
+    try:
+        fn(future)
+    except Exception:
+        logger.exception("exception calling callback for %r", future)
 
 
 def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
     """``QueueEvents.future_for``'s future."""
-    future = _JobFuture(events._dispatcher)
+    future = _JobFuture(events)
     if events._stop.is_set():
         future.set_exception(ClosedError(f"QueueEvents {events.name!r} is closed"))
         return future
@@ -409,8 +424,10 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
 
     def resolved(waiter: Waiter, outcome: Outcome) -> None:
         events._table.unregister(waiter)
-        if threading.current_thread() in events._threads and not events._dispatcher.on_thread():
-            events._dispatcher.call_soon(settle)  # the callbacks run there, never on the reader
+        if threading.current_thread() in events._threads:
+            # on the waker: never on the reader (a record may be read), nor
+            # behind the listeners on the dispatcher
+            events._table.gate.defer(settle)
         else:
             settle()
 
@@ -451,7 +468,7 @@ def _fail(events: QueueEvents, waiter: Waiter, future: _JobFuture, exc: Exceptio
 
 
 def _check_futures(events: QueueEvents, waiters: list[Waiter]) -> None:
-    """Check futures' jobs (no thread waits on them), on the dispatcher,
+    """Check futures' jobs (no thread waits on them), on the waker thread,
     in pipelined batches, then one by one those the batches left; a
     transient error ends the round: the next reconnect or re-check
     tries again."""

@@ -1393,8 +1393,9 @@ def test_a_listener_waits_on_the_future_of_a_finished_job(
     """On the listeners' thread (a listener, a future's done-callback), the
     future of a job that had finished was settled by a call queued behind
     the caller itself: its result() waited out its whole timeout. It is
-    settled at once there now; one of a job still running cannot be settled
-    while that thread waits, and raises RuntimeError at once."""
+    settled at once there now; and one of a job still running is settled
+    on the waker thread, so a listener can wait for it too (it raised
+    RuntimeError)."""
     answers: dict[str, Any] = {}
     answered = threading.Event()
 
@@ -1416,17 +1417,44 @@ def test_a_listener_waits_on_the_future_of_a_finished_job(
     with Worker(queue.name, handler, connection=redis_url, concurrency=2):
         finished = queue.add("x", 7)
         assert finished.wait_until_finished(qe, timeout=WAIT) == 7
-        slow = queue.add("slow", 8)
         qe.once("completed", lambda event: ask("listener", finished))
-        qe.once("active", lambda event: ask("running", slow))
-        # settled on the dispatcher: its job runs after the callback is added
+        # settled on the waker, its callback run on the dispatcher
         later = queue.add("y", 1, delay=0.2).as_future(qe)
         later.add_done_callback(lambda f: ask("callback", finished))
-        assert answered.wait(WAIT)
+        until(lambda: len(answers) == 2, timeout=WAIT)
+        # its listener holds the dispatcher, waiting for it to finish
+        qe.once("active:slow-1", lambda event: ask("running", queue.get_job("slow-1")))
+        slow = queue.add("slow", 8, job_id="slow-1")
+        until(lambda: slow.get_state() == "active", timeout=WAIT)
         release.set()
-        assert slow.wait_until_finished(qe, timeout=WAIT) == 8
-    assert (answers["listener"], answers["callback"]) == (7, 7)
-    assert isinstance(answers["running"], RuntimeError)
+        assert answered.wait(WAIT)
+    assert answers == {"listener": 7, "callback": 7, "running": 8}
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["slow-listener", "blocked-listener"])
+def test_a_slow_listener_holds_up_no_future(
+    queue: Queue, qe: QueueEvents, redis_url: str, blocked: bool
+) -> None:
+    """A future's result was set on the listeners' dispatcher thread, behind
+    every event queued for the listeners: with a 2 s listener on "active",
+    five 0.2 s jobs' futures took 10 s; with a listener blocked, a finished
+    job's future.result(timeout) timed out. They are settled on the waker
+    thread now; only their done-callbacks run on the dispatcher."""
+    gate = threading.Event()
+    qe.on("active", lambda event: gate.wait(WAIT if blocked else 1.0))
+    assert qe.wait_until_ready(WAIT)
+    jobs = [queue.add("x", i) for i in range(5)]
+    futures = [job.as_future(qe) for job in jobs]  # before a worker runs them
+    with Worker(queue.name, lambda job: job.data, connection=redis_url, concurrency=5):
+        for job in jobs:  # threads' waits were never held up
+            job.wait_until_finished(qe, timeout=WAIT)
+        done, _ = concurrent.futures.wait(futures, timeout=WAIT / 4)
+        assert len(done) == 5, "a future waited behind the listeners"
+        assert [f.result(0) for f in futures] == list(range(5))
+        called = threading.Event()
+        futures[0].add_done_callback(lambda f: called.set())  # done: on this thread
+        assert called.is_set()
+        gate.set()
 
 
 def test_a_future_given_up_is_cancelled_and_forgotten(

@@ -528,6 +528,51 @@ def test_timeout_fails_attempt_cancels_and_discards_late_result(
     assert [args[0].id for args in rec.of("completed")] == [after.id]
 
 
+def test_an_attempt_that_no_longer_owns_its_job_cannot_change_it(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A timed-out attempt's handler, still running once its job failed for
+    good, overwrote the job's data (a later retry() ran with it), wrote a
+    log line, and emitted progress after `failed`. Each now raises
+    LockLostError and writes nothing; the job's own attempt writes as
+    before."""
+    late: dict[str, Any] = {}
+    done = threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.name == "next":
+            job.update_progress(50)  # the owner writes
+            job.log("mine")
+            return "next"
+        assert job.cancelled.wait(5)
+        assert until(lambda: queue.get_job_state(job.id) == "failed", timeout=WAIT)
+        for call, args in ((job.update_data, ("late",)), (job.update_progress, (99,)),
+                           (job.log, ("late line",))):
+            try:
+                call(*args)
+                late[call.__name__] = None
+            except Exception as exc:
+                late[call.__name__] = exc
+        done.set()
+        return "late"
+
+    with make_worker(queue.name, redis_url, handler):
+        job = queue.add("slow", "original", timeout=0.2)
+        with pytest.raises(JobFailedError):
+            job.wait_until_finished(timeout=WAIT)
+        assert done.wait(WAIT)
+        after = queue.add("next")
+        assert after.wait_until_finished(timeout=WAIT) == "next"
+    assert set(late) == {"update_data", "update_progress", "log"}
+    assert all(isinstance(exc, LockLostError) for exc in late.values()), late
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.data == "original" and stored.progress is None
+    assert stored.get_logs() == []
+    assert "progress" not in stream_names(redis_client, queue.name, job.id)
+    kept = queue.get_job(after.id)
+    assert kept is not None and kept.progress == 50 and kept.get_logs() == ["mine"]
+
+
 def test_timed_out_handler_raising_later_does_not_fail_the_job_again(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
