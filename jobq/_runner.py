@@ -484,6 +484,7 @@ class Runner:
                 if _fork.forked_off():  # in a child the handler forked: not the parent's job's end
                     raise _ForkedOff(exc) from None
                 self._in_user_code.discard(name)
+                job._token = None  # its handler is done: see Job.update_progress
                 trace = format_trace(exc)
                 if self._table.claim(attempt):
                     return self._finisher.fail(attempt, exc, trace, conn, True)
@@ -491,6 +492,7 @@ class Runner:
             if _fork.forked_off():
                 raise _ForkedOff(None)
             self._in_user_code.discard(name)
+            job._token = None  # its handler is done: see Job.update_progress
             if self._table.claim(attempt):
                 return self._finisher.complete(attempt, result, conn, True)
             logger.info("job %r returned after its attempt ended; result discarded", job.id)

@@ -275,6 +275,8 @@ class Job(JobFlow):
                 (it timed out, or its lock expired and another worker took
                 the job over): nothing is written, as its late result is
                 discarded. The same holds for ``update_data`` and ``log``.
+                Once the handler returned or raised, its Job writes as any
+                other (a worker's ``completed`` listener may log).
         """
         packed = self._context.sized(serializer.encode(value, "progress"), "progress")
         code = self._context.calls.update_job(self.id, "progress", packed, token=self._token)
