@@ -121,7 +121,17 @@ def _ext_hook(code: int, data: bytes) -> Any:
             f"extension type {code} is not registered in this process "
             "(jobq.serializer.register)"
         )
-    return found[1](data)
+    try:
+        return found[1](data)
+    except KeyboardInterrupt:  # Ctrl-C while the main thread decodes
+        raise
+    except BaseException as exc:
+        # a decoder's SystemExit or own BaseException must not end the
+        # thread that decodes (a QueueEvents reader, a worker's pool
+        # thread): it is this value's failure to decode, as any other
+        raise SerializationError(
+            f"the decoder of extension type {code} raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 #: What msgpack packs natively, for a value of a subclass (an IntEnum, a

@@ -7,13 +7,15 @@ import collections
 import datetime as dt
 import decimal
 import enum
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from jobq import Job, Queue, SerializationError, Worker, serializer
+from jobq import Job, JobFailedError, Queue, QueueEvents, SerializationError, Worker, serializer
+from tests.polling import until
 
 WAIT = 20.0
 UTC = dt.timezone.utc
@@ -211,3 +213,49 @@ def test_a_non_string_map_key_says_what_to_do(queue: Queue) -> None:
             queue.add("keys", value)
     assert queue.get_job_counts("waiting")["waiting"] == 0
     assert serializer.decode(serializer.encode({b"k": 1, "s": 2})) == {b"k": 1, "s": 2}
+
+
+class _Refused(BaseException):
+    """What a decoder of the application's raises: not an Exception."""
+
+
+class Sealed:
+    """A type whose decoder raises a BaseException (or SystemExit)."""
+
+
+@pytest.mark.parametrize("raised", [_Refused, SystemExit])
+def test_a_decoder_raising_a_base_exception_fails_the_value_not_the_thread(
+    queue: Queue, raised: type[BaseException]
+) -> None:
+    """A decoder raising a BaseException that is no Exception (SystemExit, an
+    application's own) ended the QueueEvents reader thread for good (every
+    wait then ended by the 10 s re-check, no listener ran again), and made
+    a worker leave the job to stall until it failed as stalled too often.
+    It is now that value's SerializationError, as any decoder's error."""
+
+    def decode(_: bytes) -> Any:
+        raise raised("refused")
+
+    serializer.register(Sealed, 61, lambda v: b"x", decode)
+    try:
+        with pytest.raises(SerializationError, match=f"extension type 61 raised {raised.__name__}"):
+            serializer.decode(serializer.encode(Sealed()))
+        heard: list[str] = []
+        with QueueEvents(queue.name, connection=queue.client, prefix=queue.prefix) as events:
+            events.on("completed", lambda event: heard.append(str(event.job_id)))
+            assert events.wait_until_ready(WAIT)
+            with Worker(queue.name, lambda job: job.data, connection=queue.client,
+                        prefix=queue.prefix):
+                bad = queue.add("x", Sealed())
+                with pytest.raises(JobFailedError, match="SerializationError"):
+                    bad.wait_until_finished(events, timeout=WAIT)
+                queue.emit("custom", value=Sealed())  # read and skipped by the reader
+                ok = [queue.add("x", i) for i in range(3)]
+                assert [j.wait_until_finished(events, timeout=WAIT) for j in ok] == [0, 1, 2]
+                assert until(lambda: set(heard) >= {j.id for j in ok}, timeout=WAIT)
+            reader = [t for t in threading.enumerate() if t.name == f"jobq-events-{queue.name}"]
+            assert reader and reader[0].is_alive()
+    finally:
+        with serializer._registry.lock:
+            serializer._registry.by_type.pop(Sealed, None)
+            serializer._registry.by_code.pop(61, None)
