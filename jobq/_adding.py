@@ -83,6 +83,10 @@ class JobPreparer:
         self._defaults = defaults
         self._default_options: Parsed | None = None
 
+    def defaults(self) -> dict[str, Any]:
+        """The default job options (a copy)."""
+        return dict(self._defaults)
+
     def prepare(
         self, context: QueueContext, name: Any, data: Any, options: Mapping[str, Any],
         batch: Batch | None = None,

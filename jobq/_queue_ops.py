@@ -182,13 +182,18 @@ class QueueAdmin:
 
         As with ``remove``, a parent (in ``waiting-children``) whose last
         pending children this removes moves on: it is waiting (or delayed,
-        by its own delay) once the drain returns, and runs."""
+        by its own delay) once the drain returns, and runs; and a
+        scheduler whose pending job it removes skips that run: its next
+        job is made once the drain is over."""
         delayed = flag("delayed", delayed)
         total, since = 0, 0
+        ticks: list[str] = []
         while True:
-            removed, looked, since = self._context.calls.drain(delayed, BATCH, since)
+            removed, looked, since, found = self._context.calls.drain(delayed, BATCH, since)
             total += removed
+            ticks += found
             if looked < BATCH or removed == 0:  # done, or only released parents left
+                ticks_left(self._context, ticks)
                 return total
 
     def clean(self, grace: float, limit: int = 0, state: str = "completed") -> list[str]:
@@ -197,7 +202,9 @@ class QueueAdmin:
         Finished jobs are aged by when they finished, others by when they were
         added. ``limit`` caps how many (0: no cap). Emits ``removed`` per job
         and ``cleaned`` per batch. Each script call looks at a bounded slice
-        of the state's jobs, so a long queue never blocks the server long.
+        of the state's jobs, so a long queue never blocks the server long. A
+        scheduler whose pending job it removes skips that run: its next job
+        is made once the clean is over.
         """
         if state not in ("completed", "failed", "delayed", "waiting", "waiting-children"):
             raise ValueError(
@@ -214,6 +221,8 @@ class QueueAdmin:
             ids, cursor = self._context.calls.clean(state, grace_ms, batch, cursor)
             removed.extend(ids)
             if not cursor or (limit and len(removed) >= limit):
+                if state in ("waiting", "delayed"):
+                    ticks_left(self._context, removed)
                 return removed
 
     def obliterate(self, force: bool = False) -> None:
@@ -310,10 +319,21 @@ def remove_job(context: QueueContext, job_id: str, remove_children: bool) -> boo
             "use cancel() to stop it"
         )
     if code == 1:
-        from ._schedulers import tick_left
-
-        tick_left(context, job_id)
+        ticks_left(context, [job_id])
     return code == 1
+
+
+def ticks_left(context: QueueContext, job_ids: list[str]) -> None:
+    """After jobs were removed: the schedulers whose pending ticks were
+    among them get their next ticks (see ``tick_left``)."""
+    from ._schedulers import tick_left
+
+    seen: set[str] = set()
+    for job_id in job_ids:
+        sid = job_id.rpartition(":")[0]
+        if job_id.startswith("repeat:") and sid not in seen:
+            seen.add(sid)
+            tick_left(context, job_id)
 
 
 def _slice(items: list[bytes], start: int, end: int) -> list[bytes]:

@@ -50,6 +50,7 @@ from .keys import lookup_key, validate_job_id
 from .options import MAX_SECONDS, JobOptions
 
 if TYPE_CHECKING:
+    from ._adding import JobPreparer
     from ._context import QueueContext
 
 logger = logging.getLogger(__name__)
@@ -270,6 +271,7 @@ class QueueSchedulers:
 
     _context: QueueContext
     _record: Callable[[], None]
+    _preparer: JobPreparer
 
     def upsert_scheduler(
         self,
@@ -293,10 +295,11 @@ class QueueSchedulers:
         zone, default UTC). ``start`` / ``end`` (epoch seconds) bound the
         schedule, ``limit`` caps its jobs. With ``every`` the first job comes
         at once, with ``cron`` at the first matching time (at once when
-        ``immediately``); never before ``start``. ``name`` (default: the scheduler id), ``data`` and
-        ``job_options`` (those of ``add`` but job_id, delay and dedup) make
-        each job. Upserting the same schedule again keeps the pending job
-        (its id and time) and gives it the new template, unless a worker
+        ``immediately``); never before ``start``. ``name`` (default: the
+        scheduler id), ``data`` and ``job_options`` (those of ``add`` but
+        job_id, delay and dedup; over the queue's ``default_job_options``,
+        as an ``add``'s) make each job. Upserting the same schedule again
+        keeps the pending job (its id and time) and gives it the new template, unless a worker
         took it already (then the next job has the new template); a changed
         schedule replaces the pending job. Cancelling or removing the
         pending job skips that run: the next job comes at the following
@@ -328,7 +331,9 @@ class QueueSchedulers:
         refused = _NOT_IN_TEMPLATE & set(job_options)
         if refused:
             raise TypeError(f"a scheduler's jobs cannot take {sorted(refused)}")
-        opts = JobOptions.parse(job_options)
+        defaults = {k: v for k, v in self._preparer.defaults().items()
+                    if k not in _NOT_IN_TEMPLATE}  # a default delay is not a tick's
+        opts = JobOptions.parse({**defaults, **job_options})
         job_name = name if name is not None else sid
         if not isinstance(job_name, str) or not job_name or len(job_name) > 200:
             raise ValueError(f"name must be a non-empty str of at most 200 characters, "

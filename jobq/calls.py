@@ -342,11 +342,15 @@ class QueueScripts:
         reply = self._run("remove", job_id, "1" if children else "0")
         return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else int(reply)
 
-    def drain(self, delayed: bool, batch: int, since: int) -> tuple[int, int, int]:
+    def drain(
+        self, delayed: bool, batch: int, since: int
+    ) -> tuple[int, int, int, list[str]]:
         """drain.lua: remove up to ``batch`` waiting (and delayed) jobs;
-        (removed, looked at, the drain's start: ``since`` of the next call)."""
-        removed, looked, start = self._run("drain", "1" if delayed else "0", batch, since)
-        return int(removed), int(looked), int(start)
+        (removed, looked at, the drain's start: ``since`` of the next call,
+        the ids of schedulers' ticks removed)."""
+        removed, looked, start, ticks = self._run("drain", "1" if delayed else "0", batch,
+                                                  since)
+        return int(removed), int(looked), int(start), [t.decode() for t in ticks]
 
     def clean(
         self, state: str, grace_ms: int, batch: int, cursor: bytes

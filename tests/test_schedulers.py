@@ -256,6 +256,56 @@ def test_upsert_same_schedule_gives_the_pending_tick_the_new_template(
     assert waiting.encode() not in redis_client.lrange(f"jobq:{{{queue.name}}}:wait", 0, -1)
 
 
+def test_a_schedulers_jobs_take_the_queues_default_job_options(
+    queue_name: str, redis_url: str
+) -> None:
+    """add, add_bulk, flows and tasks applied default_job_options, and
+    upsert_scheduler did not: a queue with remove_on_complete=True kept
+    every tick job, one with attempts=3 had tick jobs never retried. Its
+    options, given, win; a default delay is not a tick's (each has its slot)."""
+    defaults = {"attempts": 3, "backoff": 0.5, "remove_on_complete": True, "priority": 2,
+                "delay": 60}
+    with Queue(queue_name, connection=redis_url, default_job_options=defaults) as queue:
+        made = queue.upsert_scheduler("d", cron="0 0 1 1 *", immediately=True)
+        tick = queue.get_job(f"repeat:d:{round(made.next_run * 1000)}")  # type: ignore[operator]
+        assert tick is not None and tick.get_state() == "waiting"  # not delayed by a minute
+        assert (tick.opts["attempts"], tick.opts["remove_on_complete"], tick.priority) == (
+            3, True, 2)
+        assert (made.opts["attempts"], made.opts["delay"]) == (3, 0)
+        own = queue.upsert_scheduler("d", cron="0 0 1 1 *", immediately=True, attempts=1,
+                                     priority=0)
+        tick = queue.get_job(f"repeat:d:{round(own.next_run * 1000)}")  # type: ignore[operator]
+        assert tick is not None and (tick.opts["attempts"], tick.priority) == (1, 0)
+        assert tick.opts["remove_on_complete"] is True
+        queue.obliterate(force=True)
+
+
+@pytest.mark.parametrize("how", ["drain", "clean", "clean-limit"])
+def test_a_pending_tick_drained_or_cleaned_skips_that_run_as_a_removal_does(
+    queue: Queue, how: str
+) -> None:
+    """drain(delayed=True) and clean(state="delayed") removed a scheduler's
+    pending tick and made no next one: nothing was pending until a worker's
+    check, and next_run named the removed run (for a nightly cron, for a
+    day). As with remove and cancel, the next tick is made for the
+    following slot, once the drain or clean is over."""
+    made = queue.upsert_scheduler("y", cron="0 0 1 1 *")
+    other = queue.add("plain", delay=3 * 366 * 86400)  # after the tick (clean's order)
+    first = round(made.next_run * 1000)  # type: ignore[operator]
+    if how == "drain":
+        assert queue.drain(delayed=True) == 2
+    else:
+        removed = queue.clean(0, state="delayed", limit=1 if how == "clean-limit" else 0)
+        assert f"repeat:y:{first}" in removed
+    after = queue.get_scheduler("y")
+    assert after is not None and after.count == 2
+    following = next_cron_slot("0 0 1 1 *", "UTC", first)
+    assert round(after.next_run * 1000) == following  # type: ignore[operator]
+    pending = [j.id for j in queue.get_jobs("delayed")]
+    assert f"repeat:y:{following}" in pending and f"repeat:y:{first}" not in pending
+    assert (other.id in pending) == (how == "clean-limit")
+
+
 def test_upsert_same_schedule_leaves_an_active_tick_alone(
     queue: Queue, redis_url: str
 ) -> None:

@@ -10,7 +10,9 @@
   ARGV[3]  the drain's start (server ms, returned by its first call); 0 in
            the first call
   Returns  {jobs removed, jobs looked at (less than the batch size: done),
-           the drain's start}
+           the drain's start, the ids of the schedulers' ticks removed (the
+           caller makes each scheduler's next tick once the drain is over:
+           made here, a later call of the drain would remove it)}
   Events   removed (prev: waiting | delayed) per job
   Dedup    releases each removed job's dedup key, whatever its mode
   Flows    a parent of this queue that the drain's removal of its last
@@ -22,8 +24,12 @@ local batch = tonumber(ARGV[2])
 local since = tonumber(ARGV[3])
 if since == 0 then since = now_ms() end
 local removed, looked = 0, 0
+local ticks = {}
 local function released(id)
-  return (tonumber(redis.call('HGET', job_key(id), 'rel')) or 0) >= since
+  local f = redis.call('HMGET', job_key(id), 'rel', 'sch')
+  if (tonumber(f[1]) or 0) >= since then return true end
+  if f[2] then ticks[#ticks + 1] = id end
+  return false
 end
 -- the ids to keep go back where they were (a list) or stay (a sorted set)
 local function take(ids, prev, kept)
@@ -53,4 +59,4 @@ take(redis.call('LPOP', K_WAIT, batch) or {}, 'waiting', kept)
 if #kept > 0 then redis.call('RPUSH', K_WAIT, unpack(kept)) end
 if looked < batch then take_set(K_PRIO, 'waiting') end
 if ARGV[1] == '1' and looked < batch then take_set(K_DELAYED, 'delayed') end
-return { removed, looked, since }
+return { removed, looked, since, ticks }
