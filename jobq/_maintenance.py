@@ -164,7 +164,7 @@ class Maintenance:
             return
         logger.warning("queue %r: its shard count or marks are gone (the server lost its "
                        "data?); storing them again", context.name)
-        context.store_count()
+        context.store_count(restore=True)
 
     def _check_stalled(self) -> None:
         guard = round(self._interval * 1000)

@@ -22,9 +22,16 @@ from typing import Any
 
 from ._context import QueueContext
 from ._sentinel import brief
-from ._shards import SHARD_FIELD, holds_jobs, mismatch, shard_keys, shard_of, stored_count
+from ._shards import (
+    holds_jobs,
+    mismatch,
+    plain_queue_on_shard,
+    shard_keys,
+    shard_of,
+    stored_count,
+)
 from ._threads import RetryBackoff
-from .connection import is_transient
+from .connection import database, is_transient
 from .errors import JobqError
 from .keys import QueueKeys
 
@@ -96,23 +103,40 @@ class ShardedContext(QueueContext):
             return self.keys.base
         raise JobqError(f"script {script!r} has no one shard in sharded queue {self.name!r}")
 
-    def store_count(self) -> None:
+    def store_count(self, restore: bool = False) -> None:
         """Store the shard count with the queue's name unless one is
         (storeShardCount.lua, which refuses a plain queue that holds jobs),
         and mark each shard: its scripts then publish wake-ups.
 
+        When none is stored, a shard's name that a plain queue with jobs
+        uses is refused, unless ``restore``: the worker served these shards,
+        whose count and marks the server lost.
+
         Raises:
             ShardCountError: another count is stored, or none is and the
-                name is a plain queue that holds jobs or schedulers.
+                name (or a shard's, unless ``restore``) is a plain queue
+                that holds jobs or schedulers.
         """
-        stored = int(self.scripts.run("storeShardCount", self.keys.base, self.count,
-                                      client=self.client))
-        if stored == 0:
+        def store(*args: Any) -> list[Any]:
+            return list(self.scripts.run(*args, client=self.client))
+
+        db = str(database(self.client))
+
+        def mark(writes: str) -> None:  # as a ShardedQueue's first use does
+            for keys in self.shard_keys:
+                if len(store("storeSettings", keys.base, "", "", "", writes, db)) > 4:
+                    raise plain_queue_on_shard(keys.queue, self.name)
+
+        stored, may = store("storeShardCount", self.keys.base, self.count, "look")
+        if int(may):  # none stored: no shard's name may be a plain queue's with jobs
+            if not restore:
+                mark("sf")
+            stored, _ = store("storeShardCount", self.keys.base, self.count, "")
+        if int(stored) == 0:
             raise holds_jobs(self.name)
-        if stored != self.count:
-            raise mismatch(self.name, stored, self.count)
-        for keys in self.shard_keys:
-            self.client.hset(keys.meta, SHARD_FIELD, "1")
+        if int(stored) != self.count:
+            raise mismatch(self.name, int(stored), self.count)
+        mark("s")
 
     def run(self, script: str, *args: Any) -> Any:
         return self._send(None, script, args)

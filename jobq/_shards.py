@@ -113,6 +113,15 @@ def holds_jobs(name: str) -> ShardCountError:
     )
 
 
+def plain_queue_on_shard(shard: str, name: str) -> ShardCountError:
+    """The error for a shard's name that a plain queue with jobs uses."""
+    return ShardCountError(
+        f"queue {shard!r}, the name of a shard of sharded queue {name!r}, is a plain "
+        "queue that holds jobs: the sharded queue would take them over; drain or "
+        "obliterate it first, or shard a queue of another name"
+    )
+
+
 def mismatch(name: str, stored: int, asked: int | None) -> ShardCountError:
     """The error for a queue opened with the wrong shard count."""
     if asked is None:

@@ -326,14 +326,18 @@ class QueueScripts:
         shard mark, 'p' the caller's client is a cluster's; ``db`` the
         caller's database (kept in pub/sub mode). The settings as stored:
         event mode, max_events, result TTL in ms, shard count (None for each
-        not stored)."""
+        not stored), and a fifth, 1, when the shard mark was refused: the
+        name is a plain queue that holds jobs."""
         return list(self._run("storeSettings", event_mode, max_events, result_ttl_ms, writes,
                               db))
 
-    def store_shard_count(self, count: int) -> int:
-        """storeShardCount.lua: store a sharded queue's count unless one is;
-        the count stored, 0 when the name is a plain queue holding jobs."""
-        return int(self._run("storeShardCount", count))
+    def store_shard_count(self, count: int, look: bool = False) -> tuple[int, bool]:
+        """storeShardCount.lua: store a sharded queue's count unless one is
+        (``look``: only say whether one is); (the count stored, 0 when none
+        is; whether one may be stored: with 0 and False, the name is a
+        plain queue holding jobs)."""
+        stored, may = self._run("storeShardCount", count, "look" if look else "")
+        return int(stored), bool(int(may))
 
     def remove(self, job_id: str, children: bool) -> int | str:
         """remove.lua: 1 removed, 0 no such job, -2 active with its lock

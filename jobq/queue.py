@@ -191,7 +191,7 @@ class Queue(
         record_queue(self)
 
     def _setup_meta(self) -> None:
-        stored_mode, stored_max, stored_ttl, shards = self._store_settings("")
+        stored_mode, stored_max, stored_ttl, shards = self._store_settings("")[:4]
         if shards:  # a ShardedQueue's name: its jobs are on its shards
             raise mismatch(self.name, int(shards), None)
         event_mode = self._settings[0]

@@ -33,6 +33,7 @@ from ._shards import (
     generated_id,
     holds_jobs,
     mismatch,
+    plain_queue_on_shard,
     shard_names,
     shard_of,
     stored_count,
@@ -157,7 +158,13 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         size)."""
         client = self._context.client
         try:
-            stored = self._context.setup_calls.store_shard_count(self._count)
+            calls = self._context.setup_calls
+            stored, may = calls.store_shard_count(self._count, look=True)
+            if may:  # none stored: no shard's name may be a plain queue's with jobs
+                for shard in self._shards:
+                    if len(shard._store_settings("f")) > 4:
+                        raise plain_queue_on_shard(shard.name, self.name)
+                stored, _ = calls.store_shard_count(self._count)
             if stored == 0:
                 raise holds_jobs(self.name)
             if stored != self._count:

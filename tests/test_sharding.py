@@ -152,6 +152,34 @@ def test_the_shard_count_is_stored_and_checked(
         events.on("completed", lambda event: None)  # the right count reads
 
 
+def test_a_plain_queue_named_as_a_shard_is_not_taken_over(
+    queue_name: str, redis_url: str
+) -> None:
+    """A plain queue may be named as a shard of a sharded queue made later
+    (names may hold '~'): the sharded queue counted its jobs and its worker
+    ran one, which it could then not finish (it stayed active), and the
+    sharded queue's obliterate deleted them. Both refuse such a shard now,
+    as they refuse a plain queue of the sharded queue's own name."""
+    shard = shard_names(queue_name, SHARDS)[1]
+    with Queue(shard, connection=redis_url) as plain:
+        job = plain.add("x", 1)
+        with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+            with pytest.raises(ShardCountError, match=f"{shard!r}, the name of a shard"):
+                sharded.add("x")
+            errors: list[Exception] = []
+            worker = Worker(queue_name, echo, connection=redis_url, shards=SHARDS)
+            worker.on("error", errors.append)
+            with worker:
+                until(lambda: errors, timeout=WAIT)
+            assert isinstance(errors[0], ShardCountError)
+            assert plain.get_job_state(job.id) == "waiting"  # nothing took it
+            with Worker(shard, echo, connection=redis_url):
+                assert job.wait_until_finished(timeout=WAIT) == 1
+            plain.obliterate()
+            assert sharded.add("x", 2).get_state() == "waiting"  # the name is free now
+            sharded.obliterate(force=True)
+
+
 def test_a_plain_queue_that_holds_jobs_is_not_sharded_over_them(
     queue_name: str, redis_url: str
 ) -> None:

@@ -84,6 +84,17 @@ local function meta()
   return _meta
 end
 
+-- Whether the queue holds jobs or schedulers: a name a plain queue uses,
+-- which a sharded queue must not take over (see storeShardCount.lua and
+-- storeSettings.lua).
+local function holds_jobs()
+  for _, key in ipairs({ K_WAIT, K_PRIO, K_DELAYED, K_ACTIVE, K_COMPLETED, K_FAILED,
+      base .. 'waiting-children', base .. 'schedulers' }) do
+    if redis.call('EXISTS', key) == 1 then return true end
+  end
+  return false
+end
+
 -- Publish a pub/sub event message on the queue's events channel: with
 -- SPUBLISH for a shard and in a cluster (field sp: the queue's own node
 -- serves the channel), else with PUBLISH, which 0.1 processes subscribe to

@@ -15,7 +15,9 @@
   ARGV[3]  result TTL in ms ('' not given)
   ARGV[4]  what more to write: 'c' the mark of stored settings, 's' the
            shard mark (a shard of a sharded queue: its scripts publish
-           wake-ups), 'p' the caller's client is a cluster's (a writer
+           wake-ups), 'f' (with 's': the sharded queue's count was stored
+           just now) refuse a name that is a plain queue holding jobs, 'p'
+           the caller's client is a cluster's (a writer
            stores field sp in pub/sub mode: events are published with
            SPUBLISH, on the queue's own node, rather than PUBLISH), in any
            combination ('' none)
@@ -26,7 +28,11 @@
            of one name in several databases of a server share their
            channel, and readers drop the events of another database
   Returns  {event mode, max_events, result TTL in ms, shard count}, as
-           stored (false for each not stored)
+           stored (false for each not stored); with a fifth element, 1,
+           when 'f' was asked of a name that is a plain queue holding jobs
+           (no shard mark: a shard's name of a sharded queue, taken by a
+           plain queue before it; nothing written: the sharded queue's
+           workers would take its jobs over)
   Events   none; storing pub/sub mode adds the entry that tells the
            stream's readers (jobq/_reader.py _MODE_STORED); the stream goes
            a minute later (pub/sub mode keeps none)
@@ -35,6 +41,11 @@ local FIELDS = { 'em', 'maxev', 'rttl', 'shards', 'cfg', 'shard', 'db', 'sp' }
 local m = redis.call('HMGET', K_META, unpack(FIELDS))
 local function stored() return { m[1], m[2], m[3], m[4] } end
 if m[4] then return stored() end
+if string.find(ARGV[4], 'f', 1, true) and not m[6] and holds_jobs() then
+  local reply = stored()
+  reply[5] = 1
+  return reply
+end
 -- each field is written only when it differs: a reader's first use (a
 -- monitor's ACL grants no write) writes nothing of what a writer stored
 local function set(i, value)
