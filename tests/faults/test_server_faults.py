@@ -36,6 +36,7 @@ from tests.faults.harness import (
     check_delivery,
     summary,
 )
+from tests.polling import until
 
 pytestmark = pytest.mark.fault
 
@@ -129,6 +130,8 @@ def test_f3_restart_without_persistence(
         up_at = time.monotonic()
         for future in futures.values():
             assert future.exception(WAIT) is not None, "a waiter hangs after the restart"
+        # the done-callbacks run on the dispatcher thread, after the futures are set
+        until(lambda: len(outcomes) == len(futures), timeout=WAIT)
         assert {o for o, _ in outcomes.values()} == {"JobNotFoundError"}, outcomes
         waiter_latency = max(t for _, t in outcomes.values()) - up_at
         assert waiter_latency <= 6.0  # backoff cap (5 s) + 1 s
