@@ -163,6 +163,19 @@ NOT_IN_STATE = ScriptCode.NOT_IN_STATE
 ACTIVE_JOBS = ScriptCode.ACTIVE_JOBS
 
 
+def in_entry(where: str, exc: BaseException) -> BaseException:
+    """``exc`` of one entry of many (a bulk's job, a flow's node), its
+    message naming the entry: in a bulk of thousands the message alone does
+    not say which one was wrong. Its type is kept; ``exc`` itself when that
+    type cannot be made from a message."""
+    try:
+        named = type(exc)(f"{where}: {exc}")
+    except Exception:
+        return exc
+    named.__cause__ = exc
+    return named
+
+
 def script_error(code: int, job_id: str | None = None, action: str = "") -> JobqError:
     """Return the exception that a script's negative return code stands for."""
     jid = job_id or "?"

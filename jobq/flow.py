@@ -20,7 +20,7 @@ from . import _tracing
 from ._closing import ClosedOnExit
 from ._queues import QueueSet
 from .calls import FlowNode, NewJob
-from .errors import JobNotFoundError, JobqError
+from .errors import JobNotFoundError, JobqError, in_entry
 from .job import Job
 from .keys import QueueKeys, validate_name, validate_prefix
 from .options import NO_DEDUP
@@ -87,6 +87,23 @@ def _check_slots(client: Any, bases: Iterable[str]) -> None:
             "with a prefix such as prefix='{flows}' (for every Queue, Worker and "
             "FlowProducer of them), or put the flow in one queue"
         )
+
+
+#: Where a node is in a flow's tree: None for the root, else (its parent's
+#: path, its index among the parent's children); rendered on an error only
+#: (a chain of thousands of steps is that deep).
+_Path = tuple[Any, int] | None
+
+
+def _node_path(path: _Path) -> str:
+    """A node's path, as ``add``'s errors name it."""
+    indices: list[int] = []
+    while path is not None:
+        path, index = path
+        indices.append(index)
+    if len(indices) > 8:
+        return f"the flow's node {len(indices)} levels below its root"
+    return "the flow's root" + "".join(f".children[{i}]" for i in reversed(indices))
 
 
 def _check_names(children: Iterable[tuple[str, str]]) -> None:
@@ -286,39 +303,20 @@ class FlowProducer(ClosedOnExit):
         # depth first, parents before their children (the order addFlow.lua
         # takes), on a stack of our own: a chain of thousands of steps is
         # deeper than Python's recursion limit
-        stack: list[tuple[Any, int, int]] = [(tree, 0, 1)]
+        stack: list[tuple[Any, int, int, _Path]] = [(tree, 0, 1, None)]
         while stack:
-            spec, parent, depth = stack.pop()
+            spec, parent, depth, where = stack.pop()
             if depth > MAX_DEPTH:
                 raise ValueError(f"a flow may be at most {MAX_DEPTH} levels deep (a chain "
                                  f"of {MAX_DEPTH} steps): for more, add the steps with "
                                  "depends_on")
-            if not isinstance(spec, Mapping):
-                raise TypeError(f"a flow node must be a dict, not {type(spec).__name__}")
-            for key in ("name", "queue"):
-                if key not in spec:
-                    raise ValueError(f"each flow node needs a {key!r}")
-            options = {k: v for k, v in spec.items() if k not in _NODE_KEYS}
-            queue = self.queue(validate_name(spec["queue"]))
-            new, plain = queue._prepare(spec["name"], spec.get("data"), options)
-            if new.dedup != NO_DEDUP:
-                raise ValueError("dedup cannot be used in a flow")
-            if new.job_id:  # one job per id: a tree naming one twice is refused
-                if (queue.name, new.job_id) in named:
-                    raise ValueError(
-                        f"job id {new.job_id!r} of queue {queue.name!r} is named twice in "
-                        "the flow: each node is a job of its own"
-                    )
-                named.add((queue.name, new.job_id))
-            nodes.append(_Pending(queue, new, plain, spec.get("data"), parent))
-            shape.append([])
-            index = len(nodes)
-            if parent:
-                shape[parent - 1].append(index)
-            children = spec.get("children") or []
-            if not isinstance(children, Sequence) or isinstance(children, (str, bytes)):
-                raise TypeError("a node's children must be a list of nodes")
-            stack.extend((child, index, depth + 1) for child in reversed(children))
+            try:
+                self._check_node(spec, parent, depth, where, nodes, shape, named, stack)
+            except (TypeError, ValueError) as exc:
+                name = spec.get("name") if isinstance(spec, Mapping) else None
+                node = _node_path(where)
+                raise in_entry(node if name is None else f"{node} (name {name!r})",
+                               exc) from exc
 
         for kids in shape:
             _check_names((nodes[k - 1].queue.name, nodes[k - 1].new.job_id) for k in kids)
@@ -329,6 +327,41 @@ class FlowProducer(ClosedOnExit):
             if job is not None:
                 built[index] = JobNode(job, [built[k] for k in shape[index - 1] if k in built])
         return built[1]
+
+    def _check_node(
+        self, spec: Any, parent: int, depth: int, where: _Path, nodes: list[_Pending],
+        shape: list[list[int]], named: set[tuple[str, str]],
+        stack: list[tuple[Any, int, int, _Path]],
+    ) -> None:
+        """Check and prepare one node of ``add`` (``where`` names it in an
+        error), and put its children on the stack."""
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"a flow node must be a dict, not {type(spec).__name__}")
+        for key in ("name", "queue"):
+            if key not in spec:
+                raise ValueError(f"each flow node needs a {key!r}")
+        options = {k: v for k, v in spec.items() if k not in _NODE_KEYS}
+        queue = self.queue(validate_name(spec["queue"]))
+        new, plain = queue._prepare(spec["name"], spec.get("data"), options)
+        if new.dedup != NO_DEDUP:
+            raise ValueError("dedup cannot be used in a flow")
+        if new.job_id:  # one job per id: a tree naming one twice is refused
+            if (queue.name, new.job_id) in named:
+                raise ValueError(
+                    f"job id {new.job_id!r} of queue {queue.name!r} is named twice in "
+                    "the flow: each node is a job of its own"
+                )
+            named.add((queue.name, new.job_id))
+        nodes.append(_Pending(queue, new, plain, spec.get("data"), parent))
+        shape.append([])
+        index = len(nodes)
+        if parent:
+            shape[parent - 1].append(index)
+        children = spec.get("children") or []
+        if not isinstance(children, Sequence) or isinstance(children, (str, bytes)):
+            raise TypeError("a node's children must be a list of nodes")
+        stack.extend((child, index, depth + 1, (where, i))
+                     for i, child in reversed(list(enumerate(children))))
 
     def chain(self, steps: Sequence[Mapping[str, Any]]) -> JobNode:
         """Add ``a -> b -> c``: each step runs after the one before it has

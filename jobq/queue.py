@@ -26,6 +26,7 @@ from .errors import (
     JobqError,
     RedisOOMError,
     SerializationError,
+    in_entry,
 )
 from .job import Job
 from .options import byte_limit
@@ -54,20 +55,28 @@ def _stored_int(value: bytes | None, default: int) -> int:
     return int(value) if value is not None and value.isdigit() else default
 
 
-def job_specs(jobs: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
-    """The jobs of an ``add_bulk``: (name, data, options) of each, checked."""
+def job_specs(
+    jobs: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[int, Any, Any, dict[str, Any]]]:
+    """The jobs of an ``add_bulk``: (index, name, data, options) of each,
+    checked (an error names the entry: see ``bulk_entry``)."""
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise TypeError(f"jobs must be an iterable of job dicts, not {type(jobs).__name__}")
-    for spec in jobs:
+    for index, spec in enumerate(jobs):
         if type(spec) is not dict and not isinstance(spec, Mapping):  # the ABC check is slow
-            raise TypeError(f"each job must be a dict, not {type(spec).__name__}")
+            raise TypeError(f"jobs[{index}]: each job must be a dict, not {type(spec).__name__}")
         if "name" not in spec:
-            raise ValueError("each job needs a 'name'")
+            raise ValueError(f"jobs[{index}]: each job needs a 'name'")
         if len(spec) == 1 or (len(spec) == 2 and "data" in spec):
             options: dict[str, Any] = {}  # the common case, without a pass over the spec
         else:
             options = {k: v for k, v in spec.items() if k not in ("name", "data")}
-        yield spec["name"], spec.get("data"), options
+        yield index, spec["name"], spec.get("data"), options
+
+
+def bulk_entry(index: int, name: Any, exc: BaseException) -> BaseException:
+    """The error of an ``add_bulk``'s entry ``index``, naming it."""
+    return in_entry(f"jobs[{index}] (name {name!r})", exc)
 
 
 class Queue(
@@ -282,8 +291,11 @@ class Queue(
         not_a_shard(self._context, "add jobs")
         batch = Batch()
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
-        for name, data, options in job_specs(jobs):
-            args, opts = self._prepare(name, data, options, batch)
+        for index, name, data, options in job_specs(jobs):
+            try:
+                args, opts = self._prepare(name, data, options, batch)
+            except (TypeError, ValueError) as exc:
+                raise bulk_entry(index, name, exc) from exc
             prepared.append((args, opts, data))
         hook = _tracing.hook
         if hook is None:

@@ -45,7 +45,7 @@ from .errors import JobqError
 from .job import Job
 from .keys import lookup_id, validate_job_id
 from .options import FAILURE_POLICIES
-from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, job_specs
+from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, bulk_entry, job_specs
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -230,13 +230,16 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         self._context.ensure_ready()
         groups: dict[int, list[tuple[int, _Prepared]]] = defaultdict(list)
         count = 0
-        for name, data, options in job_specs(jobs):
+        for index, name, data, options in job_specs(jobs):
             if options.get("depends_on") is not None or any(
                 options.get(p) for p in FAILURE_POLICIES
             ):
                 raise flows_refused(self.name)
-            shard = self._route(options)
-            new, opts = self._shards[shard]._prepare(name, data, options)
+            try:
+                shard = self._route(options)
+                new, opts = self._shards[shard]._prepare(name, data, options)
+            except (TypeError, ValueError) as exc:
+                raise bulk_entry(index, name, exc) from exc
             groups[shard].append((count, (new, opts, data)))
             count += 1
         hook = _tracing.hook
