@@ -362,8 +362,14 @@ class Queue(
 
     @property
     def events(self) -> QueueEvents:
-        """A QueueEvents of this queue, started on first use, shared by all threads."""
-        self._context.ensure_ready()
+        """A QueueEvents of this queue, started on first use, shared by all
+        threads. It can be had while the server is away (listeners added at
+        start-up): its reader connects once the server is there, and the
+        queue's first-use setup is tried again at its next call."""
+        try:
+            self._context.ensure_ready()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            pass  # the reader retries by itself; the queue's next call sets it up
         return self._context.shared_events()
 
     def close(self) -> None:

@@ -5,9 +5,8 @@ run on the one-node cluster pass."""
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterator

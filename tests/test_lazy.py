@@ -45,6 +45,22 @@ def test_constructors_do_no_io_and_the_first_call_names_the_server() -> None:
         queue.close()
 
 
+def test_the_shared_events_of_a_queue_can_be_had_while_the_server_is_away() -> None:
+    """queue.events ran the queue's first-use setup and raised while the
+    server was away: listeners added at an app's start-up failed it. It
+    returns the reader now, which connects once the server is there."""
+    queue = Queue("lazy", connection=_dead_url())
+    try:
+        events = queue.events
+        heard: list[str] = []
+        events.on("ping", lambda event: heard.append(event.name))  # at start-up: no error
+        assert not events.wait_until_ready(0.2)
+        with pytest.raises(redis.exceptions.ConnectionError, match="cannot reach"):
+            queue.add("x")  # a call still says the server is away
+    finally:
+        queue.close()
+
+
 def test_a_first_wait_on_an_unreachable_server_raises_naming_it() -> None:
     url = _dead_url("s3cret")
     with QueueEvents("lazy", connection=url) as events:
