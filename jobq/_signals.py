@@ -23,7 +23,8 @@ class StopSignals:
     SIGHUP (a closed terminal, a supervisor's reload) stops gracefully too:
     its default ended the process at once, leaving its jobs active until the
     stall check. A process started with SIGHUP ignored (``nohup``) keeps
-    ignoring it.
+    ignoring it, and an application's own SIGHUP handler (one that reopens
+    its logs, say) stays.
 
     The handler only sets attributes: taking a lock in a signal handler (as
     ``Event.set()`` does) can deadlock with the main thread holding it, and
@@ -56,8 +57,8 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         for signum in _STOPPING:
-            if signum == _HANGUP and signal.getsignal(signum) == signal.SIG_IGN:
-                continue  # nohup: the hangup stays ignored
+            if signum == _HANGUP and signal.getsignal(signum) != signal.SIG_DFL:
+                continue  # nohup's ignore, or the application's own (logrotate's reopen)
             self._previous[int(signum)] = signal.signal(signum, self._handle)
         return self
 

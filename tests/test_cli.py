@@ -362,6 +362,26 @@ def test_worker_stops_gracefully_on_sighup_unless_started_under_nohup(
     assert "SIGHUP" not in ignoring.text("err")
 
 
+def test_sighup_is_taken_only_where_nothing_else_handles_it() -> None:
+    """SIGHUP stops Worker.run() and the commands only where its handler is
+    the default: nohup's ignore and an application's own handler (a log
+    reopen) stay in place."""
+    from jobq._signals import StopSignals
+
+    def own(signum: int, frame: Any) -> None:
+        pass
+
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        for handler, taken in ((signal.SIG_DFL, True), (signal.SIG_IGN, False), (own, False)):
+            signal.signal(signal.SIGHUP, handler)
+            with StopSignals() as stop:
+                assert (signal.getsignal(signal.SIGHUP) == stop._handle) is taken, handler
+            assert signal.getsignal(signal.SIGHUP) == handler  # put back on exit
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_worker_second_signal_abandons_jobs_in_flight(
     running: Any, queue: Queue, redis_client: redis.Redis
 ) -> None:
