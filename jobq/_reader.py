@@ -68,6 +68,18 @@ class ModeChanged(ConnectionError):
     re-checked)."""
 
 
+class _Callback:
+    """A future's done-callback queued on the dispatcher (see ``call_back``)."""
+
+    __slots__ = ("action",)
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
+
+    def __call__(self) -> None:
+        self.action()
+
+
 class Dispatcher:
     """The dispatcher thread: listeners in registration order, and the
     futures' done-callbacks, each in a try/except."""
@@ -82,6 +94,9 @@ class Dispatcher:
         self._queue: _queue.SimpleQueue[Event | Callable[[], None] | None] = _queue.SimpleQueue()
         self.dispatched_id: str | None = None
         self._thread: threading.Thread | None = None
+        #: set once a close ran the callbacks left queued: later ones run
+        #: where they come from (see ``call_back``)
+        self.finished = False
 
     def on_thread(self) -> bool:
         """Whether the caller is the dispatcher thread (a listener, a
@@ -95,6 +110,24 @@ class Dispatcher:
     def call_soon(self, action: Callable[[], None]) -> None:
         """Run ``action`` on the dispatcher thread."""
         self._queue.put(action)
+
+    def call_back(self, action: Callable[[], None]) -> None:
+        """Run a future's done-callback on the dispatcher thread; one still
+        queued when the QueueEvents closes runs then (``run_left``), never
+        lost behind a listener that held the thread past the close."""
+        self._queue.put(_Callback(action))
+
+    def run_left(self) -> None:
+        """At the end of a close, on the closing thread: run the futures'
+        done-callbacks still queued (the events left go undelivered)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except _queue.Empty:
+                break
+            if isinstance(item, _Callback):
+                self._run(item)
+        self.finished = True
 
     def error(self, exc: BaseException) -> None:
         """Tell the ``error`` listeners of a background error, on this

@@ -217,6 +217,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         close_threads(self._threads, timeout, self._reader.interrupt,
                       *(part._context.close for part in self._readers))
         self._gate.flush()  # futures the reader answered as the waker stopped
+        self._dispatcher.run_left()  # and their done-callbacks not run yet
         for part in self._readers:
             part._context.close()
         if self._owned:

@@ -212,6 +212,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._loop.wake()
         close_threads(self._threads, timeout, self._loop.interrupt, self._context.close)
         self._table.gate.flush()  # futures the reader answered as the waker stopped
+        self._dispatcher.run_left()  # and their done-callbacks not run yet
         self._context.close()
 
     def _after_fork(self) -> Any:
@@ -363,16 +364,16 @@ class _JobFuture(Future[Any]):
         super().__init__()
         self._dispatcher = events._dispatcher
         self._threads = events._threads
-        self._stop = events._stop
         self._forget: Callable[[], object] | None = None
 
     def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
         def hop(future: Future[Any]) -> None:
             # settled on the waker: the callback goes to the dispatcher
-            # (unless it stopped: then here, as on the closing thread)
+            # (one left there when the QueueEvents closes runs on the
+            # closing thread; once that is done, here: see Dispatcher.run_left)
             if (threading.current_thread() in self._threads
-                    and not self._dispatcher.on_thread() and not self._stop.is_set()):
-                self._dispatcher.call_soon(functools.partial(_call_back, fn, future))
+                    and not self._dispatcher.on_thread() and not self._dispatcher.finished):
+                self._dispatcher.call_back(functools.partial(_call_back, fn, future))
             else:
                 fn(future)  # its errors are logged as Future's own are
 

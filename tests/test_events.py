@@ -1457,6 +1457,40 @@ def test_a_slow_listener_holds_up_no_future(
         gate.set()
 
 
+@pytest.mark.parametrize("closing", ["main", "listener"])
+def test_a_futures_callbacks_run_when_the_events_close_behind_a_slow_listener(
+    queue: Queue, redis_url: str, closing: str
+) -> None:
+    """A done-callback queued on the dispatcher behind a slow listener was
+    lost when the QueueEvents closed meanwhile (the future was done, its
+    callback never ran); closed from a listener, another future's callback
+    ran on jobq's waker thread. Left ones run on the closing thread now."""
+    gate = threading.Event()
+    ran: list[str] = []
+    events = QueueEvents(queue.name, connection=redis_url)
+    try:
+        events.on("completed", lambda event: gate.wait(WAIT))  # holds the dispatcher
+        assert events.wait_until_ready(WAIT)
+        job = queue.add("x", 21)
+        future = events.future_for(job.id)
+        future.add_done_callback(lambda f: ran.append(threading.current_thread().name))
+        with Worker(queue.name, lambda j: j.data * 2, connection=redis_url):
+            assert future.result(WAIT) == 42
+        if closing == "listener":
+            events.on("custom", lambda event: events.close(WAIT))
+            queue.emit("custom")
+            gate.set()
+            until(lambda: events.closed and ran, timeout=WAIT)
+        else:
+            threading.Timer(0.5, gate.set).start()
+            events.close(WAIT)
+        until(lambda: ran, timeout=WAIT)
+        assert not ran[0].startswith("jobq-wake"), ran
+    finally:
+        gate.set()
+        events.close(WAIT)
+
+
 def test_a_future_given_up_is_cancelled_and_forgotten(
     queue: Queue, qe: QueueEvents, redis_url: str
 ) -> None:
