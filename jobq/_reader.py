@@ -204,6 +204,7 @@ class EventMode:
         self._unlooked = 0  # the longest read since that no look followed
         self.standby: Any = None
         self._standby_client: Any = None  # its client (a cluster's has more connections)
+        self._standby_publish = ""  # how it subscribed
 
     def read(self, client: Client) -> str:
         """Read the queue's event mode (returned) and stream length."""
@@ -219,11 +220,14 @@ class EventMode:
             )
         self.mode = "pubsub" if mode == b"pubsub" else "stream"
         self.undecided = mode is None and not client.exists(keys.events)
-        # a cluster's reader subscribes on the queue's node even before a
-        # 0.2 writer stored sp there (a queue of 0.1's: its events, published
-        # to every node, are not heard until then)
+        # as the scripts publish (sp: stored by a writer on a cluster's
+        # node); a cluster client's reader subscribes on the queue's node
+        # even before a 0.2 writer stored sp there (a queue of 0.1's: its
+        # events, published to every node, are not heard until then)
         in_cluster = isinstance(client, RedisCluster)
         self.publish = "SPUBLISH" if shard or sharded or in_cluster else "PUBLISH"
+        if self.standby is not None and self.publish != self._standby_publish:
+            self.close()  # subscribed the other way: connect again (ModeChanged)
         self.gap_batch = _gap_batch(max_events)
         return self.mode
 
@@ -260,18 +264,26 @@ class EventMode:
         own = blocking_client(client, f"jobq-events-{self._context.name}") \
             if self.undecided else client
         pubsub = own.pubsub()  # sharded: the queue's own node
+        kind = self.publish
         try:
             _connection.ssubscribe(pubsub, [self._context.keys.events], stopping,
-                                   "the events channel", sharded=self.publish == "SPUBLISH")
+                                   "the events channel", sharded=kind == "SPUBLISH")
         except BaseException:
             _connection.close_subscription(own if own is not client else None, pubsub)
             raise
-        if self.undecided and self.read(client) == "stream":
-            if self.undecided:
-                self.standby, self._standby_client = pubsub, own
-            else:  # an event was written: the queue uses its stream
+        if self.undecided:
+            mode = self.read(client)
+            if self.publish != kind:  # a writer stored it the other way meanwhile
                 _connection.close_subscription(own, pubsub)
-            return None
+                raise ModeChanged(f"queue {self._context.name!r}: its events are published "
+                                  "the other way")
+            if mode == "stream":
+                if self.undecided:
+                    self.standby, self._standby_client = pubsub, own
+                    self._standby_publish = kind
+                else:  # an event was written: the queue uses its stream
+                    _connection.close_subscription(own, pubsub)
+                return None
         return pubsub
 
     def stored(self, client: Client) -> Any:

@@ -96,10 +96,13 @@ class ReaderLoop:
         if now < self._next_mode_check:
             return
         self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
+        was = self._reader.publish
         if self._reader.read_mode(client) != "pubsub":
             logger.warning("queue %r: its pub/sub event mode is no longer stored (the server "
                            "lost its data?); reading its stream", self.name)
             raise ModeChanged(f"queue {self.name!r} uses its stream again")
+        if self._reader.publish != was:  # a writer on a cluster's node stored sp since
+            raise ModeChanged(f"queue {self.name!r}: its events are published the other way")
 
     def _reconnect(self, exc: Exception) -> None:
         """A failed read: report it; the next step connects again."""

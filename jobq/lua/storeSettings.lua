@@ -17,7 +17,7 @@
            shard mark (a shard of a sharded queue: its scripts publish
            wake-ups), 'f' (with 's': the sharded queue's count was stored
            just now) refuse a name that is a plain queue holding jobs, 'p'
-           the caller's client is a cluster's (a writer
+           the caller's client is a cluster's (the server is asked too) (a writer
            stores field sp in pub/sub mode: events are published with
            SPUBLISH, on the queue's own node, rather than PUBLISH), in any
            combination ('' none)
@@ -69,6 +69,11 @@ if string.find(writes, 'c', 1, true) then set(5, '1') end
 if string.find(writes, 's', 1, true) then set(6, '1') end
 if writer and m[1] == 'pubsub' then
   set(7, ARGV[5])
-  if string.find(writes, 'p', 1, true) then set(8, '1') end
+  -- a cluster's node, whatever the caller's client (a plain one may talk
+  -- to a one-node cluster): CLUSTER MYID answers there only (an ACL that
+  -- refuses it leaves the client's word)
+  if string.find(writes, 'p', 1, true) or type(redis.pcall('CLUSTER', 'MYID')) == 'string' then
+    set(8, '1')
+  end
 end
 return stored()
