@@ -1057,6 +1057,29 @@ def test_pubsub_events_on_one_server_reach_the_readers_of_0_1_and_theirs_reach_0
     old.close()
 
 
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") != "1",
+                    reason="a one-node cluster reached by both kinds of client")
+@pytest.mark.parametrize("writer_kind", ["plain", "cluster"])
+def test_pubsub_events_of_a_one_node_cluster_reach_both_kinds_of_client(
+    queue_name: str, redis_url: str, writer_kind: str
+) -> None:
+    """A queue written through redis:// on a one-node cluster published with
+    PUBLISH, which a redis+cluster:// reader (SSUBSCRIBE) never heard; and
+    the other way round. Its writer now asks the server."""
+    plain = redis_url.replace("redis+cluster://", "redis://", 1)
+    writer, reader = (plain, redis_url) if writer_kind == "plain" else (redis_url, plain)
+    rec = Recorder()
+    with Queue(queue_name, connection=writer, event_mode="pubsub") as queue:
+        queue.add("warm-up")  # the mode stored before the reader connects
+        with QueueEvents(queue_name, connection=reader) as qe:
+            qe.on_all_events(rec)
+            assert qe.wait_until_ready(WAIT)
+            with Worker(queue_name, echo, connection=writer):
+                job = queue.add("x", 1)
+                assert rec.wait_name("completed", job.id, timeout=5)
+        queue.obliterate(force=True)
+
+
 @pytest.mark.parametrize("mode", ["pubsub", "stream"])
 def test_a_reader_started_before_the_queue_stores_its_mode_misses_nothing(
     queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
