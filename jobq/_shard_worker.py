@@ -124,7 +124,7 @@ class ShardedContext(QueueContext):
 
         def mark(writes: str) -> None:  # as a ShardedQueue's first use does
             for keys in self.shard_keys:
-                if len(store("storeSettings", keys.base, "", "", "", writes, db)) > 4:
+                if store("storeSettings", keys.base, "", "", "", writes, db)[4]:
                     raise plain_queue_on_shard(keys.queue, self.name)
 
         stored, may = store("storeShardCount", self.keys.base, self.count, "look")

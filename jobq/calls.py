@@ -326,8 +326,8 @@ class QueueScripts:
         shard mark, 'p' the caller's client is a cluster's; ``db`` the
         caller's database (kept in pub/sub mode). The settings as stored:
         event mode, max_events, result TTL in ms, shard count (None for each
-        not stored), and a fifth, 1, when the shard mark was refused: the
-        name is a plain queue that holds jobs."""
+        not stored); then whether the shard mark was refused ('f': the
+        name is a plain queue that holds jobs); then the shard mark."""
         return list(self._run("storeSettings", event_mode, max_events, result_ttl_ms, writes,
                               db))
 

@@ -200,9 +200,15 @@ class Queue(
         record_queue(self)
 
     def _setup_meta(self) -> None:
-        stored_mode, stored_max, stored_ttl, shards = self._store_settings("")[:4]
+        stored_mode, stored_max, stored_ttl, shards, _, shard = self._store_settings("")
         if shards:  # a ShardedQueue's name: its jobs are on its shards
             raise mismatch(self.name, int(shards), None)
+        if shard and self._owner_lost is None:  # a shard's name, not through its ShardedQueue
+            raise JobqError(
+                f"queue {self.name!r} is a shard of a sharded queue: a job id names its "
+                "shard, so jobs added or removed here would be where the sharded queue "
+                "does not look for them; use the ShardedQueue"
+            )
         event_mode = self._settings[0]
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:

@@ -162,7 +162,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             stored, may = calls.store_shard_count(self._count, look=True)
             if may:  # none stored: no shard's name may be a plain queue's with jobs
                 for shard in self._shards:
-                    if len(shard._store_settings("f")) > 4:
+                    if shard._store_settings("f")[4]:
                         raise plain_queue_on_shard(shard.name, self.name)
                 stored, _ = calls.store_shard_count(self._count)
             if stored == 0:

@@ -152,6 +152,24 @@ def test_the_shard_count_is_stored_and_checked(
         events.on("completed", lambda event: None)  # the right count reads
 
 
+def test_a_plain_queue_opened_on_a_shards_name_is_refused(
+    sharded: ShardedQueue, redis_url: str
+) -> None:
+    """Queue("<name>~0") wrote into the sharded queue's shard (its jobs where
+    the sharded queue does not look for them by id), and its obliterate
+    wiped the shard: `jobq add mail~0.2` and `jobq obliterate mail~0.2`
+    did. A plain Queue is refused a shard's name now."""
+    job = sharded.add("x", 1)
+    for shard in shard_names(sharded.name, SHARDS):
+        with Queue(shard, connection=redis_url) as plain:
+            with pytest.raises(JobqError, match="is a shard of a sharded queue"):
+                plain.add("y")
+            with pytest.raises(JobqError, match="is a shard of a sharded queue"):
+                plain.obliterate(force=True)
+    assert sharded.get_job(job.id) is not None
+    assert sharded.count() == 1
+
+
 def test_a_plain_queue_named_as_a_shard_is_not_taken_over(
     queue_name: str, redis_url: str
 ) -> None:

@@ -28,22 +28,23 @@
            of one name in several databases of a server share their
            channel, and readers drop the events of another database
   Returns  {event mode, max_events, result TTL in ms, shard count}, as
-           stored (false for each not stored); with a fifth element, 1,
-           when 'f' was asked of a name that is a plain queue holding jobs
-           (no shard mark: a shard's name of a sharded queue, taken by a
-           plain queue before it; nothing written: the sharded queue's
-           workers would take its jobs over)
+           stored (false for each not stored); then '1' when 'f' was asked
+           of a name that is a plain queue holding jobs (no shard mark: a
+           shard's name of a sharded queue, taken by a plain queue before
+           it; nothing written: the sharded queue's workers would take its
+           jobs over), else false; then the shard mark (a plain Queue
+           opened on a shard's name is refused)
   Events   none; storing pub/sub mode adds the entry that tells the
            stream's readers (jobq/_reader.py _MODE_STORED); the stream goes
            a minute later (pub/sub mode keeps none)
 ]]
 local FIELDS = { 'em', 'maxev', 'rttl', 'shards', 'cfg', 'shard', 'db', 'sp' }
 local m = redis.call('HMGET', K_META, unpack(FIELDS))
-local function stored() return { m[1], m[2], m[3], m[4] } end
+local function stored() return { m[1], m[2], m[3], m[4], false, m[6] } end
 if m[4] then return stored() end
 if string.find(ARGV[4], 'f', 1, true) and not m[6] and holds_jobs() then
   local reply = stored()
-  reply[5] = 1
+  reply[5] = '1'
   return reply
 end
 -- each field is written only when it differs: a reader's first use (a
