@@ -62,13 +62,50 @@ class _UsageError(Exception):
 # -- helpers ---------------------------------------------------------------------
 
 
-def _queue(args: argparse.Namespace, name: str) -> Queue:
+def _queue(args: argparse.Namespace, name: str, client: Any = None) -> Queue:
     """Open a queue as it is stored (the caller closes it): a ShardedQueue
     when a shard count is stored with it (it answers the calls the commands
-    make), else a Queue."""
+    make), else a Queue. ``client``: one shared by the command's queues (a
+    client of its own per queue held two connections each: a thousand
+    queues, two thousand connections, past a process's file limit)."""
     from .sharding import open_queue
 
-    return cast("Queue", open_queue(name, connection=args.url, prefix=args.prefix))
+    connection = args.url if client is None else client
+    return cast("Queue", open_queue(name, connection=connection, prefix=args.prefix))
+
+
+class _Opened(dict[str, "Queue"]):
+    """The queues a command opened, on one client of its own (made on
+    first use); ``close()`` closes them and the client."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self._args = args
+        self._client: Any = None
+
+    def open(self, name: str) -> Queue:
+        if name not in self:
+            if self._client is None:
+                from .connection import resolve
+
+                self._client, _ = resolve(self._args.url)
+            self[name] = _queue(self._args, name, self._client)
+        return self[name]
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Close the queues no longer listed (obliterated since)."""
+        for name in set(self) - set(names):
+            self.pop(name).close()
+
+    def close(self) -> None:
+        for queue in self.values():
+            queue.close()
+        self.clear()
+        if self._client is not None:
+            from .connection import close_client
+
+            close_client(self._client)
+            self._client = None
 
 
 def _ping(url: str | None) -> None:
@@ -254,18 +291,18 @@ def _table(snapshots: list[dict[str, Any]]) -> str:
 
 
 def _snapshots(
-    args: argparse.Namespace, names: Iterable[str], opened: dict[str, Queue]
+    args: argparse.Namespace, names: Iterable[str], opened: _Opened
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The snapshot of each queue (opened on first use, kept in ``opened``),
     and a line for each that could not be read: one the server refused (a
     key of the wrong type), or one on a cluster's node that is away. One
     such queue hides none of the others; a lone server away raises."""
     snapshots, refused = [], []
+    names = list(names)
+    opened.keep(names)
     for name in names:
         try:
-            if name not in opened:
-                opened[name] = _queue(args, name)
-            snapshots.append(_snapshot(opened[name]))
+            snapshots.append(_snapshot(opened.open(name)))
         except redis.exceptions.ResponseError as exc:
             if _moved(exc):
                 raise  # a plain URL of a cluster's node: said once, for all
@@ -299,7 +336,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         finally:
             close_client(client)
 
-    opened: dict[str, Queue] = {}
+    opened = _Opened(args)
     try:
         if not args.watch:
             current = names()
@@ -337,8 +374,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 if stop.wait(args.interval):
                     break
     finally:
-        for queue in opened.values():
-            queue.close()
+        opened.close()
     return EXIT_OK
 
 
@@ -623,7 +659,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     from .registry import known_queues
 
     _ping(args.url)
-    opened: dict[str, Queue] = {}
+    opened = _Opened(args)
     lock = threading.Lock()
 
     def queues() -> list[Queue]:
@@ -642,10 +678,8 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
                         close_client(client)
                 else:
                     names = known_queues(any_queue.client, args.prefix)
-            for name in names:
-                if name not in opened:
-                    opened[name] = _queue(args, name)
-            return [opened[n] for n in names]
+            opened.keep(names)
+            return [opened.open(n) for n in names]
 
     server = serve(queues, port=args.port, host=args.host)
     thread = threading.Thread(target=server.serve_forever, name="jobq-metrics-http",
@@ -661,8 +695,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         server.shutdown()
         thread.join(5)
         server.server_close()
-        for queue in opened.values():
-            queue.close()
+        opened.close()
     return EXIT_OK
 
 

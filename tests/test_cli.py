@@ -729,6 +729,31 @@ def test_metrics_command_serves_prometheus_text(running: Any, queue: Queue,
     assert server.wait() == 0
 
 
+def test_metrics_of_many_queues_share_a_few_connections(
+    running: Any, queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Each queue a scrape read had a client of its own, two connections
+    each, never given back: a thousand queues held two thousand, past a
+    process's file limit (every scrape then failed, as did `jobq info`).
+    The command's queues now share one client."""
+    names = [f"{queue_name}-{i}" for i in range(40)]
+    for name in names:
+        with Queue(name, connection=redis_url) as q:
+            q.add("x")
+    before = len(redis_client.client_list())
+    server = running("metrics", *names, "--port", "0")
+    url = server.expect(r"serving Prometheus metrics at http://", "out").rsplit(" ", 1)[-1]
+    for _ in range(2):
+        with urllib.request.urlopen(url, timeout=WAIT) as response:
+            assert response.status == 200
+    assert len(redis_client.client_list()) - before <= 6  # 80 before: 2 per queue
+    server.signal(signal.SIGTERM)
+    assert server.wait() == 0
+    for name in names:
+        with Queue(name, connection=redis_url) as q:
+            q.obliterate(force=True)
+
+
 def test_commands_open_a_sharded_queue_as_stored(
     running: Any, queue_name: str, redis_url: str
 ) -> None:
