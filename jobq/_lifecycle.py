@@ -159,7 +159,8 @@ def shut_down(
     roles.dispatcher.stop(max(LISTENER_GRACE, until - time.monotonic()))
     hook = _tracing.hook
     if hook is not None:  # the attempts' spans leave before the process may end
-        hook.flush()
+        # within the close's timeout: 5 s at most without one
+        hook.flush(5.0 if deadline is None else max(0.0, deadline - time.monotonic()))
     if run_context is not context:
         run_context.close()
     context.close()

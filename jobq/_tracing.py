@@ -60,8 +60,9 @@ class Hook(Protocol):
         ``carrier`` is the record's trace context, ``scheduled`` whether a
         scheduler produced the job."""
 
-    def flush(self) -> None:
-        """Export the spans ended so far (a worker is closing)."""
+    def flush(self, seconds: float) -> None:
+        """Export the spans ended so far, for ``seconds`` at most (a worker
+        is closing)."""
 
 
 hook: Hook | None = None

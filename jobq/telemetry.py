@@ -98,19 +98,25 @@ class _AttemptSpan:
     def failed(self, exc: BaseException, reason: str) -> None:
         kind = type(exc).__name__
         try:
-            self._span.record_exception(exc)
-        except Exception:  # a broken __str__ of the exception: its type and reason
-            self._span.add_event("exception", {"exception.type": kind,
-                                               "exception.message": reason})
-        self._span.set_attribute("error.type", kind)
-        self._span.set_status(Status(StatusCode.ERROR, reason))
+            try:
+                self._span.record_exception(exc)
+            except Exception:  # a broken __str__ of the exception: its type and reason
+                self._span.add_event("exception", {"exception.type": kind,
+                                                   "exception.message": reason})
+            self._span.set_attribute("error.type", kind)
+            self._span.set_status(Status(StatusCode.ERROR, reason))
+        except Exception:  # a tracer's trouble must not cost the attempt its end
+            logger.exception("recording the failure of an attempt on its span raised")
 
     def end(self) -> None:
         if self._ended:
             return
         self._ended = True
         otel_context.detach(self._token)
-        self._span.end()
+        try:
+            self._span.end()
+        except Exception:  # a span processor's on_end: the pool thread must go on
+            logger.exception("ending the span of an attempt raised")
 
 
 class _NoSpan:
@@ -148,13 +154,19 @@ class _Hook:
             attributes["jobq.job.name"] = names[0]
         else:
             attributes["messaging.batch.message_count"] = len(names)
-        with self._tracer.start_as_current_span(
-            f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
-            jobs = write(self.carrier())
-            if len(jobs) == 1 and span.is_recording():
-                span.set_attribute("messaging.message.id", jobs[0].id)
-            return jobs
+        span = self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER,
+                                       attributes=attributes)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                jobs = write(self.carrier())
+                if len(jobs) == 1 and span.is_recording():
+                    span.set_attribute("messaging.message.id", jobs[0].id)
+                return jobs
+        finally:
+            try:
+                span.end()
+            except Exception:  # written: an add that raised now would be tried again
+                logger.exception("ending the span of an add raised (its jobs were added)")
 
     def attempt(
         self, job: Job, carrier: bytes | None, scheduled: bool
@@ -193,12 +205,12 @@ class _Hook:
         )
         return _AttemptSpan(span)
 
-    def flush(self) -> None:
+    def flush(self, seconds: float = 5.0) -> None:
         provider = self._provider or trace.get_tracer_provider()
         force_flush = getattr(provider, "force_flush", None)
         if force_flush is not None:
             try:
-                force_flush(5000)
+                force_flush(max(1, round(seconds * 1000)))
             except Exception as exc:  # an exporter's trouble must not break a close
                 logger.warning("flushing spans failed: %s", exc)
 

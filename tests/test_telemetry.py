@@ -202,6 +202,28 @@ def test_an_exception_whose_str_raises_fails_its_job_traced_too(
     assert process.attributes["error.type"] == "_BrokenStr"  # type: ignore[index]
 
 
+class _RaisingOnEnd(SimpleSpanProcessor):
+    """A span processor whose on_end raises (an exporter's bug)."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("on_end broke")
+
+
+def test_a_span_processor_that_raises_costs_neither_an_add_nor_a_worker(
+    queue: Queue, traced: Traced
+) -> None:
+    """A processor raising in on_end made add() raise after its job was
+    written (a caller that retried made duplicates), and ended the worker's
+    pool thread: its jobs stayed active, their locks renewed, for good.
+    The error is logged; the add returns and the worker goes on."""
+    traced.provider.add_span_processor(_RaisingOnEnd(InMemorySpanExporter()))
+    jobs = [queue.add("x", i) for i in range(3)]  # no error: each was written once
+    assert queue.count() == 3
+    with _worker(queue, lambda job: job.data, concurrency=1):
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [0, 1, 2]
+        traced.wait_spans(f"process {queue.name}", 3)
+
+
 def test_add_bulk_is_one_producer_span_whose_context_every_job_carries(
     queue: Queue, traced: Traced
 ) -> None:
