@@ -319,7 +319,7 @@ class EventReader:
         start_id: str,
         dispatcher: Dispatcher,
         listeners: ListenerRegistry,
-        lost: Callable[[], None],
+        lost: Callable[..., None],
     ) -> None:
         self._context = context
         self._start_id = start_id
@@ -517,6 +517,16 @@ class EventReader:
             return
         if db is not None and db != self._db:
             return  # the queue of this name in another database of the server
+        if db is None and event.name in RUN_ENDS and event.job_id is not None:
+            # no database named: a 0.1 process's event (or one written
+            # before a 0.2 writer stored the number), maybe of a namesake in
+            # another database: its job's waiters read their record instead
+            waiters = self.table.of_job(event.job_id)
+            if waiters:
+                self._lost(waiters)
+            if self._listeners.has_any():
+                self._dispatcher.put(event)
+            return
         if event.name == CHECKPOINT:
             self.table.settle(event.job_id)
             return

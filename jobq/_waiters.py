@@ -474,6 +474,11 @@ class WaiterTable:
         """Whether no waiter awaits a checkpoint."""
         return not self._pending
 
+    def of_job(self, job_id: str) -> list[Waiter]:
+        """The waiters registered on ``job_id``."""
+        with self._lock:
+            return list(self._by_job.get(job_id, ()))
+
     def snapshot(self) -> list[Waiter]:
         """Every registered waiter."""
         with self._lock:

@@ -305,10 +305,11 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def _result(self, waiter: Waiter, deadline: float | None = None) -> Any:
         return waited_result(self._context, waiter, f"QueueEvents {self.name!r}", deadline)
 
-    def _poke_all(self) -> None:
+    def _poke_all(self, waiters: list[Waiter] | None = None) -> None:
         """Re-check every waiter's record after a possible loss of events (on the
-        reader): the waiting threads' here, the futures' on the waker."""
-        waiters = self._table.snapshot()
+        reader), or those of ``waiters``: the waiting threads' here, the
+        futures' on the waker."""
+        waiters = self._table.snapshot() if waiters is None else waiters
         self._check_threads(waiters)
         futures = [w for w in waiters if w.callback is not None]
         if futures:

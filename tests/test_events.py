@@ -1057,6 +1057,37 @@ def test_pubsub_events_on_one_server_reach_the_readers_of_0_1_and_theirs_reach_0
     old.close()
 
 
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1",
+                    reason="in a cluster, a queue's events are published on its own node")
+def test_an_event_naming_no_database_answers_no_wait_by_itself(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A 0.1 process's pub/sub events name no database, and its namesake
+    queue's in another database share the channel: a wait in db 0 took a
+    namesake's outcome for its own job's. Such an event now makes the job's
+    waiters read their record instead."""
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue, \
+            QueueEvents(queue_name, connection=redis_url) as qe:
+        assert qe.wait_until_ready(WAIT)
+        job = queue.add("x", 5)
+        results: list[Any] = []
+        waiting = threading.Thread(target=lambda: results.append(
+            job.wait_until_finished(qe, timeout=WAIT)))
+        waiting.start()
+        try:
+            until(lambda: len(qe._table.snapshot()) == 1, timeout=WAIT)  # registered
+            future = job.as_future(qe)
+            # the namesake's (its job of the same id failed), as 0.1 publishes it
+            redis_client.publish(queue._context.keys.events, to_netstrings(
+                ["ev", "failed", "jid", job.id, "ts", "1", "failed_reason", "namesake's"]))
+            with Worker(queue_name, echo, connection=redis_url):
+                waiting.join(WAIT)
+                assert future.result(WAIT) == 5
+        finally:
+            waiting.join(WAIT)
+        assert results == [5]
+
+
 @pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") != "1",
                     reason="a one-node cluster reached by both kinds of client")
 @pytest.mark.parametrize("writer_kind", ["plain", "cluster"])
