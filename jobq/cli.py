@@ -150,6 +150,18 @@ def _load(spec: str) -> Any:
     return target
 
 
+def _timeout(text: str) -> float:
+    """``wait --timeout``: seconds >= 0 (NaN waited for ever; a negative one
+    passed as at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, not {text!r}")
+    return value
+
+
 def _every(text: str) -> float:
     """``--interval``: seconds > 0 (NaN waited for ever, 0 redrew without
     a pause)."""
@@ -587,12 +599,14 @@ def _cmd_wait(args: argparse.Namespace) -> int:
             left = None if deadline is None else deadline - time.monotonic()
             if stop.stopped:
                 break
-            if left is not None and left <= 0:
-                break
+            # the jobs finished already are told even when the time is up
+            # (--timeout 0: which of them have finished)
             done, _ = concurrent.futures.wait(
-                pending, timeout=0.2 if left is None else min(0.2, left),
+                pending, timeout=0.2 if left is None else max(0.0, min(0.2, left)),
                 return_when=concurrent.futures.FIRST_COMPLETED,
             )
+            if not done and left is not None and left <= 0:
+                break
             for future in done:
                 job_id = pending.pop(future)
                 finished += 1
@@ -845,7 +859,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "wait for jobs to finish; exit 1 if any failed, 4 on timeout")
     wait.add_argument("queue", metavar="QUEUE")
     wait.add_argument("ids", nargs="+", metavar="ID")
-    wait.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
+    wait.add_argument("--timeout", type=_timeout, default=None, help="seconds to wait at most")
     wait.add_argument("--quiet", action="store_true", help="no progress bar")
 
     from .dashboard._command import add_arguments, port_number

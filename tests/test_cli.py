@@ -643,6 +643,13 @@ def test_wait_exit_codes(queue: Queue, redis_url: str) -> None:
     assert done.returncode == 4
     assert done.stdout.strip() == f"{never.id} waiting"
     assert "not finished after 0.3 s" in done.stderr
+    # --timeout 0: which have finished, now (a finished one was said twice,
+    # "completed" then "not finished", exit 4)
+    done = jobq(redis_url, "wait", queue.name, ok[1].id, "--timeout", "0")
+    assert (done.returncode, done.stdout.strip()) == (0, f"{ok[1].id} completed 2")
+    for bad_timeout in ("-1", "nan", "inf"):
+        done = jobq(redis_url, "wait", queue.name, ok[1].id, "--timeout", bad_timeout)
+        assert done.returncode == 2 and "seconds >= 0" in done.stderr, bad_timeout
 
 
 def test_wait_shows_a_progress_bar_on_a_terminal(queue: Queue, redis_url: str) -> None:
