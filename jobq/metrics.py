@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 if TYPE_CHECKING:
     from ._context import QueueContext
     from .queue import Queue
@@ -137,6 +139,9 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
       finished jobs (terminal failures only);
     - ``jobq_job_wait_seconds`` / ``jobq_job_run_seconds`` (summaries, also
       by ``status``): sum and count of the finished jobs' wait and run times.
+
+    A queue the server refuses to read (a key of another type, an ACL) is
+    left out, and logged; a server away raises.
     """
     jobs = _Family("jobq_jobs", "gauge", "Jobs of the queue per state.")
     paused = _Family("jobq_queue_paused", "gauge", "1 when the queue is paused.")
@@ -156,12 +161,20 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
         if (queue.prefix, name) in seen:  # a queue named twice: its series once
             continue
         seen.add((queue.prefix, name))
-        for state, count in queue.get_job_counts().items():
+        try:  # all of a queue's reads first: its series whole, or none
+            counts = queue.get_job_counts()
+            is_paused, live = queue.is_paused(), len(queue.get_workers())
+            finished = {kind: queue.get_metrics(kind, 0, 0) for kind in KINDS}
+        except redis.exceptions.ResponseError as exc:
+            # the server refused it (a key of another type, an ACL): the
+            # other queues are still served, as `jobq info` shows them
+            logger.warning("metrics: queue %r left out: Redis refused: %s", name, exc)
+            continue
+        for state, count in counts.items():
             jobs.add(count, queue=name, state=state)
-        paused.add(1 if queue.is_paused() else 0, queue=name)
-        workers.add(len(queue.get_workers()), queue=name)
-        for kind in KINDS:
-            metrics = queue.get_metrics(kind, 0, 0)
+        paused.add(1 if is_paused else 0, queue=name)
+        workers.add(live, queue=name)
+        for kind, metrics in finished.items():
             totals[kind].add(metrics.count, queue=name)
             waited.add(metrics.waited_for, "_sum", queue=name, status=kind)
             waited.add(metrics.count, "_count", queue=name, status=kind)

@@ -269,3 +269,19 @@ def test_metrics_per_minute() -> None:
     assert metrics.per_minute(3) == pytest.approx(6 / 2.5)
     with pytest.raises(ValueError):
         metrics.per_minute(0)
+
+
+def test_metrics_leave_out_a_queue_the_server_refuses_and_serve_the_others(
+    queue: Queue, queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """One queue with a key of another type made every scrape answer 503;
+    `jobq info` shows the others and names it. Its series are left out."""
+    queue.add("x")
+    with Queue(f"{queue_name}-bad", connection=redis_url) as bad:
+        bad.add("x")
+        redis_client.delete(bad._context.keys.wait)
+        redis_client.set(bad._context.keys.wait, "not a list")
+        text = prometheus_text([bad, queue])
+        assert f'queue="{queue.name}"' in text and f'queue="{bad.name}"' not in text
+        redis_client.delete(bad._context.keys.wait)
+        bad.obliterate(force=True)
