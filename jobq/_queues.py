@@ -57,6 +57,35 @@ class QueueSet:
                 self._queues[name] = queue
             return queue
 
+    def keep(self, names: list[str]) -> None:
+        """Close the queues made that are not among ``names`` (obliterated
+        since), and, opened as stored, those now stored as the other kind (a
+        queue obliterated and made again sharded, or plain): the next
+        ``get`` opens them as they are (one pipelined read of the shard
+        counts). For a tool that runs for long: the dashboard, ``jobq
+        metrics``, ``jobq info --watch``."""
+        from .keys import QueueKeys
+
+        with self._lock:
+            made = dict(self._queues)
+        if not made:
+            return
+        listed = set(names)
+        gone = [name for name in made if name not in listed]
+        if self._stored:
+            kept = [name for name in made if name in listed]
+            pipe = self.client.pipeline(transaction=False)
+            for name in kept:
+                pipe.hget(QueueKeys(self.prefix, name).meta, "shards")
+            for name, raw in zip(kept, pipe.execute(), strict=True):
+                stored = int(raw) if raw else None
+                if getattr(made[name], "shard_count", None) != stored:
+                    gone.append(name)
+        with self._lock:
+            dropped = [self._queues.pop(name) for name in gone if name in self._queues]
+        for queue in dropped:
+            queue.close()
+
     def close(self) -> None:
         """Close every queue made (their event readers), then the client if
         it was made here. Idempotent."""

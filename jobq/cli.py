@@ -37,6 +37,7 @@ from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 
 if TYPE_CHECKING:
+    from ._queues import QueueSet
     from .queue import Queue
 
 __all__ = ["main", "build_parser"]
@@ -62,50 +63,22 @@ class _UsageError(Exception):
 # -- helpers ---------------------------------------------------------------------
 
 
-def _queue(args: argparse.Namespace, name: str, client: Any = None) -> Queue:
+def _queue(args: argparse.Namespace, name: str) -> Queue:
     """Open a queue as it is stored (the caller closes it): a ShardedQueue
     when a shard count is stored with it (it answers the calls the commands
-    make), else a Queue. ``client``: one shared by the command's queues (a
-    client of its own per queue held two connections each: a thousand
-    queues, two thousand connections, past a process's file limit)."""
+    make), else a Queue."""
     from .sharding import open_queue
 
-    connection = args.url if client is None else client
-    return cast("Queue", open_queue(name, connection=connection, prefix=args.prefix))
+    return cast("Queue", open_queue(name, connection=args.url, prefix=args.prefix))
 
 
-class _Opened(dict[str, "Queue"]):
-    """The queues a command opened, on one client of its own (made on
-    first use); ``close()`` closes them and the client."""
+def _opened(args: argparse.Namespace, command: str) -> QueueSet:
+    """The queues a command reads, opened as stored, on one client of its
+    own (a client per queue held two connections each: a thousand queues,
+    two thousand connections, past a process's file limit)."""
+    from ._queues import QueueSet
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        super().__init__()
-        self._args = args
-        self._client: Any = None
-
-    def open(self, name: str) -> Queue:
-        if name not in self:
-            if self._client is None:
-                from .connection import resolve
-
-                self._client, _ = resolve(self._args.url)
-            self[name] = _queue(self._args, name, self._client)
-        return self[name]
-
-    def keep(self, names: Iterable[str]) -> None:
-        """Close the queues no longer listed (obliterated since)."""
-        for name in set(self) - set(names):
-            self.pop(name).close()
-
-    def close(self) -> None:
-        for queue in self.values():
-            queue.close()
-        self.clear()
-        if self._client is not None:
-            from .connection import close_client
-
-            close_client(self._client)
-            self._client = None
+    return QueueSet(args.url, args.prefix, command, stored=True)
 
 
 def _ping(url: str | None) -> None:
@@ -303,7 +276,7 @@ def _table(snapshots: list[dict[str, Any]]) -> str:
 
 
 def _snapshots(
-    args: argparse.Namespace, names: Iterable[str], opened: _Opened
+    args: argparse.Namespace, names: Iterable[str], opened: QueueSet
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The snapshot of each queue (opened on first use, kept in ``opened``),
     and a line for each that could not be read: one the server refused (a
@@ -314,7 +287,7 @@ def _snapshots(
     opened.keep(names)
     for name in names:
         try:
-            snapshots.append(_snapshot(opened.open(name)))
+            snapshots.append(_snapshot(opened.get(name)))
         except redis.exceptions.ResponseError as exc:
             if _moved(exc):
                 raise  # a plain URL of a cluster's node: said once, for all
@@ -348,7 +321,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         finally:
             close_client(client)
 
-    opened = _Opened(args)
+    opened = _opened(args, "jobq info")
     try:
         if not args.watch:
             current = names()
@@ -673,27 +646,14 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     from .registry import known_queues
 
     _ping(args.url)
-    opened = _Opened(args)
+    opened = _opened(args, "jobq metrics")
     lock = threading.Lock()
 
     def queues() -> list[Queue]:
         with lock:
-            if args.queues:
-                names = list(args.queues)
-            else:
-                any_queue = next(iter(opened.values()), None)
-                if any_queue is None:
-                    from .connection import close_client, resolve
-
-                    client, _ = resolve(args.url)
-                    try:
-                        names = known_queues(client, args.prefix)
-                    finally:
-                        close_client(client)
-                else:
-                    names = known_queues(any_queue.client, args.prefix)
+            names = list(args.queues or []) or known_queues(opened.client, args.prefix)
             opened.keep(names)
-            return [opened.open(n) for n in names]
+            return [opened.get(n) for n in names]
 
     server = serve(queues, port=args.port, host=args.host)
     thread = threading.Thread(target=server.serve_forever, name="jobq-metrics-http",

@@ -152,6 +152,35 @@ def test_the_shard_count_is_stored_and_checked(
         events.on("completed", lambda event: None)  # the right count reads
 
 
+def test_long_running_tools_open_a_queue_made_again_as_the_other_kind(
+    queue_name: str, redis_url: str
+) -> None:
+    """`jobq metrics` and the dashboard kept the kind of queue they first
+    saw: a queue obliterated and made again sharded showed 0 jobs for as
+    long as they ran. What they hold is let go when the stored kind changes
+    (or the queue is gone), and opened again as stored."""
+    from jobq._queues import QueueSet
+
+    held = QueueSet(redis_url, "jobq", "the test", stored=True)
+    try:
+        plain = held.get(queue_name)
+        plain.add("x")
+        assert plain.count() == 1
+        plain.obliterate()
+        with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as sharded:
+            sharded.add("x")
+            sharded.add("y")
+            held.keep([queue_name])
+            again = held.get(queue_name)
+            assert isinstance(again, ShardedQueue) and again.count() == 2
+            assert plain._context.closed
+            sharded.obliterate(force=True)
+            held.keep([])  # gone: let go
+            assert held.get(queue_name) is not again
+    finally:
+        held.close()
+
+
 def test_a_plain_queue_opened_on_a_shards_name_is_refused(
     sharded: ShardedQueue, redis_url: str
 ) -> None:

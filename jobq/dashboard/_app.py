@@ -139,8 +139,11 @@ class Dashboard:
     # -- queues ---------------------------------------------------------------
 
     def queue_names(self) -> list[str]:
-        """The queues known under the app's prefix, sorted."""
-        return known_queues(self.client, self.prefix)
+        """The queues known under the app's prefix, sorted (the queues made
+        that are gone, or now stored as the other kind, are let go)."""
+        names = known_queues(self.client, self.prefix)
+        self._set.keep(names)
+        return names
 
     def queue(self, name: str) -> Queue:
         """The app's Queue of that name (made on first use, on the app's client)."""
