@@ -404,7 +404,6 @@ class _JobFuture(Future[Any]):
             pass
 
 
-
 def _call_back(fn: Callable[[Future[Any]], object], future: Future[Any]) -> None:
     """A future's done-callback, on the dispatcher thread."""
     try:

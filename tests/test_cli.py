@@ -57,12 +57,15 @@ def jobq(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProce
 class Running:
     """A long-running ``jobq`` command whose output lines are read as they come."""
 
-    def __init__(self, url: str, *args: str, nohup: bool = False) -> None:
+    def __init__(self, url: str, *args: str, sighup: Any = None) -> None:
+        # ``sighup``: the SIGHUP disposition the command starts with (kept
+        # through exec): SIG_IGN as nohup starts it, SIG_DFL as a terminal
+        # does (the tests themselves may run under nohup); None inherits
         self.proc = subprocess.Popen(
             _command(url, args), env=_env(url), cwd=ROOT, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            # as nohup starts it: SIGHUP ignored, inherited through exec
-            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None,
+            preexec_fn=None if sighup is None else (
+                lambda: signal.signal(signal.SIGHUP, sighup)),
         )
         self.lines: _queue.SimpleQueue[tuple[str, str]] = _queue.SimpleQueue()
         self.seen: list[tuple[str, str]] = []
@@ -124,8 +127,8 @@ def running(redis_url: str) -> Iterator[Any]:
     """Start ``jobq`` commands; each is killed at the end of the test."""
     started: list[Running] = []
 
-    def start(*args: str, nohup: bool = False) -> Running:
-        process = Running(redis_url, *args, nohup=nohup)
+    def start(*args: str, sighup: Any = None) -> Running:
+        process = Running(redis_url, *args, sighup=sighup)
         started.append(process)
         return process
 
@@ -340,12 +343,14 @@ def test_worker_stops_gracefully_on_sighup_unless_started_under_nohup(
     at once, its job left active until the stall check: it now finishes
     the jobs in flight as SIGTERM does. A process started with SIGHUP
     ignored (nohup) keeps ignoring it."""
-    ignoring = running("worker", "tests.cli_tasks:gated", "-q", queue.name, nohup=True)
+    ignoring = running("worker", "tests.cli_tasks:gated", "-q", queue.name,
+                       sighup=signal.SIG_IGN)
     ignoring.expect("serving", "err")
     ignoring.signal(signal.SIGHUP)
     job = queue.add("gated")
     _ledger(redis_client, queue.name)  # the nohup worker took it: it is alive
-    worker = running("worker", "tests.cli_tasks:gated", "-q", queue.name)
+    worker = running("worker", "tests.cli_tasks:gated", "-q", queue.name,
+                     sighup=signal.SIG_DFL)
     worker.expect("serving", "err")
     ignoring.signal(signal.SIGTERM)  # the job in flight holds it until the gate opens
     ignoring.expect("SIGTERM: finishing jobs in flight", "err")
