@@ -113,6 +113,15 @@ def holds_jobs(name: str) -> ShardCountError:
     )
 
 
+def shard_opened_plain(shard: str) -> JobqError:
+    """The error for a plain Queue opened on a shard's name."""
+    return JobqError(
+        f"queue {shard!r} is a shard of a sharded queue: a job id names its shard, so "
+        "jobs added or removed here would be where the sharded queue does not look for "
+        "them; use the ShardedQueue"
+    )
+
+
 def plain_queue_on_shard(shard: str, name: str) -> ShardCountError:
     """The error for a shard's name that a plain queue with jobs uses."""
     return ShardCountError(

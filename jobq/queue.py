@@ -19,7 +19,7 @@ from ._context import PAYLOAD_LIMIT, QueueContext, not_a_shard
 from ._dedup import QueueDedup
 from ._queue_ops import BATCH, QueueAdmin, QueueReading, record_queue
 from ._schedulers import QueueSchedulers
-from ._shards import mismatch
+from ._shards import mismatch, shard_opened_plain
 from .calls import NewJob
 from .connection import database, unreachable
 from .errors import (
@@ -204,11 +204,7 @@ class Queue(
         if shards:  # a ShardedQueue's name: its jobs are on its shards
             raise mismatch(self.name, int(shards), None)
         if shard and self._owner_lost is None:  # a shard's name, not through its ShardedQueue
-            raise JobqError(
-                f"queue {self.name!r} is a shard of a sharded queue: a job id names its "
-                "shard, so jobs added or removed here would be where the sharded queue "
-                "does not look for them; use the ShardedQueue"
-            )
+            raise shard_opened_plain(self.name)
         event_mode = self._settings[0]
         stored = stored_mode.decode() if stored_mode else "stream"
         if event_mode is not None and stored != event_mode:
@@ -369,9 +365,8 @@ class Queue(
     @property
     def events(self) -> QueueEvents:
         """A QueueEvents of this queue, started on first use, shared by all
-        threads. It can be had while the server is away (listeners added at
-        start-up): its reader connects once the server is there, and the
-        queue's first-use setup is tried again at its next call."""
+        threads; to be had while the server is away (its reader connects
+        once the server is there)."""
         try:
             self._context.ensure_ready()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
