@@ -28,7 +28,8 @@ from ._shards import (
     plain_queue_on_shard,
     shard_keys,
     shard_of,
-    stored_count,
+    shard_served_plain,
+    stored_marks,
 )
 from ._threads import RetryBackoff
 from .connection import database, is_transient
@@ -220,7 +221,7 @@ def worker_context(
     backoff = RetryBackoff(cap=1.0)
     while True:
         try:
-            count = stored_count(context.client, context.prefix, context.name)
+            count, shard = stored_marks(context.client, context.prefix, context.name)
             break
         except Exception as exc:
             if not is_transient(exc):
@@ -242,6 +243,8 @@ def worker_context(
             raise mismatch(context.name, count, shards)
         return ShardedContext(context, shards)
     if count is None:
+        if shard:  # its jobs are the sharded queue's, which its own workers serve
+            raise shard_served_plain(context.name)
         return context
     logger.debug("queue %r is sharded over %d shards", context.name, count)
     return ShardedContext(context, count)

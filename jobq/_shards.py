@@ -95,6 +95,13 @@ def stored_count(client: Any, prefix: str, name: str) -> int | None:
     return int(raw) if raw else None
 
 
+def stored_marks(client: Any, prefix: str, name: str) -> tuple[int | None, bool]:
+    """The shard count stored with queue ``name`` (None for a plain queue),
+    and whether the name is a shard's of a sharded queue."""
+    count, shard = client.hmget(QueueKeys(prefix, name).meta, [COUNT_FIELD, SHARD_FIELD])
+    return (int(count) if count else None), bool(shard)
+
+
 def check_prefix(prefix: str) -> None:
     """Refuse a prefix with a hash tag: every shard would share its slot."""
     if "{" in prefix:
@@ -119,6 +126,14 @@ def shard_opened_plain(shard: str) -> JobqError:
         f"queue {shard!r} is a shard of a sharded queue: a job id names its shard, so "
         "jobs added or removed here would be where the sharded queue does not look for "
         "them; use the ShardedQueue"
+    )
+
+
+def shard_served_plain(shard: str) -> JobqError:
+    """The error for a Worker started on a shard's name."""
+    return JobqError(
+        f"queue {shard!r} is a shard of a sharded queue: start the worker on the "
+        "sharded queue's own name (it serves every shard)"
     )
 
 

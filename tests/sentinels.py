@@ -7,6 +7,7 @@ with ``--sentinel``). Everything binds loopback and is stopped by ``stop()``.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -138,6 +139,7 @@ class SentinelSet:
                 self._process.wait(10)
         for server in self.servers:
             server.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

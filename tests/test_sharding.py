@@ -199,6 +199,23 @@ def test_a_plain_queue_opened_on_a_shards_name_is_refused(
     assert sharded.count() == 1
 
 
+def test_a_worker_started_on_a_shards_name_is_refused(
+    sharded: ShardedQueue, redis_url: str
+) -> None:
+    """Worker("<name>~0") served the shard as a plain queue, beside the
+    sharded queue's own workers; it is refused as a plain Queue is, and
+    leaves no thread behind."""
+    job = sharded.add("x", 1)
+    shard = shard_names(sharded.name, SHARDS)[shard_of(job.id, SHARDS)]
+    worker = Worker(shard, echo, connection=redis_url)
+    with pytest.raises(JobqError, match="is a shard of a sharded queue"):
+        worker.start()
+    worker.close()
+    assert sharded.get_job_state(job.id) == "waiting"  # nothing took it
+    with Worker(sharded.name, echo, connection=redis_url):
+        assert job.wait_until_finished(timeout=WAIT) == 1
+
+
 def test_a_plain_queue_named_as_a_shard_is_not_taken_over(
     queue_name: str, redis_url: str
 ) -> None:
