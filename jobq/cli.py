@@ -342,16 +342,26 @@ def _cmd_info(args: argparse.Namespace) -> int:
         frames = 0
         with StopSignals() as stop:
             while True:
-                snapshots, refused = _snapshots(args, names(), opened)
-                header = (f"jobq info, every {args.interval:g} s, "
-                          f"{_when(time.time())[:19]} (Ctrl-C to quit)")
-                body = _table(snapshots) if snapshots else "(no queues)"
-                body += "".join("\n" + line for line in refused)
-                frame = f"{header}\n\n{body}\n"
-                if plain:
-                    sys.stdout.write(("\n" if frames else "") + frame)
+                try:
+                    snapshots, refused = _snapshots(args, names(), opened)
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    if not frames:
+                        raise  # a wrong URL: said at once (exit 3)
+                    # an outage while watching: said in the frame, and watched through
+                    snapshots, refused = [], [f"jobq info: unreachable: {exc}"]
+                if args.json:  # one line per frame: a JSON object
+                    sys.stdout.write(_json({"at": time.time(), "queues": snapshots,
+                                            "errors": refused}) + "\n")
                 else:
-                    sys.stdout.write(_CLEAR + frame)
+                    header = (f"jobq info, every {args.interval:g} s, "
+                              f"{_when(time.time())[:19]} (Ctrl-C to quit)")
+                    body = _table(snapshots) if snapshots else "(no queues)"
+                    body += "".join("\n" + line for line in refused)
+                    frame = f"{header}\n\n{body}\n"
+                    if plain:
+                        sys.stdout.write(("\n" if frames else "") + frame)
+                    else:
+                        sys.stdout.write(_CLEAR + frame)
                 sys.stdout.flush()
                 frames += 1
                 if args.count and frames >= args.count:
@@ -753,7 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("queues", nargs="*", metavar="QUEUE",
                       help="queues to show (default: every known queue)")
     info.add_argument("--json", action="store_true",
-                      help="print a JSON list, one object per queue (not with --watch)")
+                      help="print a JSON list, one object per queue (with --watch: a line "
+                           "per frame, an object of at, queues and errors)")
     info.add_argument("--watch", "-w", action="store_true",
                       help="redraw a live table every second until interrupted")
     info.add_argument("--interval", type=_every, default=1.0,

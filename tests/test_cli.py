@@ -482,6 +482,48 @@ def test_info_watch_plain_when_piped(queue: Queue, redis_url: str) -> None:
     assert len(row) == 2 and row[0].split()[1:3] == ["1", "0"]
 
 
+def test_info_watch_json_writes_a_line_per_frame_and_watches_through_an_outage(
+    queue_name: str,
+) -> None:
+    """`info --watch --json` printed the table (--json was ignored), and a
+    server away while watching ended the watch with exit 3: now each frame
+    is a JSON line, and an outage is one with an error, watched through."""
+    with RedisServer(find_server_binary()) as server:
+        with Queue(queue_name, connection=server.url) as queue:
+            queue.add("x")
+        proc = subprocess.Popen(
+            _command(server.url, ["info", queue_name, "--watch", "--json", "--interval", "0.1"]),
+            env=_env(server.url), cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True,
+        )
+        lines: _queue.Queue[str] = _queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()],
+                                  name="watch-reader")
+        reader.start()
+        try:
+            first = json.loads(lines.get(timeout=WAIT))
+            assert first["errors"] == [] and isinstance(first["at"], float)
+            assert [(q["queue"], q["counts"]["waiting"]) for q in first["queues"]] == [
+                (queue_name, 1)]
+            server.stop()
+            deadline = time.monotonic() + WAIT
+            while True:
+                frame = json.loads(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+                if frame["errors"]:
+                    break
+            assert frame["queues"] == [] and "unreachable" in frame["errors"][0]
+            assert proc.poll() is None  # still watching
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(WAIT) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(WAIT)
+            reader.join(WAIT)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
 def test_info_watch_redraws_in_place_on_a_terminal(queue: Queue, redis_url: str) -> None:
     queue.add("w")
     master, slave = pty.openpty()
