@@ -1,9 +1,11 @@
 """The ``jobq`` command: run workers, inspect and administer queues, serve metrics.
 
 Exit codes: 0 success; 1 the operation failed (a waited job failed or does
-not exist, ``job`` found nothing, ``obliterate`` refused, the server refused a
+not exist, ``job`` found nothing, ``obliterate`` refused or found no such
+queue, the server refused a
 command: NOPERM, WRONGTYPE); 2 usage error (bad arguments, an unloadable
-``MODULE:CALLABLE``, ``obliterate`` without ``--yes``); 3 Redis unreachable;
+``MODULE:CALLABLE``, ``obliterate`` without ``--yes``); 3 Redis unreachable
+(or it refused the login);
 4 ``wait --timeout`` elapsed;
 130 ``wait`` interrupted. Long-running commands (``worker``, ``info --watch``,
 ``events``, ``server``, ``metrics``, ``dashboard``) exit 0 when stopped by SIGINT,
@@ -513,7 +515,20 @@ def _cmd_obliterate(args: argparse.Namespace) -> int:
         raise _UsageError(
             f"obliterate deletes queue {args.queue!r} and all its jobs: add --yes to confirm"
         )
+    from .connection import close_client, resolve
+    from .keys import QueueKeys, queues_key
+
+    client, _ = resolve(args.url)
+    try:
+        known = (client.sismember(queues_key(args.prefix), args.queue)
+                 or client.exists(QueueKeys(args.prefix, args.queue).meta))
+    finally:
+        close_client(client)
     with _queue(args, args.queue) as queue:
+        if not known and not any(queue.get_job_counts().values()):  # a typo: said so
+            print(f"jobq obliterate: no queue {args.queue!r} under prefix {args.prefix!r}",
+                  file=sys.stderr)
+            return EXIT_FAILED
         try:
             queue.obliterate(force=args.force)
         except JobqError as exc:
@@ -876,6 +891,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"jobq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except redis.exceptions.AuthenticationError as exc:  # no password, or a wrong one
+        where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
+        said = str(exc).partition(f"the Redis server at {where} refused the login: ")
+        why = (said[2] or said[0]).rstrip(".")
+        print(f"jobq: Redis at {where} refused the login: {why} (give "
+              "the password in the URL: redis://:PASSWORD@HOST:PORT/DB, an ACL user's as "
+              "USER:PASSWORD@)", file=sys.stderr)
+        return EXIT_REDIS
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
             redis.exceptions.RedisClusterException) as exc:  # a cluster none of whose nodes answers
         where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")

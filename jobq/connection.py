@@ -150,6 +150,9 @@ def redact(url: str) -> str:
 
 def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server."""
+    if isinstance(exc, redis.exceptions.AuthenticationError):  # reached: it refused the login
+        return redis.exceptions.AuthenticationError(
+            f"the Redis server at {describe(client)} refused the login: {_sentinel.brief(exc)}")
     cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \
         else redis.exceptions.ConnectionError
     return cls(f"cannot reach the Redis server at {describe(client)}: {_sentinel.brief(exc)}")

@@ -203,6 +203,28 @@ def test_an_unreachable_redis_is_named_without_its_password(command: list[str]) 
         assert "cannot reach" not in done.stderr.split(": ", 2)[2]  # said once
 
 
+@pytest.mark.parametrize("command", [["info"], ["worker", "tests.tasks:double", "-q", "q"],
+                                     ["obliterate", "q", "--yes"]])
+def test_a_refused_login_is_said_as_such(
+    command: list[str], redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A wrong password was "cannot reach Redis at ...: invalid
+    username-password pair": the server was reached, and refused the login."""
+    redis_client.acl_setuser("jobq-cli-login", enabled=True, passwords=["+right"],
+                             commands=["+@all"], keys=["*"], channels=["*"])
+    try:
+        url = redis_url.replace("redis://", "redis://jobq-cli-login:hunter2@", 1)
+        done = jobq(url, *command)
+        assert done.returncode == 3, done.stderr
+        where = redact(url)
+        assert done.stderr.startswith(f"jobq: Redis at {where} refused the login: "), done.stderr
+        assert "USER:PASSWORD@" in done.stderr and "Traceback" not in done.stderr
+        assert "hunter2" not in done.stderr + done.stdout
+        assert "refused the login" not in done.stderr.split(": ", 2)[2]  # said once
+    finally:
+        redis_client.acl_deluser("jobq-cli-login")
+
+
 def test_a_burst_run_whose_server_goes_away_closes_its_workers_and_raises(
     queue_name: str,
 ) -> None:
@@ -653,6 +675,11 @@ def test_admin_commands(queue: Queue, redis_url: str) -> None:
     done = jobq(redis_url, "obliterate", name, "--yes")
     assert done.returncode == 0 and done.stdout.strip() == f"obliterated {name}"
     assert queue.count() == 0 and not queue.is_paused()
+    again = jobq(redis_url, "obliterate", name, "--yes")  # its settings stay: it is known
+    assert again.returncode == 0, again.stderr
+    typo = jobq(redis_url, "obliterate", name + "-typo", "--yes")  # said "obliterated"
+    assert typo.returncode == 1 and typo.stdout == ""
+    assert f"no queue {name + '-typo'!r} under prefix 'jobq'" in typo.stderr
 
 
 def test_obliterate_refuses_active_jobs_without_force(

@@ -16,6 +16,7 @@ from typing import Any
 
 import django
 import pytest
+import redis
 
 from jobq import Queue, SerializationError
 from tests.test_forking_servers import _get, gunicorn_with_worker
@@ -205,6 +206,26 @@ def test_system_checks_report_missing_malformed_and_unreachable(shop: Any) -> No
         [down] = check_configuration()
         assert down.id == "jobq.W002"
         assert "redis://:***@127.0.0.1:1/0" in down.msg and "hunter2" not in down.msg
+
+
+def test_system_checks_say_a_refused_login(
+    shop: Any, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A wrong password was "jobq cannot reach the Redis server"."""
+    from django.test.utils import override_settings
+
+    from jobq.contrib.django.checks import check_configuration
+
+    redis_client.acl_setuser("jobq-django-login", enabled=True, passwords=["+right"],
+                             commands=["+@all"], keys=["*"], channels=["*"])
+    try:
+        url = redis_url.replace("redis://", "redis://jobq-django-login:hunter2@", 1)
+        with override_settings(JOBQ={"CONNECTION": url}):
+            [refused] = check_configuration()
+        assert refused.id == "jobq.W002" and "refused jobq's login" in refused.msg
+        assert "PASSWORD@" in refused.hint and "hunter2" not in refused.msg
+    finally:
+        redis_client.acl_deluser("jobq-django-login")
 
 
 @pytest.mark.parametrize("jobq", [

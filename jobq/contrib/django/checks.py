@@ -46,6 +46,13 @@ def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             pool = client.connection_pool.connection_kwargs
             pool.update(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
         client.ping()
+    except redis.exceptions.AuthenticationError as exc:
+        return [checks.Warning(
+            f"the Redis server at {describe(client)} refused jobq's login: {exc}",
+            hint='Give its password in settings.JOBQ["CONNECTION"] '
+                 "(redis://:PASSWORD@HOST:PORT/DB, or USER:PASSWORD@ for an ACL user)",
+            id="jobq.W002",
+        )]
     except Exception as exc:  # whatever stops jobq from talking to the server
         return [checks.Warning(
             f"jobq cannot reach the Redis server at {describe(client)}: {exc}",
