@@ -254,7 +254,8 @@ class QueueAdmin:
         return how many.
 
         Each job keeps its attempts and stall count as ``Job.retry`` does
-        (one more attempt), unless ``reset_attempts`` is True.
+        (one more attempt), unless ``reset_attempts`` is True. A cancelled
+        job is a failed one: it is retried too, as in BullMQ.
         """
         if state not in ("failed", "completed"):
             raise ValueError(f"state must be 'failed' or 'completed', not {state!r}")

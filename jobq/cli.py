@@ -188,8 +188,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if not names:
         raise _UsageError("--queue is required unless MODULE:CALLABLE names a Queue")
     options: dict[str, Any] = {"heartbeat_ttl": args.heartbeat_ttl}
-    if args.lock_duration is not None:
-        options["lock_duration"] = args.lock_duration
+    for key in ("lock_duration", "stalled_interval", "max_stalled_count", "drain_delay"):
+        if getattr(args, key) is not None:  # else the Worker's default
+            options[key] = getattr(args, key)
     serve(
         [(q, processor) for q in dict.fromkeys(names)], connection=connection,
         prefix=prefix, concurrency=args.concurrency, name=args.name or default_name(),
@@ -757,6 +758,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", default=None, help="worker name (default: HOST:PID)")
     worker.add_argument("--lock-duration", type=float, default=None,
                         help="seconds a job's lock lasts before renewal (default: 30)")
+    worker.add_argument("--stalled-interval", type=float, default=None,
+                        help="seconds between checks for jobs whose worker died (default: 30)")
+    worker.add_argument("--max-stalled-count", type=int, default=None,
+                        help="times a job may stall and be run again before it fails "
+                             "(default: 1)")
+    worker.add_argument("--drain-delay", type=float, default=None,
+                        help="longest idle time between two looks at a queue (default: 5)")
     worker.add_argument("--heartbeat-ttl", type=float, default=30.0,
                         help="seconds a dead worker stays listed (default: 30)")
     worker.add_argument("--burst", action="store_true",
@@ -801,7 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("id", metavar="ID")
     job.add_argument("--json", action="store_true", help="print one JSON object")
 
-    retry = command("retry", _cmd_retry, "move failed (or completed) jobs back to waiting")
+    retry = command("retry", _cmd_retry,
+                    "move failed (cancelled ones too) or completed jobs back to waiting")
     retry.add_argument("queue", metavar="QUEUE")
     retry.add_argument("--state", choices=("failed", "completed"), default="failed")
 

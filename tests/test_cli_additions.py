@@ -9,6 +9,7 @@ import subprocess
 import sys
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
 import redis
 
 import jobq
@@ -71,6 +72,23 @@ def test_worker_burst_on_an_empty_queue_exits_at_once(redis_url: str, queue_name
     done = run_jobq(redis_url, "worker", "tests.tasks:double", "-q", queue_name, "--burst",
                     timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("flag", "option"), [
+    ("--stalled-interval", "stalled_interval"), ("--max-stalled-count", "max_stalled_count"),
+    ("--drain-delay", "drain_delay"), ("--lock-duration", "lock_duration"),
+])
+def test_worker_timing_flags_reach_the_worker(
+    redis_url: str, queue_name: str, flag: str, option: str
+) -> None:
+    """Each flag is handed to the Worker: a bad value is its error (exit 2),
+    a good one runs."""
+    bad = run_jobq(redis_url, "worker", "tests.tasks:double", "-q", queue_name, "--burst",
+                   flag, "-1", timeout=30)
+    assert bad.returncode == 2 and option in bad.stderr, bad.stderr
+    good = run_jobq(redis_url, "worker", "tests.tasks:double", "-q", queue_name, "--burst",
+                    flag, "2", timeout=30)
+    assert good.returncode == 0, good.stderr
 
 
 def test_version(redis_url: str) -> None:
