@@ -344,6 +344,9 @@ class EventReader:
         # the reader thread's connection for reads, kept between them (ReaderLoop)
         self.held: Any = None
         self.pubsub: Any = None  # the subscription read in pub/sub mode
+        # checkpoints its subscription is to echo (PING), for a client
+        # refused PUBLISH; the reader thread sends them before its next block
+        self.pings: _queue.SimpleQueue[str] = _queue.SimpleQueue()
 
     @property
     def name(self) -> str:
@@ -357,6 +360,17 @@ class EventReader:
     def publish(self) -> str:
         """The command that publishes on its events channel (``EventMode.publish``)."""
         return self.event_mode.publish
+
+    def ping(self, token: str) -> None:
+        """Have the subscription echo ``token`` (see ``send_pings``)."""
+        self.pings.put(token)
+
+    def send_pings(self, pubsub: Any) -> None:
+        """On the reader thread, before a block: PING each checkpoint asked
+        for on the subscription. Its echo comes after every message published
+        before it (``consume_message`` settles it as a published checkpoint)."""
+        while not self.pings.empty():  # one consumer: the reader thread
+            pubsub.ping(self.pings.get_nowait())
 
     def follows(self, run: str | None) -> bool:
         """Whether this reader sees every event of the run that began with
@@ -508,6 +522,9 @@ class EventReader:
             return
         if kind == "sunsubscribe":  # the slot moved: subscribe again
             raise ConnectionError("the server ended the sharded subscription")
+        if kind == "pong":  # a checkpoint's echo (send_pings)
+            self.table.settle(_text(message["data"]))
+            return
         if kind not in ("smessage", "message"):
             return
         try:

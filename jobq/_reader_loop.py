@@ -139,6 +139,7 @@ class ReaderLoop:
         reader.consume(_connection.stream_entries(reply), client)
 
     def _read_pubsub(self, pubsub: Any) -> None:
+        self._reader.send_pings(pubsub)
         message = pubsub.get_sharded_message(timeout=self._block)
         if message is not None:
             self._reader.consume_message(message)

@@ -220,6 +220,9 @@ class ShardReader:
         wait for messages (at once if a read left entries unread)."""
         if self._signalled:
             self._read_signalled()
+        for node in self._nodes:
+            for shard in node.channels.values():
+                self._readers[shard].send_pings(node.pubsub)
         wait = 0.0 if self._signalled else self._block
         if self._drain() or wait <= 0 or self._stop.is_set():
             return
@@ -268,6 +271,10 @@ class ShardReader:
             # a silent reconnect resubscribed (events may be lost), or the
             # slot moved: connect again, and look for gaps
             raise ConnectionError(f"the subscription to a shard's events changed ({kind})")
+        if kind == "pong":  # a checkpoint's echo (EventReader.send_pings)
+            for each in node.channels.values():
+                self._readers[each].consume_message(message)
+            return
         if kind != "smessage":
             return
         channel = message["channel"]

@@ -391,6 +391,10 @@ class ReaderPosition(Protocol):
     @property
     def publish(self) -> str: ...
 
+    def ping(self, token: str) -> None:
+        """Have the reader's subscription echo ``token`` (for a client
+        refused PUBLISH): its echo settles the checkpoint as a published one."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Remembered:
@@ -417,6 +421,7 @@ class WaiterTable:
         self._closed = False
         self._slots = threading.BoundedSemaphore(CONCURRENT_CHECKS)
         self.gate = WakeGate()
+        self._publish_refused = False  # the client may not PUBLISH checkpoints
 
     def after_fork(self) -> None:
         """In a forked child: forget the parent's waiters (their threads are
@@ -645,9 +650,18 @@ class WaiterTable:
         elif isinstance(waiter.checkpoint, str):
             # in pub/sub mode the checkpoint is a marker we publish ourselves
             # on the bounded client: a caller's timeout holds under an outage
+            if self._publish_refused:
+                self._reader.ping(waiter.checkpoint)
+                return
             message = _events.to_netstrings(["ev", CHECKPOINT, "jid", waiter.checkpoint])
-            self._context.command_by(deadline, self._reader.publish, self._context.keys.events,
-                                     message)
+            try:
+                self._context.command_by(deadline, self._reader.publish,
+                                         self._context.keys.events, message)
+            except redis.exceptions.NoPermissionError:
+                # an ACL without PUBLISH (the monitor's): the reader's own
+                # subscription echoes the checkpoint, after its current block
+                self._publish_refused = True
+                self._reader.ping(waiter.checkpoint)
 
     def try_check(self, waiter: Waiter, deadline: float | None = None) -> bool:
         """``check``, a transient error (a lost connection, a BUSY or

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Event, Queue, QueueEvents, Worker
+from jobq import Event, JobNotFoundError, Queue, QueueEvents, Worker
 from jobq.testing import RedisServer, find_server_binary
 from tests.faults.harness import RECOVERY_BOUND, ROOT, WAIT, Ledger, Proc, check_delivery
 
@@ -100,7 +100,20 @@ def test_acl_monitor_reads_a_pubsub_and_a_sharded_queue(
             assert watch.wait_until_ready(WAIT)
             with Worker(pubsub, lambda j: j.data + 1, connection=_url(acl_server, "jobq-worker")):
                 assert job.wait_until_finished(watch, timeout=WAIT) == 2
+            # a missing job: the checkpoint it awaits could not be
+            # published (NoPermissionError); the subscription echoes it
+            with pytest.raises(JobNotFoundError):
+                watch.wait_for("no-such-job", timeout=WAIT)
         q.obliterate(force=True)
+        sq.obliterate(force=True)
+    sharded_pubsub = f"{queue_name}-shps"
+    with ShardedQueue(sharded_pubsub, shards=2, connection=producer_url,
+                      event_mode="pubsub") as sq:
+        sq.add("x", 1)
+        with ShardedQueue(sharded_pubsub, shards=2, connection=monitor_url) as msq:
+            for job_id in ("no-such-job", "no-such-job-2", "no-such-job-3"):  # each shard
+                with pytest.raises(JobNotFoundError):
+                    msq.events.wait_for(job_id, timeout=WAIT)
         sq.obliterate(force=True)
 
 
