@@ -372,8 +372,8 @@ class QueueSchedulers:
                 first_ms = next_cron_slot(cron, tz, begin)
             first = str(first_ms)
             after = str(next_cron_slot(cron, tz, first_ms))
-        code, tick = self._context.calls.upsert_scheduler(sid, schedule, spec, first, after,
-                                                          template)
+        code, tick, record = self._context.calls.upsert_scheduler(
+            sid, schedule, spec, first, after, template)
         if code == _COLLISION:
             raise JobqError(
                 f"the first tick of scheduler {sid!r} would be job {tick!r}, "
@@ -381,10 +381,8 @@ class QueueSchedulers:
                 "scheduler id"
             )
         self._record()  # listed with the known queues (jobq info, the dashboard)
-        found = self.get_scheduler(sid)
-        if found is None:  # removed by another caller in between
-            raise JobqError(f"scheduler {sid!r} was removed while it was upserted")
-        return found
+        # as the upsert stored it (a remove just after it is another call's)
+        return _from_record(sid, record)
 
     def remove_scheduler(self, scheduler_id: str) -> bool:
         """Remove a scheduler and its pending delayed job; False when unknown."""

@@ -415,12 +415,14 @@ class QueueScripts:
     def upsert_scheduler(
         self, scheduler_id: str, schedule: Sequence[Any], spec: str, first: str, after: str,
         template: Sequence[Any],
-    ) -> tuple[int, str]:
+    ) -> tuple[int, str, dict[bytes, bytes]]:
         """upsertScheduler.lua: (0 same schedule | 1 new or changed | -5 the
-        first tick collides, the next tick's id)."""
+        first tick collides, the next tick's id, the scheduler's record as
+        stored: empty when it collides)."""
         reply = self._run("upsertScheduler", scheduler_id, *schedule, spec, first, after,
                           *template)
-        return int(reply[0]), _text(reply[1]) or "" or ""
+        flat = reply[2] if len(reply) > 2 else []
+        return int(reply[0]), _text(reply[1]) or "", dict(zip(flat[::2], flat[1::2], strict=True))
 
     def scheduler_sync(
         self, scheduler_id: str, pending: str, after_pending: str, first: str, after_first: str

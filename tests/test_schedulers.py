@@ -335,6 +335,32 @@ def test_upsert_same_schedule_leaves_an_active_tick_alone(
     queue.remove_scheduler("a")
 
 
+def test_an_upsert_racing_a_remove_returns_what_it_stored(
+    queue: Queue, redis_url: str
+) -> None:
+    """The upsert read its scheduler back in a call of its own: a remove in
+    between made it raise JobqError ("removed while it was upserted") though
+    it had stored the scheduler and produced a tick."""
+    stop = threading.Event()
+
+    def remove() -> None:
+        with Queue(queue.name, connection=redis_url) as other:
+            while not stop.is_set():
+                other.remove_scheduler("deploy")
+
+    remover = threading.Thread(target=remove, name="remover")
+    remover.start()
+    try:
+        start = time.time() + 3600  # each first tick a delayed one, at its own time
+        for i in range(100):
+            made = queue.upsert_scheduler("deploy", every=60, start=start + i, name="tick",
+                                          data=i)
+            assert (made.id, made.every, made.data) == ("deploy", 60, i)
+    finally:
+        stop.set()
+        remover.join(WAIT)
+
+
 def test_scheduler_fields_and_listing(queue: Queue) -> None:
     s = queue.upsert_scheduler(
         "report", cron="0 6 * * 1", tz="Europe/Berlin", name="weekly", data={"k": 1},

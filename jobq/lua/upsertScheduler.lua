@@ -19,13 +19,14 @@
            priority, lifo, attempts, keep_completed_count,
            keep_completed_age_ms, keep_failed_count, keep_failed_age_ms,
            trace context (each '' when at its default: not stored)
-  Returns  {0, next}  the same schedule: template replaced, the pending tick
+  Returns  {0, next, record}  (record: the scheduler's hash as stored, as
+                      HGETALL returns it) the same schedule: template replaced, the pending tick
                       kept (a retried or concurrent upsert never doubles a
                       tick), and given the new template while it is waiting
                       or delayed (an active one runs as it is; the next tick
                       takes the new template); next '' when the schedule is
                       over
-           {1, next}  a new or changed schedule: its pending delayed tick
+           {1, next, record}  a new or changed schedule: its pending delayed tick
                       job removed (no longer counted against the limit),
                       the first tick produced at next ('' when
                       start/end/limit allow none)
@@ -67,7 +68,7 @@ if old[1] == ARGV[9] then
       end
     end
   end
-  return { 0, old[2] or '' }
+  return { 0, old[2] or '', redis.call('HGETALL', skey) }
 end
 
 -- a new or changed schedule: the pending tick goes (a waiting or active one
@@ -113,5 +114,5 @@ if gone[1] == sid and gone[2] then
 end
 local id = schedule_tick(sid, math.floor(slot), after, now)
 if id == false then return { -5, tick_id(sid, slot) } end
-if not id then return { 1, '' } end
-return { 1, string.format('%d', slot) }
+if not id then return { 1, '', redis.call('HGETALL', skey) } end
+return { 1, string.format('%d', slot), redis.call('HGETALL', skey) }
