@@ -282,7 +282,7 @@ class Queue(
             from .flow import add_with_dependencies
 
             return add_with_dependencies(self, name, data, options, depends_on)
-        return self.add_bulk([{"name": name, "data": data, **options}])[0]
+        return self._add_jobs([{"name": name, "data": data, **options}], bulk=False)[0]
 
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Add many jobs: ``{"name": ..., "data": ..., **options}`` each.
@@ -290,6 +290,10 @@ class Queue(
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
         """
+        return self._add_jobs(jobs)
+
+    def _add_jobs(self, jobs: Iterable[Mapping[str, Any]], bulk: bool = True) -> list[Job]:
+        """``add_bulk``; an error of a job names its entry when ``bulk``."""
         not_a_shard(self._context, "add jobs")
         batch = Batch()
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
@@ -297,6 +301,8 @@ class Queue(
             try:
                 args, opts = self._prepare(name, data, options, batch)
             except (TypeError, ValueError) as exc:
+                if not bulk:
+                    raise
                 raise bulk_entry(index, name, exc) from exc
             prepared.append((args, opts, data))
         hook = _tracing.hook

@@ -219,7 +219,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 supported on a sharded queue).
             As ``Queue.add`` otherwise.
         """
-        return self.add_bulk([{"name": name, "data": data, **options}])[0]
+        return self._add_jobs([{"name": name, "data": data, **options}], bulk=False)[0]
 
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Add many jobs (``{"name": ..., "data": ..., **options}`` each).
@@ -227,6 +227,10 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         Every job is validated before anything is written; then each shard's
         jobs are written a chunk per round trip, the shards in parallel.
         """
+        return self._add_jobs(jobs)
+
+    def _add_jobs(self, jobs: Iterable[Mapping[str, Any]], bulk: bool = True) -> list[Job]:
+        """``add_bulk``; an error of a job names its entry when ``bulk``."""
         self._context.ensure_ready()
         groups: dict[int, list[tuple[int, _Prepared]]] = defaultdict(list)
         count = 0
@@ -239,6 +243,8 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 shard = self._route(options)
                 new, opts = self._shards[shard]._prepare(name, data, options)
             except (TypeError, ValueError) as exc:
+                if not bulk:
+                    raise
                 raise bulk_entry(index, name, exc) from exc
             groups[shard].append((count, (new, opts, data)))
             count += 1

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import django
 import pytest
@@ -175,6 +176,23 @@ def test_manage_py_jobq_worker_with_redis_down_says_so_in_one_line(prefix: str) 
         "CommandError: jobq: cannot reach the Redis server at redis://:***@127.0.0.1:1/0: "
         "Error 111 connecting to 127.0.0.1:1. Connection refused."]
     assert "ready" not in done.stdout
+
+
+def test_manage_py_jobq_worker_refused_by_redis_says_so_in_one_line(
+    prefix: str, redis_url: str
+) -> None:
+    """A database the server does not have (or an ACL's NOPERM) was a
+    thirty-line traceback; `jobq worker` says it in one line, exit 1."""
+    env = dict(os.environ, JOBQ_REDIS_URL=f"redis://127.0.0.1:{urlsplit(redis_url).port}/999",
+               JOBQ_PREFIX=prefix, DJANGO_SETTINGS_MODULE="mysite.settings",
+               PYTHONPATH=os.pathsep.join([str(PROJECT), str(ROOT)]))
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobq_worker", "--burst", "--skip-checks"],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()  # of a cluster's node: SELECT is not allowed
+    assert line.startswith("CommandError: jobq: Redis error: ")
 
 
 def test_manage_py_jobq_worker_refuses_a_queue_without_tasks(shop: Any) -> None:

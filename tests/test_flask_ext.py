@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import flask
 import pytest
@@ -111,6 +112,24 @@ def test_flask_jobq_worker_with_redis_down_says_so_in_one_line(app: flask.Flask)
         assert result.output.strip().splitlines() == [
             "jobq: cannot reach the Redis server at redis://:***@127.0.0.1:1/0: "
             "Error 111 connecting to 127.0.0.1:1. Connection refused."]
+
+
+def test_flask_jobq_worker_refused_by_redis_says_so_in_one_line(
+    app: flask.Flask, redis_url: str
+) -> None:
+    """A database the server does not have (or an ACL's NOPERM) was a
+    thirty-line traceback; `jobq worker` says it in one line, exit 1."""
+    app.config["JOBQ_URL"] = f"redis://127.0.0.1:{urlsplit(redis_url).port}/999"
+    queue = JobQ(app).queue("mail")
+
+    @queue.task()
+    def shout(text: str) -> str:
+        return text.upper()
+
+    result = app.test_cli_runner().invoke(args=["jobq", "worker", "--burst"])
+    assert result.exit_code == 1, result.output
+    [line] = result.output.strip().splitlines()  # of a cluster's node: SELECT is not allowed
+    assert line.startswith("jobq: Redis error: ") and "Traceback" not in result.output
 
 
 def test_the_example_under_gunicorn_with_a_flask_jobq_worker(redis_url: str) -> None:

@@ -25,6 +25,7 @@ from jobq import (
     Queue,
     QueueEvents,
     SerializationError,
+    ShardedQueue,
     Worker,
 )
 from tests.streams import stream_events
@@ -766,6 +767,23 @@ def test_add_bulk_with_one_bad_job_writes_nothing(
     with pytest.raises(error, match=r"^jobs\[1500\]"):  # which of the many: it says
         queue.add_bulk(specs)
     assert queue_keys(redis_client, queue.name) == []
+
+
+def test_a_single_adds_error_names_no_bulk_entry(queue: Queue, redis_url: str) -> None:
+    """add() went through add_bulk, whose errors name their entry: one job's
+    said "jobs[0] (name 'x'): ...", of a bulk its caller never wrote."""
+    with ShardedQueue(queue.name + "-sh", shards=2, connection=redis_url) as sharded:
+        _single_adds_errors(queue)
+        _single_adds_errors(sharded)
+
+
+def _single_adds_errors(target: Any) -> None:
+    with pytest.raises(SerializationError, match=r"^job data is not msgpack-encodable"):
+        target.add("x", {1, 2})
+    with pytest.raises(ValueError, match=r"^delay must be"):
+        target.add("x", 1, delay=-1)
+    with pytest.raises(ValueError, match=r"^jobs\[1\] \(name 'x'\): delay must be"):
+        target.add_bulk([{"name": "ok"}, {"name": "x", "delay": -1}])
 
 
 def test_add_bulk_duplicate_custom_ids(queue: Queue, redis_client: redis.Redis) -> None:

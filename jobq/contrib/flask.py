@@ -45,6 +45,7 @@ from flask import Flask, current_app, has_app_context
 from flask.cli import with_appcontext
 
 from jobq import Queue, _fork
+from jobq.errors import JobqError
 from jobq.job import Job
 from jobq.options import JobOptions
 from jobq.tasks import R, Task, refuse_async, task_function, task_name_of
@@ -298,4 +299,10 @@ def worker_command(
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         click.echo(f"jobq: {exc}", err=True)  # it names the server, without its password
         raise SystemExit(3) from None  # as `jobq worker`
+    except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, a db...
+        click.echo(f"jobq: Redis error: {exc}", err=True)
+        raise SystemExit(1) from None
+    except JobqError as exc:  # e.g. a shard's name, or another shard count
+        click.echo(f"jobq: {exc}", err=True)
+        raise SystemExit(1) from None
     click.echo("jobq worker stopped")

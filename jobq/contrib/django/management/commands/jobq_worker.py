@@ -20,6 +20,7 @@ from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
 
 from jobq._serve import serve
+from jobq.errors import JobqError
 from jobq.job import Job
 
 from ... import _config
@@ -59,6 +60,10 @@ class Command(BaseCommand):
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             # it names the server, without its password; exit 3 as `jobq worker`
             raise CommandError(f"jobq: {exc}", returncode=3) from None
+        except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, a db...
+            raise CommandError(f"jobq: Redis error: {exc}", returncode=1) from None
+        except JobqError as exc:  # e.g. a shard's name, or another shard count
+            raise CommandError(f"jobq: {exc}", returncode=1) from None
         self.stdout.write("jobq worker stopped")
 
     def _serve(self, names: list[str], with_tasks: dict[str, Any], conf: dict[str, Any],
