@@ -40,14 +40,14 @@ logger = logging.getLogger("jobq.worker")
 
 #: Scripts whose first argument is the id of the job they concern.
 _BY_JOB = frozenset({
-    "cancel", "changeDelay", "changePriority", "complete", "fail", "getOutcome", "promote",
-    "remove", "updateJob",
+    "cancel", "changeDelay", "changePriority", "complete", "completeTake", "fail", "failTake",
+    "getOutcome", "promote", "remove", "updateJob", "updateJobHeld",
 })
 #: Scripts of the logical queue's own base (the worker registry).
 _LOGICAL = frozenset({"heartbeat", "getWorkers"})
 #: How many arguments of complete / fail are the job's own: the rest take
 #: the next job along (from the same shard).
-_FINISH_ARGS = {"complete": 3, "fail": 6}
+_FINISH_ARGS = {"complete": 3, "completeTake": 3, "fail": 6, "failTake": 6}
 #: Most jobs a pool thread takes along in a row from its shard before its
 #: slot goes back to the fetcher's turn over the shards: the bound of
 #: fairness (a ready shard waits at most about ``shards x (CHAIN_LIMIT + 1)``

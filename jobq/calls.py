@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
+import redis
+
 from .errors import ScriptCode
 from .keys import OBLITERATED
 
@@ -116,9 +118,9 @@ class WorkerScripts:
     def complete(
         self, job_id: str, token: str, result: bytes, take: TakeArgs | None
     ) -> FinishReply:
-        """complete.lua: finish an attempt successfully (and take the next job)."""
-        reply = self._run("complete", job_id, token, result, *(take or ()))
-        return _decode_finish(reply, take)
+        """complete.lua: finish an attempt successfully (and take the next job,
+        unless the server is out of memory)."""
+        return self._finish("complete", (job_id, token, result), take)
 
     def fail(
         self, job_id: str, token: str, reason: str, stacktrace: bytes, delay_ms: int,
@@ -126,10 +128,19 @@ class WorkerScripts:
     ) -> FinishReply:
         """fail.lua: end a failed attempt; ``delay_ms`` -1 forbids a retry;
         ``exc_type`` is the type name of the exception that failed it."""
-        reply = self._run(
-            "fail", job_id, token, reason, stacktrace, delay_ms, exc_type, *(take or ())
-        )
-        return _decode_finish(reply, take)
+        return self._finish(
+            "fail", (job_id, token, reason, stacktrace, delay_ms, exc_type), take)
+
+    def _finish(self, script: str, args: tuple[Any, ...], take: TakeArgs | None) -> FinishReply:
+        """Finish, and take the next job along when ``take``: by the script's
+        variant that the server refuses when out of memory (scripts.VARIANTS),
+        and then by the script itself, which finishes without taking."""
+        if take is not None:
+            try:
+                return _decode_finish(self._run(script + "Take", *args, *take), take)
+            except redis.exceptions.OutOfMemoryError:  # nothing of it ran
+                pass
+        return _decode_finish(self._run(script, *args), None)
 
     def extend_locks(
         self, lock_ms: int, held: Iterable[tuple[str, str]]
@@ -396,7 +407,10 @@ class QueueScripts:
         """updateJob.lua: set data or progress, or append a log line (then:
         the number of lines); -1 no such job; -2 ``token`` (an attempt's)
         no longer owns it."""
-        return int(self._run("updateJob", job_id, what, value, keep, token or ""))
+        # a running attempt's own update runs when the server is out of
+        # memory, as its finish does (scripts.VARIANTS)
+        return int(self._run("updateJobHeld" if token else "updateJob", job_id, what, value,
+                             keep, token or ""))
 
     def get_metrics(self, kind: str) -> MetricsReply:
         """getMetrics.lua: one kind's metrics with the server's clock."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -45,9 +46,17 @@ class RedisOOMError(JobqError, redis.exceptions.OutOfMemoryError):
 
     Its ``used_memory`` is above ``maxmemory`` and ``maxmemory-policy`` is
     ``noeviction`` (the only policy under which jobq keeps every job). Lock
-    renewal and completion of running jobs still work; free memory or raise
-    ``maxmemory``. Also a ``redis.exceptions.OutOfMemoryError``.
+    renewal and completion of running jobs still work (workers take no new
+    job meanwhile), as do a running job's progress and log lines; free
+    memory or raise ``maxmemory``. Also a ``redis.exceptions.OutOfMemoryError``.
+
+    Attributes:
+        added: of an ``add_bulk`` refused part of the way (its jobs are
+            written a chunk of 1000 at a time), the jobs that were added,
+            in order; empty when nothing was.
     """
+
+    added: Sequence[Any] = ()
 
 
 class JobFailedError(JobqError):

@@ -74,6 +74,18 @@ def job_specs(
         yield index, spec["name"], spec.get("data"), options
 
 
+def add_refused(added: list[Job], total: int) -> RedisOOMError:
+    """The error of an add the server refused for memory after ``added``
+    (in order; ``error.added``) of ``total`` jobs were written."""
+    error = RedisOOMError(
+        "Redis is out of memory and refused the add (used_memory > maxmemory, "
+        "maxmemory-policy noeviction): "
+        + (f"{len(added)} of the {total} jobs were added (the error's `added`), "
+           "none of the others" if added else "nothing was added"))
+    error.added = added
+    return error
+
+
 def bulk_entry(index: int, name: Any, exc: BaseException) -> BaseException:
     """The error of an ``add_bulk``'s entry ``index``, naming it."""
     return in_entry(f"jobs[{index}] (name {name!r})", exc)
@@ -289,6 +301,11 @@ class Queue(
 
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
+
+        Raises:
+            RedisOOMError: the server is out of memory; its ``added`` lists
+                the jobs of the chunks written before (empty: none).
+            As ``add`` otherwise.
         """
         return self._add_jobs(jobs)
 
@@ -325,8 +342,7 @@ class Queue(
                 sent = time.monotonic()
                 timestamp, added, unset = self._context.calls.add(jobs)
             except redis.exceptions.OutOfMemoryError as exc:
-                raise RedisOOMError("Redis is out of memory and refused the add (used_memory > "
-                                    f"maxmemory, maxmemory-policy noeviction): {exc}") from exc
+                raise add_refused(result, len(prepared)) from exc
             if unset:
                 self._settings_lost(sent)
             for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):

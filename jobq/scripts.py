@@ -30,6 +30,7 @@ from redis.exceptions import (
 from . import _fork
 from ._coalesce import Coalescer, shared
 from .connection import Client, connected, is_transient, pooled, read_by, take_connection
+from .errors import RedisOOMError
 
 _SCRIPT_NAMES = (
     "add",
@@ -63,12 +64,25 @@ _SCRIPT_NAMES = (
     "upsertScheduler",
 )
 
+#: Scripts registered a second time, under another name with other flags:
+#: name -> (script, flags). A finishing call that also takes the next job is
+#: refused while the server is out of memory (the finish alone runs: see
+#: ``WorkerScripts.complete``), so that workers finish what they hold but
+#: take nothing new, as a take alone is refused; a running attempt's own
+#: progress and log lines are not refused.
+VARIANTS = {
+    "completeTake": ("complete", ""),
+    "failTake": ("fail", ""),
+    "updateJobHeld": ("updateJob", "allow-oom"),
+}
+
 #: Scripts that may run twice to the same effect, so that a call whose reply
 #: was lost may be sent again: the finalising ones are idempotent per lock
 #: token, the others read, renew or set. Every other script is sent once.
 RESENDABLE = frozenset(
     {
-        "complete", "extendLocks", "fail", "getCounts", "getMetrics", "getOutcome",
+        "complete", "completeTake", "extendLocks", "fail", "failTake", "getCounts",
+        "getMetrics", "getOutcome",
         "getWorkers", "heartbeat", "pause", "stalledCheck", "storeSettings", "storeShardCount",
     }
 )
@@ -112,15 +126,17 @@ def _units(common: str) -> list[str]:
     return ["\n".join(unit) for unit in units if unit]
 
 
-def _register(name: str, function: str) -> str:
+def _register(name: str, function: str, flags: str | None = None) -> str:
     """One script as a function of the library: ``lua/<name>.lua``'s body
-    run with the call's keys and arguments, its shebang's flags kept (the
-    first call of any binds _GLOBALS)."""
+    run with the call's keys and arguments, its shebang's flags kept unless
+    ``flags`` are given (the first call of any binds _GLOBALS)."""
     shebang, _, body = _read(f"{name}.lua").partition("\n")
     if not shebang.startswith("#!lua"):
         raise RuntimeError(f"lua/{name}.lua must start with a #!lua line")
-    flags = _FLAGS.search(shebang)
-    listed = ", ".join(f"'{flag}'" for flag in flags.group(1).split(",")) if flags else ""
+    if flags is None:
+        found = _FLAGS.search(shebang)
+        flags = found.group(1) if found else ""
+    listed = ", ".join(f"'{flag}'" for flag in flags.split(",") if flag)
     return (
         f"_register_function{{function_name = '{function}', flags = {{{listed}}},\n"
         f"callback = function(keys, args)\nKEYS, ARGV = keys, args\n"
@@ -174,6 +190,8 @@ def _library() -> tuple[str, str]:
     ).hexdigest()[:12]
     library = f"jobq_{tag}"
     functions = "".join(_register(name, f"{library}_{name}") for name in _SCRIPT_NAMES)
+    functions += "".join(_register(script, f"{library}_{name}", flags)
+                         for name, (script, flags) in VARIANTS.items())
     return f"#!lua name={library}\n{body}\n{functions}", library
 
 
@@ -238,6 +256,13 @@ class Scripts:
         on. It is safe to: nothing of the call ran."""
         try:
             return self._run(name, base, *args, client=client)
+        except redis.exceptions.OutOfMemoryError as exc:
+            if isinstance(exc, RedisOOMError):
+                raise
+            raise RedisOOMError(
+                f"Redis is out of memory and refused the call ({name}): used_memory > "
+                "maxmemory, maxmemory-policy noeviction; nothing of it ran"
+            ) from exc
         except ResponseError as exc:
             if isinstance(exc, redis.exceptions.NoScriptError) or not is_transient(exc):
                 raise
@@ -367,6 +392,8 @@ class Scripts:
             connection.send_command("FUNCTION", "LOAD", _library()[0])
             try:
                 read_by(connection, deadline)
+            except redis.exceptions.OutOfMemoryError as exc:
+                raise _load_refused() from exc
             except ResponseError as exc:
                 if "already exists" not in str(exc):  # loaded by another client
                     raise
@@ -454,9 +481,23 @@ def function_missing(reply: object) -> bool:
 
 
 def load_library(client: Any) -> None:
-    """Load the library on ``client``'s server (another client may have)."""
+    """Load the library on ``client``'s server (another client may have).
+
+    Raises:
+        RedisOOMError: the server is out of memory (FUNCTION LOAD is refused then).
+    """
     try:
         client.function_load(_library()[0])
+    except redis.exceptions.OutOfMemoryError as exc:
+        raise _load_refused() from exc
     except ResponseError as exc:
         if "already exists" not in str(exc):
             raise
+
+
+def _load_refused() -> RedisOOMError:
+    return RedisOOMError(
+        f"Redis is out of memory and refused to load jobq's functions ({_library()[1]}: a "
+        "new jobq version, or a server that lost them); nothing of jobq runs there until "
+        "they are loaded: free memory, or raise maxmemory for a moment"
+    )

@@ -41,11 +41,11 @@ from ._shards import (
 )
 from .calls import NewJob
 from .connection import unreachable
-from .errors import JobqError
+from .errors import JobqError, RedisOOMError
 from .job import Job
 from .keys import lookup_id, validate_job_id
 from .options import FAILURE_POLICIES
-from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, bulk_entry, job_specs
+from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, add_refused, bulk_entry, job_specs
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -282,11 +282,16 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         self, groups: dict[int, list[tuple[int, _Prepared]]], count: int, trace: str
     ) -> list[Job]:
         result: list[Job | None] = [None] * count
+        refused: list[RedisOOMError] = []
 
         def write(shard: int) -> None:
             group = groups[shard]
-            jobs = self._shards[shard]._write([prepared for _, prepared in group], trace)
-            for (index, _), job in zip(group, jobs, strict=True):
+            try:
+                jobs = self._shards[shard]._write([prepared for _, prepared in group], trace)
+            except RedisOOMError as exc:  # the shard's first jobs may be written
+                refused.append(exc)
+                jobs = list(exc.added)
+            for (index, _), job in zip(group, jobs, strict=False):
                 result[index] = job
 
         shards = sorted(groups)
@@ -297,7 +302,10 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 future.result()
         if count:
             self._record()
-        return [job for job in result if job is not None]
+        added = [job for job in result if job is not None]
+        if refused:
+            raise add_refused(added, count) from refused[0]
+        return added
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:

@@ -70,6 +70,86 @@ def oom_server() -> Iterator[RedisServer]:
         server.stop()
 
 
+def test_out_of_memory_workers_finish_what_they_hold_and_take_nothing_new(
+    oom_server: RedisServer, queue_name: str
+) -> None:
+    """A finishing call that also took the next job ran when the server was
+    out of memory (its script may: it finishes): workers went on taking and
+    running jobs, to 6.5 times maxmemory. A running job's progress and log
+    line were refused (a raw OutOfMemoryError, failing the job for good),
+    and the other writes raised redis-py's error, not RedisOOMError."""
+    url = oom_server.url
+    go, held = threading.Event(), threading.Semaphore(0)
+
+    def handler(job: jobq.Job) -> str:
+        if job.name == "hold":
+            held.release()
+            assert go.wait(WAIT)
+            job.update_progress(50)  # while out of memory
+            job.log("still here")
+        return str(job.data)
+
+    with Queue(queue_name, connection=url) as q, oom_server.client() as admin, \
+            Worker(queue_name, handler, connection=url, concurrency=2, drain_delay=0.1):
+        first = q.add_bulk([{"name": "hold", "data": i} for i in range(2)])
+        later = q.add_bulk([{"name": "later", "data": i} for i in range(5)])
+        for _ in first:
+            assert held.acquire(timeout=WAIT)
+        admin.config_set("maxmemory", 1)
+        try:
+            go.set()
+            assert [j.wait_until_finished(timeout=WAIT) for j in first] == ["0", "1"]
+            for job in first:
+                job.refresh()
+                assert job.progress == 50 and job.get_logs() == ["still here"]
+            quiet = threading.Event()
+            for _ in range(3):  # nothing new is taken meanwhile
+                assert q.get_job_counts("waiting", "active") == {"waiting": 5, "active": 0}
+                quiet.wait(0.1)
+            for refused in (q.pause, lambda: later[0].update_data("new"),
+                            lambda: later[0].change_priority(3), lambda: q.emit("custom")):
+                with pytest.raises(RedisOOMError, match="out of memory"):
+                    refused()
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert [j.wait_until_finished(timeout=WAIT) for j in later] == ["0", "1", "2", "3", "4"]
+
+
+def test_an_add_bulk_refused_part_of_the_way_says_what_was_added(
+    oom_server: RedisServer, queue_name: str
+) -> None:
+    """Its chunks of 1000 are written one by one: one refused after others
+    were written said "refused the add", and a retry added them twice."""
+    with Queue(queue_name, connection=oom_server.url) as q, oom_server.client() as admin:
+        q.add("warm")
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + 1_500_000)
+        try:
+            with pytest.raises(RedisOOMError) as refused:  # the first chunk fills it
+                q.add_bulk([{"name": "x", "data": "y" * 500} for _ in range(5000)])
+        finally:
+            admin.config_set("maxmemory", 0)
+        added = refused.value.added
+        assert 1000 <= len(added) < 5000 and len(added) % 1000 == 0
+        assert f"{len(added)} of the 5000 jobs were added" in str(refused.value)
+        assert q.get_job_counts("waiting") == {"waiting": len(added) + 1}
+        assert [j.id for j in added] == [j.id for j in q.get_jobs("waiting", asc=True)][1:]
+
+
+def test_functions_refused_for_memory_say_so(oom_server: RedisServer, queue_name: str) -> None:
+    """A server out of memory refuses FUNCTION LOAD: a server without jobq's
+    functions (a new jobq version, a restart that lost them) runs none of
+    its calls until memory frees. Said as such, not as a refused call."""
+    with oom_server.client() as admin, Queue(queue_name, connection=oom_server.url) as q:
+        admin.function_flush()
+        admin.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(RedisOOMError, match="refused to load jobq's functions"):
+                q.get_job_counts()
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert q.get_job_counts("waiting") == {"waiting": 0}
+
+
 def test_cleanup_works_while_out_of_memory(oom_server: RedisServer, queue_name: str) -> None:
     url = oom_server.url
     with Queue(queue_name, connection=url, max_events=100) as q, oom_server.client() as admin:

@@ -26,7 +26,7 @@ from jobq.calls import (
     WorkerScripts,
 )
 from jobq.errors import ScriptCode
-from jobq.scripts import _SCRIPT_NAMES, _library, function_name
+from jobq.scripts import _SCRIPT_NAMES, VARIANTS, _library, function_name
 
 LUA = Path(__file__).resolve().parent.parent / "jobq" / "lua"
 Recorded = tuple[list[tuple[str, tuple[Any, ...]]], Callable[..., Any]]
@@ -66,7 +66,13 @@ def test_the_library_loads_with_every_script(redis_client: redis.Redis) -> None:
         listed = next(iter(listed.values()))
     library = _fields(listed[0])
     functions = {_fields(f)["name"] for f in library["functions"]}
-    assert functions == {function_name(s).encode() for s in SCRIPTS}
+    assert functions == {function_name(s).encode() for s in [*SCRIPTS, *VARIANTS]}
+    flags = {_fields(f)["name"]: set(_fields(f)["flags"]) for f in library["functions"]}
+    # the variants differ by their flags alone
+    assert flags[function_name("complete").encode()] == {b"allow-oom"}
+    assert flags[function_name("completeTake").encode()] == set()
+    assert flags[function_name("updateJob").encode()] == set()
+    assert flags[function_name("updateJobHeld").encode()] == {b"allow-oom"}
 
 
 def _fields(reply: Any) -> dict[str, Any]:
