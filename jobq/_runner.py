@@ -403,9 +403,9 @@ class Runner:
     def start(self) -> None:
         """Start the pool threads."""
         q = self._context.name
-        self.threads = [
-            start_thread(f"jobq-worker-{q}-{i}", self._pool) for i in range(self._concurrency)
-        ]
+        self.threads = []  # each as it starts: a start that fails part of the way stops them
+        for i in range(self._concurrency):
+            self.threads.append(start_thread(f"jobq-worker-{q}-{i}", self._pool))
 
     def submit(self, attempt: Attempt) -> None:
         """Hand an attempt (held in the table) to a free pool thread."""

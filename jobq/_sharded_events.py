@@ -254,7 +254,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         if self._restart:
             self.run()
 
-    def _check_listenable(self) -> None:
+    def _check_listenable(self, event: str = "") -> None:
         if self.closed:
             raise ClosedError(f"QueueEvents {self._name!r} is closed: its listeners are never "
                               "called")

@@ -130,8 +130,9 @@ class ListenerMethods:
     def _listener_added(self, event: str) -> None:
         """Called after a listener of ``event`` was added."""
 
-    def _check_listenable(self) -> None:
-        """Raise ClosedError when no listener added now could ever be called."""
+    def _check_listenable(self, event: str) -> None:
+        """Raise ClosedError when no listener added now could ever be called
+        (ValueError when ``event`` is none of the class's)."""
 
     @overload
     def on(self, event: str, callback: L) -> L: ...
@@ -145,7 +146,7 @@ class ListenerMethods:
         if callback is None:
             return lambda cb: self.on(event, cb)
         _fork.check()
-        self._check_listenable()
+        self._check_listenable(event)
         self._listeners.on(event, callback)
         self._listener_added(event)
         return callback
@@ -153,7 +154,7 @@ class ListenerMethods:
     def once(self, event: str, callback: L) -> L:
         """Call ``callback`` on the next ``event`` only; return it."""
         _fork.check()
-        self._check_listenable()
+        self._check_listenable(event)
         self._listeners.once(event, callback)
         self._listener_added(event)
         return callback

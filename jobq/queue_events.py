@@ -248,7 +248,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         if self._restart:  # forked while running: this is the first use
             self.run()
 
-    def _check_listenable(self) -> None:
+    def _check_listenable(self, event: str = "") -> None:
         if self.closed:
             raise ClosedError(f"QueueEvents {self.name!r} is closed: its listeners are never "
                               "called")

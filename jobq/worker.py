@@ -59,6 +59,11 @@ logger = logging.getLogger(__name__)
 
 Processor = Callable[[Job], Any]
 _CHANNEL_EVENTS = frozenset({"drained", "stalled"})
+#: The events of a Worker's local listeners (SPEC, Worker).
+WORKER_EVENTS = frozenset({
+    "ready", "active", "progress", "completed", "failed", "stalled", "drained", "paused",
+    "resumed", "error", "closing", "closed",
+})
 #: Longest wait in ``start()`` for the event subscription of ``drained`` /
 #: ``stalled`` listeners.
 EVENTS_READY_TIMEOUT = 10.0
@@ -82,6 +87,20 @@ def _count(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, not {value!r}")
     return value
+
+
+#: Most pool threads one worker runs: each is an OS thread that may keep a
+#: connection of its own (a server's default maxclients is 10,000). Run
+#: more processes for more.
+MAX_CONCURRENCY = 4096
+
+
+def _concurrency(value: Any) -> int:
+    count = _count("concurrency", value, 1)
+    if count > MAX_CONCURRENCY:
+        raise ValueError(f"concurrency must be at most {MAX_CONCURRENCY} (a thread each), not "
+                         f"{count}; run several worker processes for more")
+    return count
 
 
 def _worker_name(name: Any) -> str:
@@ -130,7 +149,7 @@ def _settings(
         duration = _positive("limiter duration", limiter.get("duration"))
         limit = (count, max(1, round(duration * 1000)))
     return Settings(
-        name=name, concurrency=_count("concurrency", concurrency, 1),
+        name=name, concurrency=_concurrency(concurrency),
         lock_duration=_positive("lock_duration", lock_duration),
         stalled_interval=_positive("stalled_interval", stalled_interval),
         max_stalled_count=_count("max_stalled_count", max_stalled_count, 0),
@@ -156,7 +175,8 @@ class Worker(ListenerMethods, ClosedOnExit):
             of its own (same server and settings), so it never takes a
             connection the application's client counts on.
         prefix: the queue's key prefix.
-        concurrency: jobs run at once, each in its own pool thread.
+        concurrency: jobs run at once, each in its own pool thread (at
+            most ``MAX_CONCURRENCY``, 4096).
         name: this worker's name (recorded as ``processed_by``).
         lock_duration: seconds a job's lock lasts; renewed every half of it.
         stalled_interval: seconds between checks for jobs of dead workers.
@@ -280,6 +300,10 @@ class Worker(ListenerMethods, ClosedOnExit):
         except BaseException as exc:
             if self._roles is None:
                 self._undo_start(run_context)
+            elif self._life.state is Lifecycle.RUNNING:  # its threads, part of the way
+                self._life.end_start()
+                self.close(timeout=JOIN_GRACE)
+                raise JobqError(f"worker {self.name!r} could not start: {exc}") from exc
             if self._life.state is Lifecycle.CLOSED and not isinstance(exc, ClosedError):
                 # the close cut what the start waited for
                 raise ClosedError(f"worker {self.name!r} was closed while it started") from exc
@@ -397,7 +421,10 @@ class Worker(ListenerMethods, ClosedOnExit):
 
     # -- listeners (on / once / off / listener_count: ListenerMethods) -----------
 
-    def _check_listenable(self) -> None:
+    def _check_listenable(self, event: str) -> None:
+        if event not in WORKER_EVENTS:  # a misspelt name would never be called
+            raise ValueError(f"a Worker has no event {event!r}; its events are "
+                             f"{', '.join(sorted(WORKER_EVENTS))}")
         if self._life.state is Lifecycle.CLOSED:
             raise ClosedError(f"worker {self.name!r} is closed: its listeners are never called")
 

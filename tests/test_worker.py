@@ -26,6 +26,7 @@ from jobq import (
     ClosedError,
     Job,
     JobFailedError,
+    JobqError,
     JobTimeoutError,
     LockLostError,
     Queue,
@@ -1381,6 +1382,52 @@ def test_a_progress_listener_added_during_a_job_hears_its_later_progress(
         assert rec.wait("progress")
     ((progress_job, value),) = rec.of("progress")
     assert (progress_job.id, value) == (job.id, 50)
+
+
+def test_a_start_that_cannot_start_its_threads_closes_what_it_started(
+    queue: Queue, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker(concurrency=10**6).start() ran out of threads part of the way
+    ("can't start new thread"): the worker said it was running, and its
+    close left the 22,000 threads started before behind. The process's
+    thread limit is stood in for here by the third pool thread's start."""
+    from jobq import _runner
+
+    real, calls = _runner.start_thread, []
+
+    def limited(name: str, target: Any) -> threading.Thread:
+        calls.append(name)
+        if len(calls) == 3:
+            raise RuntimeError("can't start new thread")
+        return real(name, target)
+
+    monkeypatch.setattr(_runner, "start_thread", limited)
+    worker = make_worker(queue.name, redis_url, lambda job: job.data, concurrency=5)
+    with pytest.raises(JobqError, match="could not start: can't start new thread"):
+        worker.start()
+    assert not worker.is_running() and worker.state.value == "closed"
+    assert not [t for t in threading.enumerate() if t.name.startswith("jobq-worker-")]
+    with pytest.raises(ValueError, match="concurrency must be at most 4096"):
+        make_worker(queue.name, redis_url, lambda job: job.data, concurrency=10**6)
+
+
+def test_a_misspelt_worker_event_is_refused(queue: Queue, redis_url: str) -> None:
+    """worker.on("complete", cb) was accepted and never called: a typo
+    silently turned off what the listener did."""
+    worker = make_worker(queue.name, redis_url, lambda job: job.data)
+    try:
+        for name in ("complete", "Completed", "completed ", "completed:1", ""):
+            with pytest.raises(ValueError, match="has no event"):
+                worker.on(name, print)
+            with pytest.raises(ValueError, match="has no event"):
+                worker.once(name, print)
+        assert worker.listener_count() == 0
+        for name in ("ready", "active", "progress", "completed", "failed", "stalled", "drained",
+                     "paused", "resumed", "error", "closing", "closed"):
+            worker.on(name, print)
+        assert worker.listener_count() == 12
+    finally:
+        worker.close()
 
 
 def test_once_off_and_listener_count(queue: Queue, redis_url: str) -> None:
