@@ -37,6 +37,7 @@ from ._signals import StopSignals
 from .connection import CLUSTER_SCHEMES, redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
+from .keys import validate_prefix
 
 if TYPE_CHECKING:
     from ._queues import QueueSet
@@ -134,6 +135,17 @@ def _timeout(text: str) -> float:
         value = float("nan")
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"a number of seconds >= 0, not {text!r}")
+    return value
+
+
+def _frames(text: str) -> int:
+    """``--count``: frames >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of frames >= 1, not {text!r}")
     return value
 
 
@@ -795,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--plain", action="store_true",
                       help="with --watch, append frames instead of redrawing (the default "
                            "when the output is not a terminal)")
-    info.add_argument("--count", type=int, default=0,
+    info.add_argument("--count", type=_frames, default=None,
                       help="with --watch, stop after this many frames (default: never)")
 
     events = command("events", _cmd_events, "follow a queue's events until interrupted")
@@ -889,6 +901,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          ("prefix", "jobq"), ("log_level", "INFO")):
         if getattr(args, key, None) is None:
             setattr(args, key, default)
+    try:
+        validate_prefix(args.prefix)  # every command: `info` lists what is under it
+    except ValueError as exc:
+        print(f"jobq: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):
         print(f"jobq: unknown log level {args.log_level!r}", file=sys.stderr)

@@ -168,11 +168,19 @@ def test_help_everywhere_and_usage_errors(
         assert "--url" in out and "--prefix" in out, command
     # no command, no id; a redraw interval that is not > 0 (NaN never ended)
     interval = ["info", "--watch", "--count", "2", "--interval"]
+    # and a frame count that is not >= 1 (-1 drew one frame, 0 never ended)
+    count = ["info", "--watch", "--count"]
     for argv in ([], ["bogus"], ["wait", "q"], [*interval, "nan"], [*interval, "-1"],
-                 [*interval, "0"], [*interval, "inf"]):
+                 [*interval, "0"], [*interval, "inf"], [*count, "-1"], [*count, "0"],
+                 [*count, "x"]):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
+    # an invalid prefix, for every command (`info` listed the queues under '')
+    for argv in (["--prefix", "", "info"], ["info", "--prefix", "a b"],
+                 ["--prefix", "", "add", "q", "n"]):
+        assert main(["--url", redis_url, *argv]) == 2, argv
+        assert "invalid prefix" in capsys.readouterr().err
     # -q may be left out only when MODULE:CALLABLE names a Queue
     assert main(["--url", redis_url, "worker", "tests.tasks:double"]) == 2
     assert "--queue is required" in capsys.readouterr().err
