@@ -76,6 +76,9 @@ class JobPreparer:
     options (checked when given)."""
 
     def __init__(self, default_job_options: Mapping[str, Any] | None) -> None:
+        if default_job_options is not None and not isinstance(default_job_options, Mapping):
+            raise TypeError("default_job_options must be a dict of job options, not "
+                            f"{type(default_job_options).__name__}")
         defaults = dict(default_job_options or {})
         if defaults.get("job_id") is not None:  # every add after the first would be its job
             raise ValueError("job_id cannot be a default job option")

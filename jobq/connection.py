@@ -74,8 +74,10 @@ def resolve(connection: object) -> tuple[Client, bool]:
             client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
         elif sep and scheme in _sentinel.SENTINEL_SCHEMES:
             client = _sentinel.sentinel_client(connection)
-        else:
+        elif sep and scheme in ("redis", "rediss", "unix"):
             client = redis.Redis.from_url(connection)
+        else:
+            raise ValueError(f"connection URL {redact(connection)!r} is none of {_URLS}")
         if client.get_encoder().decode_responses:  # e.g. ?decode_responses=True
             close_client(client)
             raise ValueError(_DECODING)
@@ -87,10 +89,13 @@ def resolve(connection: object) -> tuple[Client, bool]:
         _fork.track_client(connection)  # jobq's threads use its pool too
         return connection, False
     raise TypeError(
-        "connection must be None, a redis://, rediss://, unix://, redis+cluster://, "
-        "rediss+cluster://, redis+sentinel:// or rediss+sentinel:// URL, a redis.Redis "
-        f"or a redis.cluster.RedisCluster, not {type(connection).__name__}"
+        f"connection must be None, {_URLS}, a redis.Redis or a redis.cluster.RedisCluster, "
+        f"not {type(connection).__name__}"
     )
+
+
+_URLS = ("a redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, "
+         "redis+sentinel:// or rediss+sentinel:// URL")
 
 
 def check_shared_pool(client: Client) -> None:

@@ -225,7 +225,7 @@ def dependency_refs(queue: Any, depends_on: Iterable[Any]) -> list[tuple[str, st
         ValueError: a Job of another prefix or of a sharded queue, or two
             jobs their parent would know by one name.
     """
-    if isinstance(depends_on, (str, bytes, Job)):
+    if isinstance(depends_on, (str, bytes, Job)) or not isinstance(depends_on, Iterable):
         raise TypeError(
             f"depends_on takes a list of job ids, (queue, id) pairs or Jobs, not {depends_on!r}"
         )

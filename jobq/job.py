@@ -344,6 +344,10 @@ def _events_for(job: Job, queue_events: QueueEvents | None) -> QueueEvents:
     context = job._context
     if queue_events is None:
         return context.shared_events()
+    if not hasattr(queue_events, "wait_for"):  # a Queue, say: its `events` is the reader
+        hint = " (a Queue's reader is its .events)" if hasattr(queue_events, "events") else ""
+        raise TypeError(f"queue_events must be a QueueEvents or None, not "
+                        f"{type(queue_events).__name__}{hint}")
     reader_for = getattr(queue_events, "reader_for", None)
     if reader_for is not None:  # a ShardedQueueEvents: the reader of the job's shard
         queue_events = reader_for(job.id)

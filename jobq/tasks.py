@@ -211,6 +211,9 @@ class Task(Generic[R]):
                             "(one argument: args=(value,))")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise TypeError(f"kwargs must be a mapping, not {type(kwargs).__name__}")
+        if "data" in options:  # the job's data is the task's arguments
+            raise TypeError("a task's job data is its arguments: pass args= and kwargs=, "
+                            "not data=")
         data = self._data(args, kwargs or {})
         return self.queue.add(self.name, data, **{**self.options, **options})
 

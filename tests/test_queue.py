@@ -285,6 +285,26 @@ def test_invalid_queue_name_raises_value_error(redis_url: str, name: Any) -> Non
         Queue(name, connection=redis_url)
 
 
+def test_arguments_of_the_wrong_kind_are_said_as_such(queue: Queue, redis_url: str) -> None:
+    """Each raised a Python error from deep inside ('int' object is not
+    iterable, no attribute 'wait_for'), or redis-py's list of URL schemes
+    without jobq's cluster and Sentinel ones."""
+    for defaults, error in ((5, TypeError), (["attempts"], TypeError)):
+        with pytest.raises(error, match="default_job_options must be a dict"):
+            Queue(queue.name, connection=redis_url, default_job_options=defaults)
+    with pytest.raises(TypeError, match="depends_on takes a list"):
+        queue.add("x", depends_on=5)
+    job = queue.add("x")
+    for reader in (queue, 5, "x"):
+        with pytest.raises(TypeError, match="queue_events must be a QueueEvents or None"):
+            job.wait_until_finished(reader, timeout=1)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="queue_events must be a QueueEvents or None"):
+            job.as_future(reader)  # type: ignore[arg-type]
+    for url in ("", "http://127.0.0.1:1/0", "localhost:6379"):
+        with pytest.raises(ValueError, match="redis\\+cluster://.*redis\\+sentinel://"):
+            Queue(queue.name, connection=url)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1.0, True, "0", None])
 def test_ranges_and_counts_are_refused_unless_ints_before_the_server_sees_them(
     queue: Queue, redis_url: str, bad: Any

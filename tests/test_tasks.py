@@ -128,6 +128,8 @@ def test_enqueue_refuses_args_that_are_not_a_list_or_tuple(queue: Queue) -> None
             greet.enqueue(args=args)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="kwargs must be a mapping"):
         greet.enqueue(args=(), kwargs=[("a", 1)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pass args= and kwargs=, not data="):
+        greet.enqueue(args=(1,), data=5)  # Queue.add() got multiple values for 'data'
     assert queue.get_job_counts("waiting") == {"waiting": 0}
     assert greet.enqueue(args=["ab"]).data == {"args": ["ab"], "kwargs": {}}
 
