@@ -265,11 +265,12 @@ def _print_info(snapshots: list[dict[str, Any]], out: TextIO) -> None:
 
 #: The states of the table's columns (parents waiting for children are in
 #: ``jobq info --json`` and the plain lines).
-_TABLE_STATES = STATES[:5]
+_TABLE_STATES = STATES  # waiting, delayed, active, completed, failed, waiting-children
 
 _COLUMNS = (
     ("QUEUE", "<"), ("WAITING", ">"), ("DELAYED", ">"), ("ACTIVE", ">"), ("COMPLETED", ">"),
-    ("FAILED", ">"), ("PAUSED", "<"), ("WORKERS", ">"), ("DONE/MIN", ">"), ("FAIL/MIN", ">"),
+    ("FAILED", ">"), ("WAITING-CHILDREN", ">"), ("PAUSED", "<"), ("WORKERS", ">"),
+    ("DONE/MIN", ">"), ("FAIL/MIN", ">"),
 )
 
 
@@ -575,9 +576,24 @@ def _cmd_schedulers(args: argparse.Namespace) -> int:
     for s in schedulers:
         schedule = f"every {s.every:g}s" if s.every is not None else f"cron {s.cron} ({s.tz})"
         limit = f"/{s.limit}" if s.limit is not None else ""
-        print(f"{printable(s.id)}\t{printable(schedule)}\tnext {_when(s.next_run)}\t"
+        print(f"{printable(s.id)}\t{printable(schedule)}\tnext {_when_in(s.next_run, s.tz)}\t"
               f"jobs {s.count}{limit}")
     return EXIT_OK
+
+
+def _when_in(seconds: float | None, tz: str | None) -> str:
+    """A time in zone ``tz`` (local time when None), with its UTC offset:
+    after a cron's zone, a time without one read as that zone's."""
+    if seconds is None:
+        return "-"
+    from zoneinfo import ZoneInfo
+
+    try:
+        zone = ZoneInfo(tz) if tz else None
+        return datetime.fromtimestamp(seconds, zone).astimezone(zone).isoformat(
+            sep=" ", timespec="seconds")
+    except (OverflowError, OSError, ValueError, KeyError):  # out of range, or an unknown zone
+        return _when(seconds)
 
 
 # -- wait ----------------------------------------------------------------------------

@@ -487,15 +487,17 @@ def _fill(queue: Queue, redis_url: str) -> None:
 
 def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: str) -> None:
     _fill(queue, redis_url)
+    # a flow's parent, waiting for a child (the table left these out)
+    queue.add("parent", depends_on=[queue.get_jobs("waiting")[0]])
     done = jobq(redis_url, "info", queue.name)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["QUEUE", "WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED",
-                                "PAUSED", "WORKERS", "DONE/MIN", "FAIL/MIN"]
+                                "WAITING-CHILDREN", "PAUSED", "WORKERS", "DONE/MIN", "FAIL/MIN"]
     row = lines[1].split()
-    assert row[:8] == [queue.name, "3", "1", "0", "2", "1", "yes", "0"]
-    assert re.fullmatch(r"\d+\.\d", row[8]) and float(row[8]) > 0
-    assert re.fullmatch(r"\d+\.\d", row[9])
+    assert row[:9] == [queue.name, "3", "1", "0", "2", "1", "1", "yes", "0"]
+    assert re.fullmatch(r"\d+\.\d", row[9]) and float(row[9]) > 0
+    assert re.fullmatch(r"\d+\.\d", row[10])
     # with no queue named: every known queue, this one included, a row each
     every = jobq(redis_url, "info")
     assert every.returncode == 0

@@ -5,6 +5,7 @@ collisions, limit and end, and the CLI. Real server; bounded waits."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import datetime
@@ -791,6 +792,9 @@ def test_cli_schedulers(queue: Queue, redis_url: str, capsys: pytest.CaptureFixt
     assert main(["--url", redis_url, "schedulers", queue.name]) == 0
     out = capsys.readouterr().out
     assert "nightly" in out and "0 3 * * *" in out and "Europe/Berlin" in out
+    # the next run in the cron's zone, with its offset (the host's local
+    # time without one read as Berlin's)
+    assert re.search(r"next \d{4}-\d\d-\d\d 03:00:00\+0[12]:00\t", out), out
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 0
     assert queue.get_scheduler("nightly") is None
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 1
