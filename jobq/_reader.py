@@ -629,6 +629,12 @@ def outcome_of(context: QueueContext, event: Event, run: str | None) -> tuple[Ou
 _LAST_SEQ = 2**64 - 1
 
 
+def _before(at: StreamId) -> StreamId:
+    """The id just before ``at``: a read after it begins at ``at``."""
+    ms, seq = at
+    return (ms, seq - 1) if seq else (ms - 1, _LAST_SEQ)
+
+
 def _after(at: StreamId) -> StreamId:
     """The stream id right after ``at``."""
     return (at[0], at[1] + 1) if at[1] < _LAST_SEQ else (at[0] + 1, 0)
@@ -641,11 +647,17 @@ def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
     checks the job's record, and a later trim is seen as a gap). Such a
     start id other than "0" is logged: events it asked for are gone."""
     start = sid(start_id)
+    if start != (0, 0):
+        # an entry of two events (added, then waiting) names both by its id:
+        # a start after it is a start at it, in case only the first was seen
+        # (its events come again rather than its second never)
+        at = client.xrange(keys.events, start_id, start_id)
+        if at and b"ev:2" in at[0][1] and at[0][1].get(b"c") != b"1":
+            start = _before(start)
     first = client.xrange(keys.events, "-", "+", count=1)
     if not first:
         return start
-    ms, seq = sid(_text(first[0][0]))
-    since = max(start, (ms, seq - 1) if seq else (ms - 1, _LAST_SEQ))
+    since = max(start, _before(sid(_text(first[0][0]))))
     if start != (0, 0) and since > start:
         logger.warning("events of %r after %s were trimmed before they were read",
                        keys.queue, start_id)

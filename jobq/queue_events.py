@@ -77,7 +77,8 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         connection: as for Queue.
         prefix: the queue's key prefix.
         last_event_id: ``"$"`` from now on, ``"0"`` everything retained, or
-            an id to resume after (stream mode).
+            an id to resume after (stream mode; the id of an entry of two
+            events, ``added`` and ``waiting``, resumes at it: both again).
         blocking_timeout: longest single blocking read, in seconds (capped
             near 1 s so that ``close()`` is prompt).
         autorun: start reading at once; else call ``run()``.

@@ -649,6 +649,38 @@ def test_an_entry_of_two_events_is_a_resume_point_only_after_both(
     assert until(lambda: qe.last_event_id == waiting.id)
 
 
+def test_a_resume_after_an_entry_of_two_events_loses_neither(
+    queue: Queue, redis_url: str
+) -> None:
+    """`added` and `waiting` share their entry's id: a consumer that saved
+    it after `added` and stopped resumed after `waiting` too, never hearing
+    it. A resume after such an id reads that entry again (its events may
+    come twice; none is lost)."""
+    job = queue.add("job", 1)
+    queue.emit("after")
+    with QueueEvents(queue.name, connection=redis_url, last_event_id="0",
+                     blocking_timeout=0.1) as replay:
+        rec = Recorder()
+        replay.on_all_events(rec)
+        assert rec.wait_count(3)
+    added, waiting, after = rec.snapshot()
+    assert (added.name, waiting.name, added.id) == ("added", "waiting", waiting.id)
+    with QueueEvents(queue.name, connection=redis_url, last_event_id=added.id,
+                     blocking_timeout=0.1) as resumed:
+        again = Recorder()
+        resumed.on_all_events(again)
+        assert again.wait_count(3)
+        assert [(e.name, e.job_id) for e in again.snapshot()] == [
+            ("added", job.id), ("waiting", job.id), ("after", None)]
+    with QueueEvents(queue.name, connection=redis_url, last_event_id=after.id,
+                     blocking_timeout=0.1) as later:  # an entry of one: after it
+        tail = Recorder()
+        later.on_all_events(tail)
+        queue.emit("last")
+        assert tail.wait_count(1)
+        assert [e.name for e in tail.snapshot()] == ["last"]
+
+
 def test_no_event_lost_across_empty_block_timeouts(queue: Queue, redis_url: str) -> None:
     rec = Recorder()
     pause = threading.Event()  # never set: paces the producer between reads
