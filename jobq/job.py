@@ -307,6 +307,10 @@ class Job(JobFlow):
     ) -> Any:
         """Block until the job is finished; return its return value.
 
+        The Job's attributes stay as last read (``return_value``,
+        ``finished_on``, ``attempts_made``...): the wait reads no more than
+        it needs; ``refresh()`` then reads the finished record.
+
         Args:
             queue_events: the reader to wait through; None uses the queue's
                 shared ``events``.
