@@ -153,7 +153,7 @@ def shut_down(
     emit("closing")
     until = roles.stop(name, deadline, give_up, run_context)
     close_channel(max(0.0, until - time.monotonic()))
-    _leave_registry(context, name, until, deadline)
+    _leave_registry(context, name, roles.maintenance.token, until, deadline)
     emit("closed")
     # past the deadline too: the thread ends at once unless a listener runs
     roles.dispatcher.stop(max(LISTENER_GRACE, until - time.monotonic()))
@@ -166,7 +166,7 @@ def shut_down(
     context.close()
 
 
-def _leave_registry(context: QueueContext, name: str, until: float,
+def _leave_registry(context: QueueContext, name: str, token: str, until: float,
                     deadline: float | None) -> None:
     """Withdraw a closing worker from the registry: by ``until`` (the close's
     end) with a timeout, else always, with LEAVE_GRACE of its own (its threads
@@ -174,6 +174,6 @@ def _leave_registry(context: QueueContext, name: str, until: float,
     leave_by = until if deadline is not None else max(until, time.monotonic() + LEAVE_GRACE)
     if time.monotonic() < leave_by:
         try:
-            withdraw(context, name, leave_by)
+            withdraw(context, name, token, leave_by)
         except Exception as exc:  # best effort: the announcement expires anyway
             logger.debug("worker %r could not leave the registry: %s", name, exc)

@@ -45,6 +45,7 @@ class Maintenance:
         context: QueueContext,
         *,
         worker_name: str,
+        token: str,
         heartbeat_ttl: float,
         stalled_interval: float,
         max_stalled_count: int,
@@ -53,6 +54,8 @@ class Maintenance:
     ) -> None:
         self._context = context
         self._name = worker_name
+        self.token = token  # this Worker's, in the registry
+        self._clash_told = False
         self._ttl = heartbeat_ttl
         self._interval = stalled_interval
         self._max_stalled = max_stalled_count
@@ -112,10 +115,19 @@ class Maintenance:
         # a failed beat is tried again on schedule, not at every look
         self._announced = status
         try:
-            announce(self._context, self._name, self._ttl, first=self._first_beat, **status)
+            clash = announce(self._context, self._name, self.token, self._ttl,
+                             first=self._first_beat, **status)
         except Exception as exc:  # the announcement expires by itself; try next time
             logger.warning("heartbeat of worker %r failed: %s", self._name, brief(exc))
             return
+        # the first beat may replace a worker of this name that went away
+        # without leaving; a later one found another's beat since this one's
+        if clash and not self._first_beat and not self._clash_told:
+            self._clash_told = True
+            logger.warning(
+                "another live worker is named %r (queue %r): the registry shows one of "
+                "them (Queue.get_workers, jobq info); give each worker a name of its own",
+                self._name, self._context.queue_name)
         self._first_beat = False
 
     def _check_not_sharded(self) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._attempt import Attempt, AttemptTable, TakeGate
@@ -52,6 +52,8 @@ class Settings:
     heartbeat_ttl: float
     max_result_bytes: int | None
     limit: tuple[int, int]  # rate limit: max jobs per window (0: none), window ms
+    #: this Worker object's in the registry: two workers given one name differ by it
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 class TakeTokens:
@@ -127,7 +129,7 @@ class Roles:
         )
         timeouts = TimeoutWatch(context, table, on_timeout=runner.timed_out, on_error=on_error)
         maintenance = Maintenance(
-            context, worker_name=s.name, heartbeat_ttl=s.heartbeat_ttl,
+            context, worker_name=s.name, token=s.token, heartbeat_ttl=s.heartbeat_ttl,
             stalled_interval=s.stalled_interval, max_stalled_count=s.max_stalled_count,
             status=status, on_error=on_error,
         )

@@ -450,9 +450,11 @@ class QueueScripts:
         """removeScheduler.lua: 1 removed, 0 no such scheduler."""
         return int(self._run("removeScheduler", scheduler_id))
 
-    def heartbeat(self, name: str, ttl_ms: int, fields: Sequence[Any] = ()) -> None:
-        """heartbeat.lua: announce a worker for ``ttl_ms``; 0 withdraws it."""
-        self._run("heartbeat", name, ttl_ms, *fields)
+    def heartbeat(self, name: str, ttl_ms: int, token: str, fields: Sequence[Any] = ()) -> bool:
+        """heartbeat.lua: announce a worker for ``ttl_ms``; 0 withdraws it
+        (its own announcement only). Whether the announcement held another
+        worker's token."""
+        return bool(int(self._run("heartbeat", name, ttl_ms, token, *fields)[1]))
 
     def get_workers(self) -> list[tuple[str, list[bytes]]]:
         """getWorkers.lua: (name, flat record) of each live worker."""

@@ -59,6 +59,7 @@ class WorkerInfo:
 def announce(
     context: QueueContext,
     name: str,
+    token: str,
     ttl: float,
     *,
     queues: Sequence[str],
@@ -68,12 +69,13 @@ def announce(
     active: int,
     paused: bool,
     first: bool = False,
-) -> None:
+) -> bool:
     """Write one heartbeat of a worker (one script call); the first one also
-    records the queue's name in the list of known queues."""
+    records the queue's name in the list of known queues. Whether the
+    announcement held another worker's (``token``: of the Worker object)."""
     if first:
         context.redis.sadd(queues_key(context.prefix), context.name)
-    context.calls.heartbeat(name, max(1, round(ttl * 1000)), (
+    return context.calls.heartbeat(name, max(1, round(ttl * 1000)), token, (
         "host", socket.gethostname(), "pid", os.getpid(),
         "queues", serializer.encode(list(queues), "queue names"),
         "concurrency", concurrency, "done", done, "failed", failed,
@@ -81,11 +83,11 @@ def announce(
     ))
 
 
-def withdraw(context: QueueContext, name: str, deadline: float) -> None:
-    """Remove a worker from the registry (it is closing); redis-py's
-    TimeoutError when the server has not answered by ``deadline``
-    (``time.monotonic``)."""
-    context.calls_by(deadline).heartbeat(name, 0)
+def withdraw(context: QueueContext, name: str, token: str, deadline: float) -> None:
+    """Remove a worker from the registry (it is closing; not another's of
+    its name); redis-py's TimeoutError when the server has not answered by
+    ``deadline`` (``time.monotonic``)."""
+    context.calls_by(deadline).heartbeat(name, 0, token)
 
 
 def live_workers(context: QueueContext) -> list[WorkerInfo]:

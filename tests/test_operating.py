@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -112,6 +113,42 @@ def test_registry_lists_live_workers_and_forgets_closed_ones(
         done = until(lambda: [w for w in queue.get_workers() if w.jobs_done == 1])
         assert done[0].jobs_active == 0 and done[0].started == info.started
     assert queue.get_workers() == []
+
+
+def test_two_workers_given_one_name_are_told_and_one_leaving_keeps_the_other(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two processes started with one --name showed as one worker, and said
+    nothing; the first to close removed the other's announcement too."""
+    first = Worker(queue.name, lambda job: 1, connection=redis_url, name="twin",
+                   heartbeat_ttl=0.6)  # a beat every 0.2 s
+    second = Worker(queue.name, lambda job: 2, connection=redis_url, name="twin",
+                    heartbeat_ttl=0.6)
+    with caplog.at_level(logging.WARNING, logger="jobq"):
+        with first, second:
+            until(lambda: [r for r in caplog.records
+                           if "another live worker is named 'twin'" in r.getMessage()],
+                  timeout=WAIT)
+            second.close()  # leaves the announcement if the last beat was the first's
+            # the first is listed again at its next beat, and stays (its own beats)
+            (info,) = until(queue.get_workers, timeout=WAIT)
+            assert info.name == "twin"
+            until(lambda: queue.get_workers()[0].last_heartbeat > info.last_heartbeat + 0.1,
+                  timeout=WAIT)
+        assert queue.get_workers() == []
+    # a worker restarted after it was killed (its announcement left behind)
+    # replaces that announcement, and is not told
+    caplog.clear()
+    key = queue._context.keys.worker("alone")
+    redis_client.hset(key, mapping={"inst": "killed-before", "hb": 1, "host": "h"})
+    redis_client.pexpire(key, 5000)
+    with caplog.at_level(logging.WARNING, logger="jobq"):
+        with Worker(queue.name, lambda job: 1, connection=redis_url, name="alone",
+                    heartbeat_ttl=0.6):
+            (info,) = until(queue.get_workers)
+            until(lambda: queue.get_workers()[0].last_heartbeat > info.last_heartbeat + 0.3,
+                  timeout=WAIT)  # beats after the first
+    assert not [r for r in caplog.records if "another live worker" in r.getMessage()]
 
 
 def test_a_close_whose_threads_use_up_their_grace_still_leaves_the_registry(

@@ -130,7 +130,7 @@ def _exercise(
         "changePriority": lambda: q.change_priority("nope", 1, False),
         "updateJob": lambda: q.update_job("nope", "data", packed),
         "getMetrics": lambda: q.get_metrics("completed"),
-        "heartbeat": lambda: q.heartbeat("w", 1000, ("host", "h")),
+        "heartbeat": lambda: q.heartbeat("w", 1000, "token", ("host", "h")),
         "getWorkers": q.get_workers,
         "getOutcome": lambda: q.get_outcome("nope", "", "", False),
         "cancel": lambda: q.cancel("nope", "why"),
