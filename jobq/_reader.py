@@ -513,6 +513,18 @@ class EventReader:
             if timed is not None:
                 self._detect_gap(client, since, timed)
 
+    def look_for_mode(self, client: Client) -> None:
+        """Undecided (a subscription kept aside): read the stored mode again.
+        A 0.1 process that stores pub/sub mode writes no stream entry saying
+        so (``_MODE_STORED``): its events then come by the subscription kept
+        aside, which missed none of them."""
+        if self.pubsub is not None or self.event_mode.standby is None:
+            return
+        self._release_held(client)
+        self.pubsub = self.event_mode.stored(client)
+        if self.pubsub is not None:  # what follows comes by it
+            _connection.close_client(client)  # one connection open, as ever
+
     def consume_message(self, message: dict[str, Any]) -> None:
         """Handle a message of the subscription to the events channel."""
         assert self.table is not None

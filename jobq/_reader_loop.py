@@ -137,6 +137,11 @@ class ReaderLoop:
             int(self._block * 1000), reader.held,
         )
         reader.consume(_connection.stream_entries(reply), client)
+        if reader.pubsub is None and reader.event_mode.standby is not None:
+            now = time.monotonic()  # undecided: every MODE_CHECK_INTERVAL
+            if now >= self._next_mode_check:
+                self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
+                reader.look_for_mode(client)
 
     def _read_pubsub(self, pubsub: Any) -> None:
         self._reader.send_pings(pubsub)

@@ -32,6 +32,7 @@ from jobq import (
     Worker,
 )
 from jobq.events import to_netstrings
+from jobq.keys import QueueKeys
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
 from tests.polling import until
@@ -1087,6 +1088,29 @@ def test_pubsub_events_on_one_server_reach_the_readers_of_0_1_and_theirs_reach_0
         redis_client.publish(channel, to_netstrings(["ev", "waiting", "jid", "old-1", "ts", "1"]))
         assert rec.wait_name("waiting", "old-1")
     old.close()
+
+
+@pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1",
+                    reason="in a cluster, 0.1 and 0.2 pub/sub events do not reach each other")
+def test_a_reader_of_a_new_queue_hears_a_0_1_process_that_stores_pub_sub_mode(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A reader started before the queue had a mode waits on its stream,
+    with a subscription kept aside. 0.2 writes a stream entry when it stores
+    pub/sub mode; 0.1 writes none, so the reader stayed deaf to every event
+    after it. It reads the mode again every MODE_CHECK_INTERVAL now, and
+    then reads the subscription kept aside, which missed nothing."""
+    rec = Recorder()
+    with QueueEvents(queue_name, connection=redis_url) as qe:
+        qe.on_all_events(rec)
+        assert qe.wait_until_ready(WAIT)
+        keys = QueueKeys("jobq", queue_name)
+        redis_client.hset(keys.meta, "em", "pubsub")  # a 0.1 Queue's first use
+        for i in range(3):  # a 0.1 worker's events: PUBLISH, no db field
+            redis_client.publish(keys.events,
+                                 to_netstrings(["ev", "waiting", "jid", f"old-{i}", "ts", "1"]))
+        assert rec.wait_count(3)  # within MODE_CHECK_INTERVAL (5 s)
+        assert [e.job_id for e in rec.snapshot()] == ["old-0", "old-1", "old-2"]
 
 
 @pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1",
