@@ -134,13 +134,14 @@ class WorkerScripts:
     def _finish(self, script: str, args: tuple[Any, ...], take: TakeArgs | None) -> FinishReply:
         """Finish, and take the next job along when ``take``: by the script's
         variant that the server refuses when out of memory (scripts.VARIANTS),
-        and then by the script itself, which finishes without taking."""
-        if take is not None:
-            try:
-                return _decode_finish(self._run(script + "Take", *args, *take), take)
-            except redis.exceptions.OutOfMemoryError:  # nothing of it ran
-                pass
-        return _decode_finish(self._run(script, *args), None)
+        and then by the script itself, which finishes without taking (but
+        hands back the job a first call whose reply was lost took: 'r')."""
+        if take is None:
+            return _decode_finish(self._run(script, *args), None)
+        try:
+            return _decode_finish(self._run(script + "Take", *args, *take), take)
+        except redis.exceptions.OutOfMemoryError:  # nothing of it ran
+            return _decode_finish(self._run(script, *args, *take, "r"), take)
 
     def extend_locks(
         self, lock_ms: int, held: Iterable[tuple[str, str]]
@@ -407,9 +408,10 @@ class QueueScripts:
         """updateJob.lua: set data or progress, or append a log line (then:
         the number of lines); -1 no such job; -2 ``token`` (an attempt's)
         no longer owns it."""
-        # a running attempt's own update runs when the server is out of
-        # memory, as its finish does (scripts.VARIANTS)
-        return int(self._run("updateJobHeld" if token else "updateJob", job_id, what, value,
+        # a running attempt's own progress and log lines run when the server
+        # is out of memory, as its finish does (scripts.VARIANTS); data does not
+        held = token and what in ("progress", "log")
+        return int(self._run("updateJobHeld" if held else "updateJob", job_id, what, value,
                              keep, token or ""))
 
     def get_metrics(self, kind: str) -> MetricsReply:

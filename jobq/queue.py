@@ -30,6 +30,7 @@ from .errors import (
 )
 from .job import Job
 from .options import byte_limit
+from .scripts import FunctionsRefused
 from .tasks import QueueTasks, Task
 
 logger = logging.getLogger("jobq.queue")
@@ -341,6 +342,9 @@ class Queue(
             try:
                 sent = time.monotonic()
                 timestamp, added, unset = self._context.calls.add(jobs)
+            except FunctionsRefused as exc:  # said as such: what to do differs
+                exc.added = result
+                raise
             except redis.exceptions.OutOfMemoryError as exc:
                 raise add_refused(result, len(prepared)) from exc
             if unset:

@@ -9,10 +9,12 @@ arguments, return codes and events.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import re
 import threading
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -255,14 +257,8 @@ class Scripts:
         ``ConnectionError``, as a server away is: the error callers retry
         on. It is safe to: nothing of the call ran."""
         try:
-            return self._run(name, base, *args, client=client)
-        except redis.exceptions.OutOfMemoryError as exc:
-            if isinstance(exc, RedisOOMError):
-                raise
-            raise RedisOOMError(
-                f"Redis is out of memory and refused the call ({name}): used_memory > "
-                "maxmemory, maxmemory-policy noeviction; nothing of it ran"
-            ) from exc
+            with _said_oom(name):
+                return self._run(name, base, *args, client=client)
         except ResponseError as exc:
             if isinstance(exc, redis.exceptions.NoScriptError) or not is_transient(exc):
                 raise
@@ -380,6 +376,10 @@ class Scripts:
         """
         self._check_open()
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
+        with _said_oom(name):
+            return self._run_on(connection, command, deadline)
+
+    def _run_on(self, connection: Any, command: tuple[Any, ...], deadline: float | None) -> Any:
         try:
             try:
                 # the same bytes as send_command, without its per-argument pass
@@ -418,6 +418,12 @@ class Scripts:
         ``run_on``); any other failure drops it and is raised.
         """
         self._check_open()
+        with _said_oom(name):
+            return self._run_after(connection, first, name, base, *args)
+
+    def _run_after(
+        self, connection: Any, first: tuple[Any, ...], name: str, base: str, *args: Any
+    ) -> tuple[Any, Any]:
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
         try:
             connected(connection).send_packed_command([_pack(first), _pack(command)],
@@ -495,8 +501,26 @@ def load_library(client: Any) -> None:
             raise
 
 
+@contextlib.contextmanager
+def _said_oom(name: str) -> Iterator[None]:
+    """redis-py's OutOfMemoryError of script ``name``'s call as RedisOOMError."""
+    try:
+        yield
+    except redis.exceptions.OutOfMemoryError as exc:
+        if isinstance(exc, RedisOOMError):
+            raise
+        raise RedisOOMError(
+            f"Redis is out of memory and refused the call ({name}): used_memory > "
+            "maxmemory, maxmemory-policy noeviction; nothing of it ran"
+        ) from exc
+
+
+class FunctionsRefused(RedisOOMError):
+    """The server, out of memory, refused to load jobq's functions."""
+
+
 def _load_refused() -> RedisOOMError:
-    return RedisOOMError(
+    return FunctionsRefused(
         f"Redis is out of memory and refused to load jobq's functions ({_library()[1]}: a "
         "new jobq version, or a server that lost them); nothing of jobq runs there until "
         "they are loaded: free memory, or raise maxmemory for a moment"

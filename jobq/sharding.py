@@ -46,6 +46,7 @@ from .job import Job
 from .keys import lookup_id, validate_job_id
 from .options import FAILURE_POLICIES
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, add_refused, bulk_entry, job_specs
+from .scripts import FunctionsRefused
 from .tasks import QueueTasks, Task
 
 if TYPE_CHECKING:
@@ -303,6 +304,10 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         if count:
             self._record()
         added = [job for job in result if job is not None]
+        for error in refused:
+            if isinstance(error, FunctionsRefused):  # said as such: what to do differs
+                error.added = added
+                raise error
         if refused:
             raise add_refused(added, count) from refused[0]
         return added

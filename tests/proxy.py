@@ -26,6 +26,8 @@ class Proxy:
         self._stop = threading.Event()
         self._sockets: list[socket.socket] = []
         self._replace: dict[socket.socket, bytes] = {}  # client -> its next reply
+        self._then: dict[threading.Event, Callable[[], None]] = {}  # drop_reply's
+        self._dropping: set[socket.socket] = set()  # clients whose replies are dropped
         self._threads: list[threading.Thread] = []
         self._start(self._accept)
 
@@ -34,11 +36,15 @@ class Proxy:
         """A redis:// URL through the proxy."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def drop_reply(self, match: Match) -> threading.Event:
+    def drop_reply(self, match: Match, then: Callable[[], None] | None = None) -> threading.Event:
         """The next chunk that matches goes to the server, but its client's
-        connection is closed at once and the reply thrown away. The Event is
-        set when that happened."""
-        return self._arm(match, "drop", 0.0)
+        connection is closed at once and the reply thrown away (after
+        ``then()``, when given: its client cannot send again before). The
+        Event is set when that happened."""
+        hit = self._arm(match, "drop", 0.0)
+        if then is not None:
+            self._then[hit] = then
+        return hit
 
     def replace_reply(self, match: Match, reply: bytes) -> threading.Event:
         """The next chunk that matches goes to the server, and its client
@@ -98,7 +104,11 @@ class Proxy:
                         self._replace[client] = kind.removeprefix("replace:").encode()
                         hit.set()
                     else:
+                        self._dropping.add(client)  # no reply reaches it from now on
                         upstream.sendall(chunk)
+                        then = self._then.pop(hit, None)
+                        if then is not None:
+                            then()
                         client.shutdown(socket.SHUT_RDWR)  # the reply never reaches it
                         client.close()
                         dropped = True  # the server's side stays open: it runs the command
@@ -114,6 +124,8 @@ class Proxy:
     def _pump_down(self, upstream: socket.socket, client: socket.socket) -> None:
         try:
             while chunk := upstream.recv(65536):
+                if client in self._dropping:
+                    continue  # read the server's reply, throw it away
                 chunk = self._replace.pop(client, chunk)  # a reply to replace is whole
                 try:
                     client.sendall(chunk)

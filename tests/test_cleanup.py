@@ -80,6 +80,8 @@ def test_out_of_memory_workers_finish_what_they_hold_and_take_nothing_new(
     and the other writes raised redis-py's error, not RedisOOMError."""
     url = oom_server.url
     go, held = threading.Event(), threading.Semaphore(0)
+    refused_data: list[BaseException] = []
+    errors: list[BaseException] = []
 
     def handler(job: jobq.Job) -> str:
         if job.name == "hold":
@@ -87,10 +89,16 @@ def test_out_of_memory_workers_finish_what_they_hold_and_take_nothing_new(
             assert go.wait(WAIT)
             job.update_progress(50)  # while out of memory
             job.log("still here")
+            try:  # its data is not a running job's to grow
+                job.update_data("x" * 1000)
+            except RedisOOMError as exc:
+                refused_data.append(exc)
         return str(job.data)
 
     with Queue(queue_name, connection=url) as q, oom_server.client() as admin, \
-            Worker(queue_name, handler, connection=url, concurrency=2, drain_delay=0.1):
+            Worker(queue_name, handler, connection=url, concurrency=2, drain_delay=0.1,
+                   heartbeat_ttl=0.6) as w:  # a beat every 0.2 s
+        w.on("error", errors.append)
         first = q.add_bulk([{"name": "hold", "data": i} for i in range(2)])
         later = q.add_bulk([{"name": "later", "data": i} for i in range(5)])
         for _ in first:
@@ -110,6 +118,13 @@ def test_out_of_memory_workers_finish_what_they_hold_and_take_nothing_new(
                             lambda: later[0].change_priority(3), lambda: q.emit("custom")):
                 with pytest.raises(RedisOOMError, match="out of memory"):
                     refused()
+            # the worker's own refused calls (its fetch's take) are said the same way
+            until(lambda: errors, timeout=WAIT)
+            assert all(isinstance(e, RedisOOMError) for e in errors), errors
+            assert len(refused_data) == 2
+            # its announcement is kept up (a heartbeat runs out of memory)
+            (info,) = q.get_workers()
+            until(lambda: q.get_workers()[0].last_heartbeat > info.last_heartbeat, timeout=WAIT)
         finally:
             admin.config_set("maxmemory", 0)
         assert [j.wait_until_finished(timeout=WAIT) for j in later] == ["0", "1", "2", "3", "4"]
@@ -145,6 +160,8 @@ def test_functions_refused_for_memory_say_so(oom_server: RedisServer, queue_name
         try:
             with pytest.raises(RedisOOMError, match="refused to load jobq's functions"):
                 q.get_job_counts()
+            with pytest.raises(RedisOOMError, match="refused to load jobq's functions"):
+                q.add("x")  # said as such by an add too, not "refused the add"
         finally:
             admin.config_set("maxmemory", 0)
         assert q.get_job_counts("waiting") == {"waiting": 0}

@@ -164,6 +164,40 @@ def test_a_lost_reply_of_a_finish_that_took_the_next_job_loses_no_job(
         assert second.attempts_made == 1
 
 
+def test_a_lost_reply_of_a_finish_that_took_the_next_job_then_out_of_memory_loses_no_job(
+    proxy: Proxy, private_server: RedisServer
+) -> None:
+    """The finish is sent again once its reply is lost; out of memory then,
+    the server refuses its take (completeTake), and the finish alone (the
+    allow-oom complete) did not hand back the job the first call had taken:
+    it sat locked by nobody until its lock ran out, and counted as a stall
+    (failed for good with max_stalled_count=0)."""
+    with Queue("lost-reply-oom", connection=private_server.url) as queue, \
+            private_server.client() as admin:
+        queue.obliterate(force=True)
+        first = queue.add("first", job_id="first-job")
+        second = queue.add("second", job_id="second-job")
+
+        def out_of_memory() -> None:  # once the server ran the call
+            until(lambda: admin.hget("jobq:{lost-reply-oom}:job:second-job", "state")
+                  == b"active", timeout=WAIT)
+            admin.config_set("maxmemory", 1)
+
+        dropped = proxy.drop_reply(_calls(_fcall("completeTake", private_server), "first-job"),
+                                   then=out_of_memory)
+        worker = Worker(queue.name, lambda job: job.name, connection=proxy.url,
+                        lock_duration=30, stalled_interval=INTERVAL, max_stalled_count=0)
+        try:
+            with worker:
+                assert first.wait_until_finished(timeout=WAIT) == "first"
+                # the second job runs (its finish is allowed out of memory)
+                assert second.wait_until_finished(timeout=WAIT) == "second"
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert dropped.is_set()
+        assert second.refresh().stalled_counter == 0 and second.attempts_made == 1
+
+
 # -- 4. BUSY and other "try again" replies are transient ---------------------------
 
 _BUSY_SCRIPT = """

@@ -862,15 +862,17 @@ end
 -- {code, now, take}, when ARGV[i..i+4] carry a take's arguments (token, lock
 -- ms, worker, limit max, limit ms). A retried call (code 0: this token
 -- finalised the job already) gets back the job its first run took with the
--- same take token, when that job is still locked by it.
+-- same take token, when that job is still locked by it. ARGV[i+5] 'r' (a
+-- retry sent while the server is out of memory, when a take is refused):
+-- only that job, never a new one.
 local function and_take_next(code, i, now)
   local stamp = fmt(now)
   if ARGV[i] and ARGV[i] ~= '' then
     local taken = code == 0 and taken_by(ARGV[i])
-    if not taken then
+    if not taken and ARGV[i + 5] ~= 'r' then
       taken = take_next(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], now)
     end
-    return { code, stamp, taken }
+    return { code, stamp, taken or false }
   end
   return { code, stamp }
 end

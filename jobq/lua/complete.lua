@@ -8,6 +8,8 @@
   ARGV[3]  return value (msgpack)
   ARGV[4..8] optional: take the worker's next job in the same call (token,
            lock ms, worker, limit max, limit ms; as moveToActive.lua)
+  ARGV[9]  optional: 'r' the job a first run of this call took with that
+           token, if any, but no new one (see and_take_next)
   Returns  {1, now} done, now the server time (ms, a string); {3, now,
            next or nil, reason} the job's cancel was requested while it ran
            (cancel.lua): the result is discarded and the job failed for good

@@ -10,6 +10,8 @@
   ARGV[5]  retry delay in ms; -1 forbids a retry (unrecoverable)
   ARGV[6]  the type name of the exception that failed the attempt, or ''
   ARGV[7..11] optional: take the worker's next job in the same call
+  ARGV[12] optional: 'r' the job a first run of this call took with that
+           token, if any, but no new one (see and_take_next)
   Returns  {1, now} failed for good; {2, now} retry scheduled; now the
            server time (ms, a string); {3, now, next or nil, reason} the
            job's cancel was requested (cancel.lua): failed for good with the

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 --[[
   Announce a live worker in the queue's registry, or remove it.
 
