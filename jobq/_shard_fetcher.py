@@ -37,10 +37,18 @@ from redis.cluster import RedisCluster
 from ._attempt import Attempt
 from ._cancel import check_marks
 from ._fetcher import Fetcher
+from ._sentinel import brief
 from ._shard_worker import ShardedContext
-from ._threads import reached
+from ._threads import RetryBackoff, reached
 from .calls import TakeArgs, WorkerScripts
-from .connection import BLOCK_CAP, blocking_client, close_subscription, cut_client, ssubscribe
+from .connection import (
+    BLOCK_CAP,
+    blocking_client,
+    close_subscription,
+    cut_client,
+    is_transient,
+    ssubscribe,
+)
 
 logger = logging.getLogger("jobq.worker")
 
@@ -85,7 +93,11 @@ class ShardFetcher(Fetcher):
         self._last = count - 1  # the shard taken from last
         self._looked = time.monotonic()
         self._limited_until = 0.0
-        self._shard_unsure: tuple[int, TakeArgs] | None = None  # a take whose reply was lost
+        self._shard_unsure: dict[int, TakeArgs] = {}  # by shard: a take whose reply was lost
+        # by shard: one whose take failed for now (its slot moving, its node
+        # away) rests until then (monotonic); the others are taken from meanwhile
+        self._resting: dict[int, float] = {}
+        self._backoffs: dict[int, RetryBackoff] = {}
         self._told_ready = False
 
     def stop(self) -> None:
@@ -198,25 +210,32 @@ class ShardFetcher(Fetcher):
             if due <= now:
                 del self._due[shard]
                 self._signalled.add(shard)
-        if self._signalled and now >= self._limited_until:
-            return self._take(self._pick())
+        for shard, until in list(self._resting.items()):
+            if until <= now:
+                del self._resting[shard]
+        ready = self._pick()
+        if ready is not None and now >= self._limited_until:
+            return self._take(ready)
         waits = [BLOCK_CAP, self._looked + self._drain_delay - now, *(
             due - now for due in self._due.values()
-        )]
-        if self._signalled:
+        ), *(until - now for until in self._resting.values())]
+        if ready is not None:
             waits.append(self._limited_until - now)
         self._listen(max(0.0, min(waits)))
         return 0.0
 
-    def _pick(self) -> int:
-        if self._shard_unsure is not None:
-            return self._shard_unsure[0]
+    def _pick(self) -> int | None:
+        """The next shard to take from, in turn after the last one: a take
+        whose reply was lost first (it is sent again); none resting."""
+        for shard in self._shard_unsure:
+            if shard not in self._resting:
+                return shard
         count = self._context.count
         for step in range(1, count + 1):
             shard = (self._last + step) % count
-            if shard in self._signalled:
+            if shard in self._signalled and shard not in self._resting:
                 return shard
-        raise AssertionError("no shard is ready")
+        return None
 
     def _take(self, shard: int) -> float:
         if not self._slots.acquire(timeout=SLOT_WAIT):
@@ -227,21 +246,30 @@ class ShardFetcher(Fetcher):
             return 0.0
         held = False
         try:
-            retried = self._shard_unsure is not None
-            take = self._shard_unsure[1] if self._shard_unsure is not None else self._take_args()
-            if not retried and take.limit_max:
+            unsure = self._shard_unsure.get(shard)
+            take = unsure or self._take_args()
+            if unsure is None and take.limit_max:
                 wait_ms = self._limit(take)
                 if wait_ms:
                     self._limited_until = time.monotonic() + wait_ms / 1000.0
                     return 0.0
             take = take._replace(limit_max=0, limit_ms=0)
-            self._shard_unsure = (shard, take)
+            self._shard_unsure[shard] = take  # until its reply is read
             base = self._context.shard_keys[shard].base
             scripts = WorkerScripts(
                 lambda script, *argv: self._context.scripts.run(script, base, *argv)
             )
-            reply = scripts.take(take, retried=retried)
-            self._shard_unsure = None
+            try:
+                reply = scripts.take(take, retried=unsure is not None)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                self._rest(shard, exc)
+                return 0.0
+            del self._shard_unsure[shard]
+            backoff = self._backoffs.pop(shard, None)
+            if backoff is not None:
+                logger.info("%s: shard %d answers again", self._name, shard)
             if reply.taken is not None:
                 job_id, token, record = reply.taken
                 attempt = Attempt(job_id, token, record)
@@ -261,6 +289,19 @@ class ShardFetcher(Fetcher):
             self._told_ready = True
             self._on_ready()
         return 0.0
+
+    def _rest(self, shard: int, exc: Exception) -> None:
+        """A take from ``shard`` failed for now (its slot moving, its node
+        away): the shard rests a while (backing off), the others go on. A
+        take whose reply may have been lost is sent again when it is tried
+        next, as the same take (its job comes back if it took one)."""
+        backoff = self._backoffs.setdefault(shard, RetryBackoff(cap=1.0))
+        wait = backoff.next()
+        self._resting[shard] = time.monotonic() + wait
+        logger.warning("%s: shard %d: %s (%d in a row); the other shards go on, it is "
+                       "tried again in %.2f s", self._name, shard, brief(exc),
+                       backoff.failures, wait)
+        self._on_error(exc)
 
     def _limit(self, take: TakeArgs) -> int:
         """Count one take in the limiter's window (on the logical queue's

@@ -34,7 +34,7 @@ import redis
 
 from ._json import dumps, printable
 from ._signals import StopSignals
-from .connection import CLUSTER_SCHEMES, redact
+from .connection import CLUSTER_SCHEMES, login_refused, redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 from .keys import validate_prefix
@@ -933,17 +933,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"jobq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except redis.exceptions.AuthenticationError as exc:  # no password, or a wrong one
-        where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
-        said = str(exc).partition(f"the Redis server at {where} refused the login: ")
-        why = (said[2] or said[0]).rstrip(".")
-        print(f"jobq: Redis at {where} refused the login: {why} (give "
-              "the password in the URL: redis://:PASSWORD@HOST:PORT/DB, an ACL user's as "
-              "USER:PASSWORD@)", file=sys.stderr)
-        return EXIT_REDIS
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
             redis.exceptions.RedisClusterException) as exc:  # a cluster none of whose nodes answers
         where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
+        if login_refused(exc):  # no password, or a wrong one
+            cause = exc
+            while not isinstance(cause, redis.exceptions.AuthenticationError):
+                cause = cause.__cause__  # type: ignore[assignment]
+            said = str(cause).partition(f"the Redis server at {where} refused the login: ")
+            why = (said[2] or said[0]).rstrip(".")
+            print(f"jobq: Redis at {where} refused the login: {why} (give "
+                  "the password in the URL: redis://:PASSWORD@HOST:PORT/DB, an ACL user's as "
+                  "USER:PASSWORD@)", file=sys.stderr)
+            return EXIT_REDIS
         reason = str(exc).partition(f"cannot reach the Redis server at {where}: ")
         print(f"jobq: cannot reach Redis at {where}: {reason[2] or reason[0]}", file=sys.stderr)
         return EXIT_REDIS

@@ -153,9 +153,19 @@ def redact(url: str) -> str:
     return f"{scheme}://{rest}{query_sep}{query}"
 
 
+def login_refused(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or what caused it (a cluster client's "cannot be
+    connected"), is a server's refusal of the login."""
+    while exc is not None:
+        if isinstance(exc, redis.exceptions.AuthenticationError):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server."""
-    if isinstance(exc, redis.exceptions.AuthenticationError):  # reached: it refused the login
+    if login_refused(exc):  # reached: it refused the login
         return redis.exceptions.AuthenticationError(
             f"the Redis server at {describe(client)} refused the login: {_sentinel.brief(exc)}")
     cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \

@@ -221,7 +221,7 @@ def test_a_refused_login_is_said_as_such(
     redis_client.acl_setuser("jobq-cli-login", enabled=True, passwords=["+right"],
                              commands=["+@all"], keys=["*"], channels=["*"])
     try:
-        url = redis_url.replace("redis://", "redis://jobq-cli-login:hunter2@", 1)
+        url = redis_url.replace("://", "://jobq-cli-login:hunter2@", 1)  # any scheme
         done = jobq(url, *command)
         assert done.returncode == 3, done.stderr
         where = redact(url)

@@ -237,7 +237,7 @@ def test_system_checks_say_a_refused_login(
     redis_client.acl_setuser("jobq-django-login", enabled=True, passwords=["+right"],
                              commands=["+@all"], keys=["*"], channels=["*"])
     try:
-        url = redis_url.replace("redis://", "redis://jobq-django-login:hunter2@", 1)
+        url = redis_url.replace("://", "://jobq-django-login:hunter2@", 1)  # any scheme
         with override_settings(JOBQ={"CONNECTION": url}):
             [refused] = check_configuration()
         assert refused.id == "jobq.W002" and "refused jobq's login" in refused.msg

@@ -242,6 +242,45 @@ def test_a_load_through_a_slot_migration_and_a_failover_loses_and_doubles_no_job
         assert seen.wait_for(set(done), WAIT), sorted(set(done) - seen.ids)[:10]
 
 
+def test_a_shard_whose_slot_migrates_holds_up_no_other_shard(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    """A take from a shard whose slot migrates is refused (TRYAGAIN, then
+    redis-py's "TTL exhausted") for as long as the migration lasts: the
+    fetch loop failed as a whole, and sent that take again before any other,
+    so no shard's job ran until the slot had moved (and a backoff later)."""
+    with cluster.client() as client:
+        slot = int(client.keyslot(sharded.shards[0]._context.keys.base))
+    source = cluster.server_of_slot(slot)
+    target = next(m for m in cluster.masters() if m is not source)
+    src_id, dst_id = cluster.node_id(source), cluster.node_id(target)
+    others = [f"o-{i}" for i in range(200) if shard_of(f"o-{i}", SHARDS) != 0][:20]
+    errors: list[BaseException] = []
+    worker = Worker(sharded.name, lambda job: job.data, connection=cluster.url, concurrency=4,
+                    drain_delay=0.2)  # it looks at every shard, shard 0 too, often
+    worker.on("error", errors.append)
+    with worker, source.client() as src, target.client() as dst:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        try:
+            deadline = time.monotonic() + WAIT
+            while not errors:  # the fetcher met the migrating slot
+                assert time.monotonic() < deadline
+                threading.Event().wait(0.05)
+            jobs = [sharded.add("x", i, job_id=job_id) for i, job_id in enumerate(others)]
+            assert [j.wait_until_finished(timeout=10) for j in jobs] == list(range(len(jobs)))
+        finally:
+            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+            if keys:
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+                                    "REPLACE", "KEYS", *keys)
+            for server in cluster.masters():
+                with server.client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        zero = next(f"z-{i}" for i in range(200) if shard_of(f"z-{i}", SHARDS) == 0)
+        assert sharded.add("x", "moved", job_id=zero).wait_until_finished(timeout=WAIT) == "moved"
+
+
 def test_a_wrong_count_from_a_worker_is_an_error(
     cluster: LocalCluster, sharded: ShardedQueue
 ) -> None:

@@ -16,10 +16,10 @@ PING_TIMEOUT = 1.0
 
 def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobq.E001 malformed settings, jobq.W001 no settings (defaults used),
-    jobq.W002 the server cannot be reached."""
+    jobq.W002 the server cannot be reached, or refused the login."""
     import redis
 
-    from jobq.connection import close_client, describe, resolve
+    from jobq.connection import close_client, describe, redact, resolve
 
     if getattr(settings, "JOBQ", None) is None:
         return [checks.Warning(
@@ -41,25 +41,36 @@ def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         client, owned = resolve(connection)
     except (ValueError, TypeError) as exc:
         return [checks.Error(f'settings.JOBQ["CONNECTION"]: {exc}', id="jobq.E001")]
+    except Exception as exc:  # a cluster's client connects as it is made
+        return [_unreachable(redact(connection) if isinstance(connection, str)
+                             else type(connection).__name__, exc)]
     try:
         if owned and isinstance(client, redis.Redis):  # our own client: a short wait
             pool = client.connection_pool.connection_kwargs
             pool.update(socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT)
         client.ping()
-    except redis.exceptions.AuthenticationError as exc:
-        return [checks.Warning(
-            f"the Redis server at {describe(client)} refused jobq's login: {exc}",
-            hint='Give its password in settings.JOBQ["CONNECTION"] '
-                 "(redis://:PASSWORD@HOST:PORT/DB, or USER:PASSWORD@ for an ACL user)",
-            id="jobq.W002",
-        )]
     except Exception as exc:  # whatever stops jobq from talking to the server
-        return [checks.Warning(
-            f"jobq cannot reach the Redis server at {describe(client)}: {exc}",
-            hint='Start the server, or fix settings.JOBQ["CONNECTION"]',
-            id="jobq.W002",
-        )]
+        return [_unreachable(describe(client), exc)]
     finally:
         if owned:
             close_client(client)
     return []
+
+
+def _unreachable(where: str, exc: Exception) -> checks.CheckMessage:
+    """The warning of a server that could not be used: it refused the login,
+    or it could not be reached."""
+    from jobq.connection import login_refused
+
+    if login_refused(exc):
+        return checks.Warning(
+            f"the Redis server at {where} refused jobq's login: {exc}",
+            hint='Give its password in settings.JOBQ["CONNECTION"] '
+                 "(redis://:PASSWORD@HOST:PORT/DB, or USER:PASSWORD@ for an ACL user)",
+            id="jobq.W002",
+        )
+    return checks.Warning(
+        f"jobq cannot reach the Redis server at {where}: {exc}",
+        hint='Start the server, or fix settings.JOBQ["CONNECTION"]',
+        id="jobq.W002",
+    )
