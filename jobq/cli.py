@@ -21,6 +21,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -940,14 +941,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             cause = exc
             while not isinstance(cause, redis.exceptions.AuthenticationError):
                 cause = cause.__cause__  # type: ignore[assignment]
-            said = str(cause).partition(f"the Redis server at {where} refused the login: ")
-            why = (said[2] or said[0]).rstrip(".")
+            # the library's message names the server as its client does (a
+            # URL's query left out): the reason alone
+            why = re.sub(r"^the Redis server at .* refused the login: ", "",
+                         str(cause)).rstrip(".")
             print(f"jobq: Redis at {where} refused the login: {why} (give "
                   "the password in the URL: redis://:PASSWORD@HOST:PORT/DB, an ACL user's as "
                   "USER:PASSWORD@)", file=sys.stderr)
             return EXIT_REDIS
-        reason = str(exc).partition(f"cannot reach the Redis server at {where}: ")
-        print(f"jobq: cannot reach Redis at {where}: {reason[2] or reason[0]}", file=sys.stderr)
+        reason = re.sub(r"^cannot reach the Redis server at \S+: ", "", str(exc))
+        print(f"jobq: cannot reach Redis at {where}: {reason}", file=sys.stderr)
         return EXIT_REDIS
     except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, WRONGTYPE...
         if _moved(exc):  # a plain URL of a cluster's node

@@ -198,14 +198,15 @@ def test_unreachable_redis_exits_3(queue_name: str, url: str) -> None:
 
 @pytest.mark.parametrize("command", [["info"], ["worker", "tests.tasks:double", "-q", "q"]])
 def test_an_unreachable_redis_is_named_without_its_password(command: list[str]) -> None:
-    for via_env in (False, True):
-        url = "redis://user:hunter2@127.0.0.1:1/0"
+    # a URL's query too: the server named in the library's message has none
+    for via_env, query in ((False, ""), (True, ""), (False, "?protocol=3")):
+        url = "redis://user:hunter2@127.0.0.1:1/0" + query
         argv = [sys.executable, "-m", "jobq", *([] if via_env else ["--url", url]), *command]
         done = subprocess.run(argv, env=_env(url), cwd=ROOT, capture_output=True, text=True,
                               timeout=60, check=False)
         assert done.returncode == 3, done.stderr
         assert done.stderr.startswith(
-            "jobq: cannot reach Redis at redis://user:***@127.0.0.1:1/0: "), done.stderr
+            f"jobq: cannot reach Redis at redis://user:***@127.0.0.1:1/0{query}: "), done.stderr
         assert "hunter2" not in done.stderr + done.stdout
         assert "Traceback" not in done.stderr
         assert "cannot reach" not in done.stderr.split(": ", 2)[2]  # said once
