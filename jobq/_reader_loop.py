@@ -100,6 +100,7 @@ class ReaderLoop:
         if self._reader.read_mode(client) != "pubsub":
             logger.warning("queue %r: its pub/sub event mode is no longer stored (the server "
                            "lost its data?); reading its stream", self.name)
+            self._drain_pubsub()  # published before the mode went: read before it closes
             raise ModeChanged(f"queue {self.name!r} uses its stream again")
         if self._reader.publish != was:  # a writer on a cluster's node stored sp since
             raise ModeChanged(f"queue {self.name!r}: its events are published the other way")
@@ -142,6 +143,16 @@ class ReaderLoop:
             if now >= self._next_mode_check:
                 self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
                 reader.look_for_mode(client)
+
+    def _drain_pubsub(self) -> None:
+        """Read what the subscription holds already (the server wrote it
+        before its reply to a look on another connection)."""
+        pubsub = self._reader.pubsub
+        while pubsub is not None:
+            message = pubsub.get_sharded_message(timeout=0)
+            if message is None:
+                return
+            self._reader.consume_message(message)
 
     def _read_pubsub(self, pubsub: Any) -> None:
         self._reader.send_pings(pubsub)

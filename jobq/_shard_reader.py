@@ -151,6 +151,10 @@ class ShardReader:
             logger.warning("queue %r: the pub/sub event mode of %d shard(s) is no longer "
                            "stored (the server lost its data?); reading their streams",
                            self._name, len(lost))
+            # what was published before the mode went is on the subscriptions'
+            # sockets by now (the server wrote it before its reply to the
+            # look): read it, before they close
+            self._drain()
             raise ModeChanged(f"shards of queue {self._name!r} use their streams again")
 
     def _reconnect(self, exc: Exception) -> None:
