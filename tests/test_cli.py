@@ -46,6 +46,13 @@ def _command(url: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "jobq", "--url", url, *args]
 
 
+def _reap(proc: subprocess.Popen[Any]) -> None:
+    """Kill a command a test left running (its assertions failed first)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(WAIT)
+
+
 def jobq(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run one ``jobq`` command to its end."""
     return subprocess.run(
@@ -549,9 +556,7 @@ def test_info_watch_json_writes_a_line_per_frame_and_watches_through_an_outage(
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(WAIT) == 0
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(WAIT)
+            _reap(proc)
             reader.join(WAIT)
             if proc.stdout is not None:
                 proc.stdout.close()
@@ -581,9 +586,7 @@ def test_info_watch_redraws_in_place_on_a_terminal(queue: Queue, redis_url: str)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT)
+        _reap(proc)
         os.close(master)
     frames = output.split(CLEAR)[1:]
     assert len(frames) >= 3
@@ -766,9 +769,7 @@ def test_wait_shows_a_progress_bar_on_a_terminal(queue: Queue, redis_url: str) -
                 break
             bar += chunk
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT)
+        _reap(proc)
         os.close(master)
     assert proc.returncode == 0
     assert len(out.splitlines()) == 4
