@@ -32,7 +32,7 @@ from ._shards import (
     stored_marks,
 )
 from ._threads import RetryBackoff
-from .connection import database, is_transient
+from .connection import database, is_transient, login_refused, unreachable
 from .errors import JobqError
 from .keys import QueueKeys
 
@@ -216,7 +216,8 @@ def worker_context(
     else ``context``. A server
     away or busy is waited for, SHARD_LOOK_WAIT at most (or until
     ``stopping()``): a sharded queue's worker that took its name for a
-    plain queue would serve none of its jobs."""
+    plain queue would serve none of its jobs. A refused login raises
+    redis-py's ``AuthenticationError`` at once."""
     deadline = time.monotonic() + SHARD_LOOK_WAIT
     backoff = RetryBackoff(cap=1.0)
     while True:
@@ -224,6 +225,8 @@ def worker_context(
             count, shard = stored_marks(context.client, context.prefix, context.name)
             break
         except Exception as exc:
+            if login_refused(exc):  # a wrong password: no wait makes it right
+                raise unreachable(exc, context.client) from exc
             if not is_transient(exc):
                 raise
             if stopping() or time.monotonic() >= deadline:

@@ -64,6 +64,8 @@ def resolve(connection: object) -> tuple[Client, bool]:
     Raises:
         TypeError: the argument is of no accepted type.
         ValueError: the client decodes responses (payloads are binary).
+        redis.exceptions.AuthenticationError: a cluster URL's login is
+            refused (a cluster's client connects as it is made).
     """
     if connection is None:
         connection = os.environ.get("JOBQ_REDIS_URL") or DEFAULT_URL
@@ -71,7 +73,14 @@ def resolve(connection: object) -> tuple[Client, bool]:
         scheme, sep, rest = connection.partition("://")
         client: Client
         if sep and scheme in CLUSTER_SCHEMES:
-            client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+            try:  # it connects as it is made
+                client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+            except redis.exceptions.RedisClusterException as exc:
+                if not login_refused(exc):
+                    raise
+                raise redis.exceptions.AuthenticationError(  # as one server's is said
+                    f"the Redis server at {redact(connection)} refused the login: "
+                    f"{_sentinel.brief(exc.__cause__ or exc)}") from exc
         elif sep and scheme in _sentinel.SENTINEL_SCHEMES:
             client = _sentinel.sentinel_client(connection)
         elif sep and scheme in ("redis", "rediss", "unix"):

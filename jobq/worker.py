@@ -270,7 +270,9 @@ class Worker(ListenerMethods, ClosedOnExit):
         Listeners of ``drained`` / ``stalled`` attached before it hear every
         such event after it returns (it waits for their subscription, at
         most ``EVENTS_READY_TIMEOUT``). Raises ``ShardCountError`` when
-        ``shards`` is not the count stored with the queue."""
+        ``shards`` is not the count stored with the queue, and redis-py's
+        ``AuthenticationError`` when the server refuses the login (a server
+        away is waited for: its loops retry)."""
         _fork.check()
         if not self._life.begin_start(self.name):
             return self

@@ -351,6 +351,29 @@ def test_a_worker_started_while_the_server_is_away_waits_to_learn_the_queue_is_s
             worker.close()
 
 
+def test_a_worker_whose_login_is_refused_says_so_at_start(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A wrong password was taken for a server away: the start waited 10 s,
+    then returned, and the worker retried the login for ever."""
+    redis_client.acl_setuser("jobq-worker-login", enabled=True, passwords=["+right"],
+                             commands=["+@all"], keys=["*"], channels=["*"])
+    try:
+        url = redis_url.replace("://", "://jobq-worker-login:hunter2@", 1)  # any scheme
+        worker = None
+        with pytest.raises(redis.exceptions.AuthenticationError,
+                           match="refused the login") as refused:
+            worker = make_worker("q-login", url, echo)  # a cluster's client logs in here
+            worker.start()
+        assert "hunter2" not in str(refused.value)
+        if worker is not None:
+            assert not worker.is_running()
+            worker.close()
+        assert jobq_threads("q-login") == []
+    finally:
+        redis_client.acl_deluser("jobq-worker-login")
+
+
 def test_a_job_log_line_escapes_what_would_forge_a_line_or_drive_a_terminal(
     queue: Queue, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
