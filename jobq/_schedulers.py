@@ -377,8 +377,9 @@ class QueueSchedulers:
         if code == _COLLISION:
             raise JobqError(
                 f"the first tick of scheduler {sid!r} would be job {tick!r}, "
-                "which exists (a kept job of an earlier run): remove it, or use another "
-                "scheduler id"
+                "which exists (a job of an earlier scheduler of that id, still waiting or "
+                "running, or kept): remove it, upsert again a millisecond later, or use "
+                "another scheduler id"
             )
         self._record()  # listed with the known queues (jobq info, the dashboard)
         # as the upsert stored it (a remove just after it is another call's)
