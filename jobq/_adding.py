@@ -80,8 +80,10 @@ class JobPreparer:
             raise TypeError("default_job_options must be a dict of job options, not "
                             f"{type(default_job_options).__name__}")
         defaults = dict(default_job_options or {})
-        if defaults.get("job_id") is not None:  # every add after the first would be its job
-            raise ValueError("job_id cannot be a default job option")
+        for key in ("job_id", "dedup"):  # every add after the first would be its job
+            if defaults.get(key) is not None:
+                raise ValueError(f"{key} cannot be a default job option: every add of the "
+                                 "queue would be one job (give it to the adds it is for)")
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
         self._default_options: Parsed | None = None

@@ -95,7 +95,8 @@ class Queue(
             with the queue when given. None (the default) keeps the stored
             value (10,000 when none is stored): a Queue made to look never
             changes a setting.
-        default_job_options: options applied to every ``add`` unless given.
+        default_job_options: options applied to every ``add`` unless given;
+            never ``job_id`` or ``dedup`` (every add would be one job).
         max_payload_bytes: largest msgpack-encoded ``data`` that ``add``
             accepts (default 1 MiB); None for no limit but the server's.
         result_ttl: seconds a result kept apart from its job's record stays

@@ -107,7 +107,13 @@ def _default(value: Any) -> Any:
             "jobq.serializer.register)"
         )
     code, encode_value = found
-    packed = encode_value(value)
+    try:
+        packed = encode_value(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a registered encoder's bug: this value's refusal
+        raise TypeError(f"the encoder of {type(value).__name__} raised "
+                        f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(packed, bytes):
         raise TypeError(f"the encoder of {type(value).__name__} returned "
                         f"{type(packed).__name__}, not bytes")

@@ -1517,7 +1517,9 @@ def test_default_job_options(queue_name: str, redis_url: str) -> None:
 
 @pytest.mark.parametrize(
     ("defaults", "error"),
-    [({"bogus": 1}, TypeError), ({"attempts": 0}, ValueError), ({"job_id": "one"}, ValueError)],
+    [({"bogus": 1}, TypeError), ({"attempts": 0}, ValueError), ({"job_id": "one"}, ValueError),
+     # every add of the queue was then that one job: adds of other names and data lost
+     ({"dedup": {"id": "one"}}, ValueError), ({"dedup": {"id": "one", "ttl": 60}}, ValueError)],
 )
 def test_bad_default_job_options(
     queue_name: str, redis_url: str, defaults: dict[str, Any], error: type[Exception]

@@ -215,6 +215,32 @@ def test_a_non_string_map_key_says_what_to_do(queue: Queue) -> None:
     assert serializer.decode(serializer.encode({b"k": 1, "s": 2})) == {b"k": 1, "s": 2}
 
 
+class Buggy:
+    """A type whose registered encoder has a bug."""
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+
+
+def test_a_registered_encoder_that_raises_is_a_serialization_error(queue: Queue) -> None:
+    """An encoder raising anything but TypeError, ValueError or OverflowError
+    (an AttributeError, say) came out of add() as itself, where SPEC says a
+    value msgpack cannot encode raises SerializationError."""
+    serializer.register(Buggy, 62, lambda v: str(v.x.real).encode(), lambda b: Buggy(int(b)))
+    try:
+        for encode in (lambda v: queue.add("x", v),
+                       lambda v: queue.add_bulk([{"name": "x", "data": v}])):
+            with pytest.raises(SerializationError,
+                               match="the encoder of Buggy raised AttributeError"):
+                encode({"point": Buggy("a")})
+        assert queue.get_job_counts("waiting")["waiting"] == 0
+        assert serializer.decode(serializer.encode(Buggy(2))).x == 2  # a good value still is
+    finally:
+        with serializer._registry.lock:
+            serializer._registry.by_type.pop(Buggy, None)
+            serializer._registry.by_code.pop(62, None)
+
+
 class _Refused(BaseException):
     """What a decoder of the application's raises: not an Exception."""
 
