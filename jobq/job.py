@@ -50,7 +50,8 @@ class Job(JobFlow):
     ``exc_type`` (the type name of the exception that failed the last attempt),
     ``stacktrace``, ``processed_on``, ``finished_on``, ``processed_by``,
     ``parent`` (``(queue, id)`` of its parent in a flow, or None).
-    Times are epoch seconds (server clock); durations are seconds.
+    Times are epoch seconds (server clock); durations are seconds. Two Job
+    objects of one job (its id, queue and prefix) are equal and hash alike.
     ``data``, ``return_value`` and ``progress`` are decoded when first read:
     a value that cannot be decoded here raises ``SerializationError`` there.
     A number field that is not a number (a record written by hand, or by
@@ -120,6 +121,19 @@ class Job(JobFlow):
 
     def __repr__(self) -> str:
         return f"<Job {self.id!r} name={self.name!r} queue={self.queue_name!r}>"
+
+    def __eq__(self, other: object) -> bool:
+        """Whether ``other`` is the same job (its id, queue and prefix),
+        however either was read: ``job in queue.get_jobs(...)`` works."""
+        if not isinstance(other, Job):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def _identity(self) -> tuple[str, str, str]:
+        return self._context.prefix, self._context.queue_name, self.id
 
     @property
     def queue_name(self) -> str:

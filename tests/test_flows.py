@@ -259,16 +259,15 @@ def test_a_policy_given_in_a_bulk_or_as_a_default_is_kept(
         assert parent.refresh().failed_reason == f"child fk:{bad.id} failed: ValueError: boom"
 
 
-def test_dedup_with_depends_on_is_refused_even_as_a_default(redis_url: str, prefix: str) -> None:
+def test_dedup_with_depends_on_is_refused(redis_url: str, prefix: str) -> None:
     with Queue("fdd", connection=redis_url, prefix=prefix) as q:
         dep = q.add("d")
         with pytest.raises(ValueError, match="dedup cannot be combined with depends_on"):
             q.add("p", depends_on=[dep.id], dedup={"id": "k"})
-    defaults = {"dedup": {"id": "k"}}
-    with Queue("fdd", connection=redis_url, prefix=prefix, default_job_options=defaults) as q:
-        with pytest.raises(ValueError, match="dedup cannot be combined with depends_on"):
-            q.add("p", depends_on=[dep.id])
         assert q.get_job_counts("waiting-children")["waiting-children"] == 0
+    with pytest.raises(ValueError, match="dedup cannot be a default job option"):
+        Queue("fdd", connection=redis_url, prefix=prefix,
+              default_job_options={"dedup": {"id": "k"}})
 
 
 @pytest.mark.parametrize("policy", ["default", "fail_parent", "ignore", "remove"])

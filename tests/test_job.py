@@ -92,6 +92,20 @@ def test_get_state_follows_the_job(queue: Queue, redis_url: str) -> None:
     assert job.get_state() == "unknown"
 
 
+def test_two_reads_of_one_job_are_equal(queue: Queue, redis_url: str) -> None:
+    """As RQ's jobs are: two Job objects of one job compared unequal, so
+    ``job in queue.get_jobs(...)`` was always False."""
+    job, other = queue.add("x", 1, job_id="one"), queue.add("x", 2)
+    read = queue.get_job(job.id)
+    assert read == job and hash(read) == hash(job) and read is not job
+    assert job in queue.get_jobs("waiting") and len({job, read, other}) == 2
+    assert job != other and job != job.id
+    with Queue(queue.name + "-b", connection=redis_url, prefix=queue.prefix) as elsewhere:
+        assert elsewhere.add("x", job_id=job.id) != job  # the same id in another queue
+    with Queue(queue.name, connection=redis_url, prefix=queue.prefix + "b") as prefixed:
+        assert prefixed.add("x", job_id=job.id) != job  # and under another prefix
+
+
 def test_refresh_reads_the_record(queue: Queue, redis_url: str) -> None:
     job = queue.add("n", {"a": 1}, attempts=2)
     assert job.refresh() is job
