@@ -201,7 +201,9 @@ class Queue(
         return self._add_jobs([{"name": name, "data": data, **options}], bulk=False)[0]
 
     def add_bulk(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
-        """Add many jobs: ``{"name": ..., "data": ..., **options}`` each.
+        """Add many jobs: ``{"name": ..., "data": ..., **options}`` each
+        (``depends_on`` is ``add``'s alone: add the jobs it names here, then
+        the dependent job with ``add``, or use a ``FlowProducer``).
 
         Every job is validated before anything is written; then they are
         written a chunk of 1000 per round trip, each chunk atomically.
@@ -220,6 +222,9 @@ class Queue(
         prepared: list[tuple[NewJob, dict[str, Any], Any]] = []
         for index, name, data, options in job_specs(jobs):
             try:
+                if "depends_on" in options:
+                    raise TypeError("depends_on is add()'s alone: add the jobs it names "
+                                    "first, then the dependent job with add()")
                 args, opts = self._prepare(name, data, options, batch)
             except (TypeError, ValueError) as exc:
                 if not bulk:

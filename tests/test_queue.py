@@ -775,17 +775,20 @@ def test_add_bulk_empty(queue: Queue, redis_client: redis.Redis) -> None:
         # after the 1500 jobs before it were written
         ({"name": "lone\udc80"}, ValueError),
         ({"name": "x", "job_id": "lone\udc80"}, ValueError),
+        ({"name": "x", "depends_on": ["a"]}, TypeError),  # add()'s alone, and it says so
     ],
     ids=["data", "delay", "unknown-option", "job-id", "no-name", "not-a-dict",
-         "surrogate-name", "surrogate-job-id"],
+         "surrogate-name", "surrogate-job-id", "depends-on"],
 )
 def test_add_bulk_with_one_bad_job_writes_nothing(
     queue: Queue, redis_client: redis.Redis, bad: Any, error: type[Exception]
 ) -> None:
     specs: list[Any] = [{"name": "ok", "data": i} for i in range(1500)]
     specs.append(bad)
-    with pytest.raises(error, match=r"^jobs\[1500\]"):  # which of the many: it says
+    with pytest.raises(error, match=r"^jobs\[1500\]") as refused:  # which of the many
         queue.add_bulk(specs)
+    if "depends_on" in bad:
+        assert "depends_on is add()'s alone" in str(refused.value)
     assert queue_keys(redis_client, queue.name) == []
 
 
