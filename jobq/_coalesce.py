@@ -17,7 +17,9 @@ costs what a call on a pooled connection costs.
 
 A failure of the connection fails every call of the batch in flight
 (the server may have run any of them: the callers decide, as for a call
-of their own); the connection reconnects on the next batch.
+of their own); the connection reconnects on the next batch. A close lets
+the batch in flight end (CLOSE_GRACE at most); a call that has not gone
+out by then raises ``ClosedError``: nothing of it was sent.
 
 Every queue of one client shares its client's coalescer (``shared``): one
 connection for all of them, not one each (a dashboard of a hundred queues
@@ -39,10 +41,16 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from . import _fork
 from ._threads import wait_event
 from .connection import cut_connection, take_connection
+from .errors import ClosedError
 
 #: Longest wait of a caller for its batch, beyond the connection's socket
 #: timeout: a leader's read ends by then (with its reply or an error).
 FOLLOWER_MARGIN = 30.0
+
+#: Longest wait of a close for the batch in flight: its calls may have run
+#: (an add written), so they get their replies unless the server holds them
+#: longer; then the connection is cut under them.
+CLOSE_GRACE = 2.0
 
 
 class _Call:
@@ -139,6 +147,7 @@ class Coalescer:
     def _after_fork(self) -> None:
         """Start afresh (in a forked child the connection is the parent's)."""
         self._lock = threading.Lock()
+        self._idle_now = threading.Condition(self._lock)  # no batch in flight
         self._queued: list[_Call] = []
         self._leading = False
         self._connection: Any = None
@@ -181,7 +190,8 @@ class Coalescer:
             connection, closed = self._connection, self._closed
         try:
             if closed:  # calls that raced the last user's close
-                raise ConnectionError("closed: no more calls are sent")
+                raise ClosedError("closed while the call waited to be sent: nothing of it "
+                                  "was sent")
             if connection is None:
                 connection = take_connection(self._pool)
                 with self._lock:
@@ -223,6 +233,7 @@ class Coalescer:
         is woken to), or no batch is led."""
         if not self._queued:
             self._leading = False
+            self._idle_now.notify_all()
         elif self._queued[0].done is not None:
             self._queued[0].done.set()
 
@@ -254,12 +265,17 @@ class Coalescer:
         self.close()
 
     def close(self) -> None:
-        """Give the connection back to its pool; a batch in flight fails
-        (its connection is cut, and its leader gives it back: in the pool
-        it could be lent while the leader still used it)."""
+        """Give the connection back to its pool, once the batch in flight
+        has its replies (its calls may have run: an add cut short here was
+        written, yet raised ``ConnectionError``, and a retry on it made a
+        second job); the calls still queued raise ``ClosedError``. A batch
+        still in flight after CLOSE_GRACE fails: its connection is cut, and
+        its leader gives it back (in the pool it could be lent while the
+        leader still used it)."""
         with self._lock:
-            connection, self._connection = self._connection, None
             self._closed = True
+            self._idle_now.wait_for(lambda: not self._leading, CLOSE_GRACE)
+            connection, self._connection = self._connection, None
             in_flight = self._leading
         if connection is None:
             return

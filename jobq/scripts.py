@@ -30,9 +30,9 @@ from redis.exceptions import (
 )
 
 from . import _fork
-from ._coalesce import Coalescer, shared
+from ._coalesce import CLOSE_GRACE, Coalescer, shared
 from .connection import Client, connected, is_transient, pooled, read_by, take_connection
-from .errors import RedisOOMError
+from .errors import ClosedError, RedisOOMError
 
 _SCRIPT_NAMES = (
     "add",
@@ -213,26 +213,41 @@ class Scripts:
         self._plain = pooled(client)  # its calls go through the coalescer
         self._coalescer: Coalescer | None = None
         self._coalescer_lock = threading.Lock()
+        self._closed = False  # its share of the coalescer given back
         self._refuser: int | None = None
+        self._after_fork()
         _fork.track(self)
 
     def _after_fork(self) -> None:
         """In a forked child: new locks (a parent's thread may have held
         one; the coalescer resets itself)."""
         self._coalescer_lock = threading.Lock()
+        self._calls = 0  # run() calls under way (the parent's are not the child's)
+        self._calls_done = threading.Condition(threading.Lock())
 
     def _coalesced(self, pool: Any) -> Coalescer:
-        if self._coalescer is None:
+        coalescer = self._coalescer
+        if coalescer is None:
             with self._coalescer_lock:
+                if self._closed:  # a call that raced the close: no share taken again
+                    raise ClosedError("closed while the call began: nothing of it was sent")
                 if self._coalescer is None:
                     self._coalescer = shared(pool)
-        return self._coalescer
+                coalescer = self._coalescer
+        return coalescer
 
     def close(self) -> None:
-        """Give back the share of the client's coalescer (the last user to
-        do so gives back its connection)."""
+        """Let the calls under way end (CLOSE_GRACE at most: a call cut
+        short by the close that follows may have run, an add written, yet
+        raise ``ConnectionError``), refuse new ones (``ClosedError``), and
+        give back the share of the client's coalescer (the last user to do
+        so gives back its connection)."""
+        with self._calls_done:
+            self._closed = True
+            self._calls_done.wait_for(lambda: self._calls == 0, CLOSE_GRACE)
         with self._coalescer_lock:
             coalescer, self._coalescer = self._coalescer, None
+            self._closed = True
         if coalescer is not None:
             coalescer.leave()
 
@@ -255,7 +270,13 @@ class Scripts:
         now (BUSY: the server runs another client's long script; TRYAGAIN,
         CLUSTERDOWN, MASTERDOWN, READONLY) raised as redis-py's
         ``ConnectionError``, as a server away is: the error callers retry
-        on. It is safe to: nothing of the call ran."""
+        on. It is safe to: nothing of the call ran. ``ClosedError`` once
+        ``close()`` began: nothing was sent."""
+        done = self._calls_done
+        with done:
+            if self._closed:
+                raise ClosedError("closed while the call began: nothing of it was sent")
+            self._calls += 1
         try:
             with _said_oom(name):
                 return self._run(name, base, *args, client=client)
@@ -265,6 +286,11 @@ class Scripts:
             raise redis.exceptions.ConnectionError(
                 f"the server did not run the call: {exc} (nothing of it ran; try again)"
             ) from exc
+        finally:
+            with done:
+                self._calls -= 1
+                if self._closed and not self._calls:
+                    done.notify_all()
 
     def _run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
         """Run script ``name`` with KEYS = [base, guard] and ARGV = args.

@@ -212,6 +212,85 @@ def test_a_close_during_a_batch_leaves_its_connection_to_the_batch(redis_url: st
         pool.disconnect()
 
 
+def test_a_close_lets_the_batch_in_flight_have_its_replies(redis_url: str) -> None:
+    """A close cut the connection under a batch already written: its calls
+    had run (an add's job was written), yet raised ConnectionError, and a
+    caller that retried on it added a second job. The close now waits for
+    the batch's replies (CLOSE_GRACE at most); a call after it raises
+    ClosedError, and was not sent."""
+    from hiredis import pack_command
+
+    from jobq import ClosedError
+    from jobq._coalesce import Coalescer
+    from tests.held import Held
+
+    held = Held("write")
+    pool = held.pool(redis_url)
+    coalescer = Coalescer(pool)
+    outcome: list[Any] = []
+    closer = threading.Thread(target=coalescer.close, name="test-closer")
+
+    def call() -> None:
+        try:
+            outcome.append(coalescer.call(pack_command(("PING",))))
+        except redis.exceptions.ConnectionError as exc:
+            outcome.append(exc)
+
+    def close_meanwhile() -> None:
+        closer.start()
+        assert until(lambda: coalescer._closed, timeout=WAIT)  # waiting for the batch
+
+    try:
+        assert coalescer.call(pack_command(("PING",))) in (b"PONG", "PONG")
+        thread, _ = held.meet(call, close_meanwhile)
+        closer.join(WAIT)
+        assert not thread.is_alive() and not closer.is_alive()
+        assert outcome in ([b"PONG"], ["PONG"])
+        with pytest.raises(ClosedError, match="nothing of it was sent"):
+            coalescer.call(pack_command(("PING",)))
+        assert pool._in_use_connections == set()  # type: ignore[attr-defined]
+    finally:
+        closer.join(WAIT)
+        pool.disconnect()
+
+
+def test_adds_racing_a_close_either_add_or_raise_closed_error(
+    redis_url: str, queue_name: str
+) -> None:
+    """What a close under 16 adding threads gives them: each add returns
+    its job or raises ClosedError, and every job written was returned (a
+    ConnectionError for a job written made the callers that retry add it twice)."""
+    from jobq import ClosedError
+
+    queue = Queue(queue_name, connection=redis_url)
+    added: list[str] = []
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        while True:
+            try:
+                added.append(queue.add("x").id)
+            except ClosedError:
+                return
+            except BaseException as exc:  # reported by the test
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=produce) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert until(lambda: len(added) >= 300, timeout=WAIT)
+    finally:
+        queue.close()
+        for thread in threads:
+            thread.join(WAIT)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    with Queue(queue_name, connection=redis_url) as again:
+        assert again.get_job_counts("waiting")["waiting"] == len(added) == len(set(added))
+
+
 @pytest.fixture
 def small_pool(redis_server: object) -> Iterator[redis.Redis]:
     """A plain client of two connections: the coalescer's and one more."""
