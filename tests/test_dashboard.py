@@ -456,6 +456,58 @@ def test_actions_need_the_csrf_token_of_the_cookie(
     assert queue.get_job(job.id) is None
 
 
+def test_processes_of_one_site_share_the_csrf_key(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Each app keyed its tokens with a random key of its own: under
+    gunicorn -w 4, a form served by one worker and posted to another got
+    403 about half the time. The key is now stored once in Redis."""
+    job = queue.add("a")
+    with create_app(redis_url) as one, create_app(redis_url) as other:
+        browser = werkzeug_test.Client(one)
+        token = csrf(browser, queue)  # the form, served by one process
+        fields = {"action": "remove", "q": queue.name, "id": job.id, "csrf": token}
+        posted = werkzeug_test.Client(other)  # the same browser (its cookie), another process
+        for cookie in browser._cookies.values():  # werkzeug's jar
+            posted.set_cookie(cookie.key, cookie.value)
+        assert posted.post("/action", data=fields).status_code == 303
+        assert queue.get_job(job.id) is None
+        with create_app(redis_url, read_only=True) as reader:
+            stored = redis_client.get("jobq:dashboard:csrf-key")
+            redis_client.delete("jobq:dashboard:csrf-key")
+            assert werkzeug_test.Client(reader).get("/").status_code == 200
+            assert redis_client.get("jobq:dashboard:csrf-key") is None  # it needs none
+            redis_client.set("jobq:dashboard:csrf-key", stored)
+
+
+@pytest.mark.parametrize(("allowed", "auth", "answered"), [
+    (None, None, {"localhost", "127.0.0.1", "[::1]"}),  # loopback alone (DNS rebinding)
+    (None, lambda environ: True, None),  # any: auth answers
+    (["jobs.example.com"], None, {"jobs.example.com", "JOBS.example.com"}),
+    ("*", None, None),
+])
+def test_requests_are_answered_for_the_allowed_host_names(
+    queue: Queue, redis_url: str, allowed: Any, auth: Any, answered: set[str] | None
+) -> None:
+    """Under gunicorn, create_app() answered any Host: a page of another
+    site whose name was pointed at 127.0.0.1 could read it and act."""
+    with create_app(redis_url, auth=auth, allowed_hosts=allowed) as app:
+        client = werkzeug_test.Client(app)
+        names = {"localhost", "127.0.0.1", "[::1]", "evil.example", "jobs.example.com",
+                 "JOBS.example.com", "localhost.evil.example"}
+        answered = names if answered is None else answered
+        for name in names:
+            response = client.get("/", headers={"Host": f"{name}:8000"})
+            assert response.status_code == (200 if name in answered else 421), name
+            response = client.post("/action", headers={"Host": name},
+                                   data={"action": "pause", "q": queue.name})
+            assert response.status_code == (403 if name in answered else 421), name
+    assert not queue.is_paused()
+    for bad in ([], [""], ["*", "a"], [5]):
+        with pytest.raises(ValueError, match="allowed_hosts"):
+            create_app(redis_url, allowed_hosts=bad)
+
+
 def test_back_cannot_add_a_header_to_the_redirect(client: Any, queue: Queue) -> None:
     """Only the path of ``back`` was checked: CR LF in its query went raw
     into the Location header, adding headers of the sender's choice."""

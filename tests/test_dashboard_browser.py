@@ -154,10 +154,22 @@ def text_of(browser: Any, css: str) -> str:
         return ""
 
 
-def click(browser: Any, css: str) -> None:
-    """Click the element, again if a live refresh replaced it meanwhile;
+def click(browser: Any, css: str, asks: str | None = None) -> None:
+    """Click the element, again if a live refresh replaced it meanwhile; with
+    ``asks``, the page must ask a question containing it, which is accepted;
     then wait for the page the form leads to (a new document)."""
     browser.execute_script("window.jobqBeforeClick = true;")
+    press(browser, css)
+    if asks is not None:
+        alert = browser.switch_to.alert
+        assert asks in alert.text, alert.text
+        alert.accept()
+    until(lambda: browser.execute_script("return window.jobqBeforeClick !== true;")
+          and "msg=" in browser.current_url, WAIT)
+
+
+def press(browser: Any, css: str) -> None:
+    """Click the element, again if a live refresh replaced it meanwhile."""
 
     def clicked() -> bool:
         try:
@@ -167,8 +179,17 @@ def click(browser: Any, css: str) -> None:
         return True
 
     until(clicked, WAIT)
-    until(lambda: browser.execute_script("return window.jobqBeforeClick !== true;")
-          and "msg=" in browser.current_url, WAIT)
+
+
+def dismissed(browser: Any, css: str, asks: str) -> None:
+    """Click the element, and say no to the question it asks: the form is
+    not sent (the page stays, not reloaded)."""
+    browser.execute_script("window.jobqBeforeClick = true;")
+    press(browser, css)
+    alert = browser.switch_to.alert
+    assert asks in alert.text, alert.text
+    alert.dismiss()
+    assert browser.execute_script("return window.jobqBeforeClick === true;")
 
 
 @pytest.fixture
@@ -267,12 +288,17 @@ def test_every_action_by_clicking(
     click(browser, 'button[data-action="promote"]')
     assert queue.get_job_state(delayed.id) == "waiting"
 
+    # what cannot be undone asks first; a "no" sends nothing
     page(f"/job?q={q}&id={delayed.id}")
-    click(browser, 'button[data-action="cancel"]')
+    dismissed(browser, 'button[data-action="cancel"]', f"Cancel job {delayed.id}?")
+    assert queue.get_job_state(delayed.id) == "waiting"
+    click(browser, 'button[data-action="cancel"]', f"Cancel job {delayed.id}?")
     assert queue.get_job_state(delayed.id) == "failed"
 
     page(f"/job?q={q}&id={delayed.id}")
-    click(browser, 'button[data-action="remove"]')
+    dismissed(browser, 'button[data-action="remove"]', f"Remove job {delayed.id} for good?")
+    assert queue.get_job_state(delayed.id) == "failed"
+    click(browser, 'button[data-action="remove"]', f"Remove job {delayed.id} for good?")
     assert queue.get_job(delayed.id) is None
 
     page(f"/queue?q={q}")
@@ -286,13 +312,19 @@ def test_every_action_by_clicking(
     grace = browser.find_element(By.CSS_SELECTOR, 'input[name="grace"]')
     grace.clear()
     grace.send_keys("0")
-    click(browser, 'button[data-action="clean"]')
+    asked = f"Delete every waiting job of queue {q} older than 0 s, for good?"
+    dismissed(browser, 'button[data-action="clean"]', asked)
+    assert queue.get_job_counts("waiting")["waiting"] == 1
+    click(browser, 'button[data-action="clean"]', asked)
     assert queue.get_job_counts("waiting")["waiting"] == 0
 
     queue.add("fail-again")
     finish(queue, redis_url, 1)
     page(f"/queue?q={q}")
-    click(browser, 'button[data-action="retry_all"]')
+    asked = f"Retry every failed job of queue {q}?"
+    dismissed(browser, 'button[data-action="retry_all"]', asked)
+    assert queue.get_job_counts("failed")["failed"] == 1
+    click(browser, 'button[data-action="retry_all"]', asked)
     assert queue.get_job_counts("failed")["failed"] == 0
 
 

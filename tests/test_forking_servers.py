@@ -218,3 +218,60 @@ def test_app_under_a_forking_server(
     pids = {body["pid"] for _, body in answers}
     assert server.pid not in pids  # served by the forked workers, not the master
     assert 1 <= len(pids) <= 2
+
+
+def test_the_dashboard_under_gunicorn_as_its_docs_run_it(
+    env: dict[str, str], queue_name: str, redis_url: str
+) -> None:
+    """``gunicorn -w 4 'jobq.dashboard:create_app()'``, as docs/guide/dashboard.md
+    gives it: a form served by one worker and posted to another got 403
+    (each process keyed its CSRF tokens with a random key of its own), and
+    any Host was answered (DNS rebinding: a page of another site whose name
+    points at 127.0.0.1 could act). Two such servers here: a form of one
+    posted to the other is what a busy server's workers do at random."""
+    import http.client
+    import re
+
+    from jobq import Queue
+
+    with Queue(queue_name, connection=redis_url) as queue:
+        jobs = [queue.add("x") for _ in range(6)]
+    ports = [_free_port(), _free_port()]
+    servers = [subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--workers", "2", "--bind", f"127.0.0.1:{port}",
+         "--log-level", "warning", "jobq.dashboard:create_app()"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True) for port in ports]
+
+    def request(port: int, method: str, path: str, host: str = "127.0.0.1", body: str = "",
+                cookie: str = "") -> tuple[int, str, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        try:
+            headers = {"Host": f"{host}:{port}", "Cookie": cookie,
+                       "Content-Type": "application/x-www-form-urlencoded"}
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            return (response.status, response.read().decode(),
+                    (response.getheader("Set-Cookie") or "").split(";")[0])
+        finally:
+            conn.close()
+
+    try:
+        for server, port in zip(servers, ports, strict=True):
+            until(lambda: server.poll() is not None or _accepts(port), timeout=30)  # noqa: B023
+            assert server.poll() is None, _stop(server)
+        statuses = []
+        for n, job in enumerate(jobs):  # a fresh browser each: a page of one, posted to the other
+            served, posted = ports[n % 2], ports[1 - n % 2]
+            _, page, cookie = request(served, "GET", f"/queue?q={queue_name}")
+            token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+            assert token and cookie, page[:500]
+            form = f"csrf={token.group(1)}&action=remove&q={queue_name}&id={job.id}"
+            statuses.append(request(posted, "POST", "/action", body=form, cookie=cookie)[0])
+        assert statuses == [303] * len(jobs)
+        assert request(ports[0], "GET", "/", host="attacker.example")[0] == 421
+    finally:
+        errors = [_stop(server) for server in servers]
+    assert [server.returncode for server in servers] == [0, 0], errors
+    with Queue(queue_name, connection=redis_url) as queue:
+        assert queue.get_job_counts("waiting")["waiting"] == 0

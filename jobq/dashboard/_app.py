@@ -23,13 +23,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.cookies
+import ipaddress
 import logging
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, parse_qsl, urlencode
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 import redis
 
@@ -53,6 +55,9 @@ Auth = Callable[[dict[str, Any]], bool]
 #: The cookie holding the browser's CSRF secret (double submit: each form
 #: carries an HMAC of it under the app's key).
 CSRF_COOKIE = "jobq_csrf"
+#: The key of the CSRF tokens when no ``secret`` is given, below the prefix:
+#: stored once, shared by every process of the app (gunicorn -w 4).
+CSRF_KEY = "dashboard:csrf-key"
 #: Largest request body read (forms are small).
 MAX_BODY = 64 * 1024
 #: Seconds between two refreshes of the live parts by the script (default).
@@ -114,6 +119,7 @@ class Dashboard:
         cache_ttl: float = 1.0,
         poll_interval: float = POLL_INTERVAL,
         secret: bytes | None = None,
+        allowed_hosts: str | Iterable[str] | None = None,
     ) -> None:
         self.prefix = validate_name(prefix, "prefix")
         self.read_only = bool(read_only)
@@ -124,7 +130,11 @@ class Dashboard:
             raise ValueError("cache_ttl and poll_interval must be >= 0 seconds")
         self.cache = _data.SharedCache(cache_ttl)
         self.poll_ms = round(poll_interval * 1000)
-        self._key = secret if secret is not None else secrets.token_bytes(32)
+        if secret is not None and not isinstance(secret, bytes):
+            raise TypeError(f"secret must be bytes, not {type(secret).__name__}")
+        self._key = secret  # else read from (or stored in) Redis on first use
+        self._key_lock = threading.Lock()
+        self.allowed_hosts = _allowed(allowed_hosts, auth)
         self._set = QueueSet(connection, self.prefix, "the dashboard", stored=True)
         self.client = self._set.client
         self._static = {
@@ -173,7 +183,32 @@ class Dashboard:
     # -- CSRF -------------------------------------------------------------------
 
     def _sign(self, value: str) -> str:
-        return hmac.new(self._key, value.encode(), hashlib.sha256).hexdigest()
+        key = self._key
+        if key is None:
+            with self._key_lock:
+                if self._key is None:
+                    self._key = self._shared_key()
+                key = self._key
+        return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()
+
+    def _shared_key(self) -> bytes:
+        """The CSRF key every process of the app shares, stored once under
+        the prefix: with a key of each process's own, a form served by one
+        gunicorn worker and posted to another got 403. An ACL that refuses
+        the key (a tenant's narrower pattern) leaves a key of this process's
+        own, said in the log. A server away raises (the request gets 503)."""
+        name = f"{self.prefix}:{CSRF_KEY}"
+        try:
+            self.client.set(name, secrets.token_hex(32), nx=True)
+            stored = self.client.get(name)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            raise
+        except redis.exceptions.RedisError as exc:
+            stored = None
+            logger.warning("dashboard: cannot share its CSRF key in %r (%s): it uses a key of "
+                           "this process's own, so forms posted to another process of the "
+                           "site get 403; give create_app(secret=...) to share one", name, exc)
+        return bytes(stored) if stored else secrets.token_bytes(32)
 
     @staticmethod
     def _cookie(environ: dict[str, Any]) -> str | None:
@@ -198,16 +233,26 @@ class Dashboard:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse
                  ) -> Iterable[bytes]:
+        if not self._host_allowed(environ):
+            body = (b"421 Misdirected Request: this dashboard answers "
+                    + (b"loopback names only (give create_app auth= or allowed_hosts=)\n"
+                       if self.allowed_hosts is LOOPBACK else b"its allowed_hosts only\n"))
+            start_response("421 Misdirected Request", [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(body)))] + SECURITY_HEADERS)
+            return [body]
         base = environ.get("SCRIPT_NAME", "").rstrip("/")
         path = environ.get("PATH_INFO", "") or ""
         cookie = self._cookie(environ)
         new_cookie = cookie is None
         if cookie is None:
             cookie = secrets.token_hex(16)
-        ctx = Ctx(base, self._sign(cookie), self.read_only, self.poll_ms)
+        ctx = Ctx(base, "", self.read_only, self.poll_ms)
         try:
             if self.auth is not None and not self.auth(environ):
                 raise _HTTPError(403, "not allowed")
+            if not self.read_only:  # its forms' token (a read-only app has none)
+                ctx = Ctx(base, self._sign(cookie), self.read_only, self.poll_ms)
             response = self._route(environ, ctx, path)
         except _HTTPError as exc:
             response = self._error(ctx, exc.status, exc.message)
@@ -230,6 +275,20 @@ class Dashboard:
         reason = _REASONS.get(response.status, "Error")
         start_response(f"{response.status} {reason}", response.headers)
         return [response.body]
+
+    def _host_allowed(self, environ: dict[str, Any]) -> bool:
+        """Whether the request is addressed (its Host header) to a name the
+        app answers: with no auth, loopback names only, so that a page of
+        another site whose name an attacker points at 127.0.0.1 (DNS
+        rebinding) cannot read or act through it."""
+        allowed = self.allowed_hosts
+        if allowed is None:
+            return True
+        try:
+            host = (urlsplit("//" + environ.get("HTTP_HOST", "")).hostname or "").lower()
+        except ValueError:
+            return False
+        return is_loopback(host) if allowed is LOOPBACK else host in allowed
 
     def _error(self, ctx: Ctx, status: int, message: str) -> _Response:
         body = layout(ctx, _REASONS.get(status, "Error"), [("queues", ctx.url("/"))],
@@ -369,6 +428,33 @@ class Dashboard:
         return f"job {job_id} retried"
 
 
+#: ``allowed_hosts`` of an app without auth and without allowed_hosts.
+LOOPBACK: frozenset[str] = frozenset({"localhost"})
+
+
+def _allowed(hosts: str | Iterable[str] | None, auth: Auth | None) -> frozenset[str] | None:
+    """The host names an app answers (None: any), from ``allowed_hosts``."""
+    if hosts is None:
+        return LOOPBACK if auth is None else None
+    if hosts == "*":
+        return None
+    names = [hosts] if isinstance(hosts, str) else list(hosts)
+    if not names or not all(isinstance(h, str) and h and h != "*" for h in names):
+        raise ValueError("allowed_hosts must be '*' or host names (e.g. ['jobs.example.com']), "
+                         f"not {hosts!r}")
+    return frozenset(h.lower() for h in names)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _query(**params: str) -> str:
     return urlencode(params)
 
@@ -445,8 +531,14 @@ def create_app(
         options: ``cache_ttl`` (seconds a read from Redis is shared by every
             request, default 1), ``poll_interval`` (seconds between live
             refreshes in the browser, default 2; 0 turns them off),
-            ``secret`` (bytes keying the CSRF tokens, default random per
-            app: give one when several processes serve the same users).
+            ``secret`` (bytes keying the CSRF tokens; by default a random
+            key stored once in Redis, under the prefix, which every process
+            of the app shares), ``allowed_hosts`` (the names, in the Host
+            header, that requests must be addressed to; ``"*"`` for any; by
+            default loopback names alone without ``auth``, so that a page of
+            another site whose name points at 127.0.0.1, DNS rebinding,
+            cannot act through it, and any name with ``auth``). A request
+            to another name gets 421.
 
     The app starts no thread; call its ``close()`` when done with it.
     """

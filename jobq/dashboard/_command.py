@@ -8,17 +8,15 @@ operations and for development; behind many users, mount
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import socketserver
 import threading
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .._signals import StopSignals
-from ._app import create_app
+from ._app import create_app, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -44,38 +42,6 @@ def serve(app: Callable[..., Any], host: str = "127.0.0.1", port: int = 9181) ->
         return make_server(host, port, app, server_class=_Server, handler_class=_Handler)
     except OSError as exc:  # named: a port taken, a host unknown
         raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-
-
-def loopback_only(app: Callable[..., Any]) -> Callable[..., Any]:
-    """``app`` answering only requests addressed to a loopback name (their
-    Host header): a page of another site whose name an attacker points at
-    127.0.0.1 (DNS rebinding) must not reach a dashboard served on
-    loopback without auth, which trusts being reachable from here alone."""
-
-    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        try:
-            host = urlsplit("//" + environ.get("HTTP_HOST", "")).hostname or ""
-        except ValueError:
-            host = ""
-        if not is_loopback(host):
-            body = b"421 Misdirected Request: this dashboard answers loopback names only\n"
-            start_response("421 Misdirected Request", [
-                ("Content-Type", "text/plain; charset=utf-8"),
-                ("Content-Length", str(len(body)))])
-            return [body]
-        return app(environ, start_response)
-
-    return guarded
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def port_number(text: str) -> int:
@@ -111,7 +77,8 @@ def run(args: argparse.Namespace, auth: Callable[[dict[str, Any]], bool] | None)
         )
     with create_app(args.url, args.prefix, args.read_only, auth) as app:
         app.client.ping()
-        server = serve(loopback_only(app) if auth is None else app, args.host, args.port)
+        # without auth, the app answers requests to loopback names alone
+        server = serve(app, args.host, args.port)
         thread = threading.Thread(target=server.serve_forever, name="jobq-dashboard-http",
                                   daemon=True)
         try:

@@ -109,16 +109,18 @@ def layout(ctx: Ctx, title: str, crumbs: Sequence[tuple[str, str | None]], head:
 
 
 def form(ctx: Ctx, action: str, label: str, fields: Mapping[str, object],
-         css: str = "", confirm: bool = False) -> str:
-    """A one-button POST form for an action ('' in read-only mode)."""
+         css: str = "", confirm: str = "") -> str:
+    """A one-button POST form for an action ('' in read-only mode); with
+    ``confirm``, the script asks that question before the form is sent."""
     if ctx.read_only:
         return ""
     hidden = "".join(
         f'<input type="hidden" name="{e(k)}" value="{e(v)}">' for k, v in fields.items()
     )
     kind = f" {css}" if css else ""
+    ask = f' data-confirm="{e(confirm)}"' if confirm else ""
     return (
-        f'<form class="inline" method="post" action="{e(ctx.url("/action"))}">'
+        f'<form class="inline" method="post" action="{e(ctx.url("/action"))}"{ask}>'
         f'<input type="hidden" name="csrf" value="{e(ctx.csrf)}">'
         f'<input type="hidden" name="action" value="{e(action)}">{hidden}'
         f'<button type="submit" class="btn{kind}" data-action="{e(action)}">{e(label)}</button>'

@@ -89,10 +89,14 @@ def queue_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
     tail = ""
     if not ctx.read_only:
         options = "".join(f'<option value="{e(st)}">{e(st)}</option>' for st in CLEANABLE)
+        # {state} and {grace}: the form's, put in by the script as it asks
+        clean = f"Delete every {{state}} job of queue {q} older than {{grace}} s, for good?"
         tail = (
             "<h2>Maintenance</h2><div class=\"actions\">"
-            + form(ctx, "retry_all", "Retry all failed", {"q": q})
-            + f'<form class="inline" method="post" action="{e(ctx.url("/action"))}">'
+            + form(ctx, "retry_all", "Retry all failed", {"q": q},
+                   confirm=f"Retry every failed job of queue {q}? Each runs again.")
+            + f'<form class="inline" method="post" action="{e(ctx.url("/action"))}" '
+            f'data-confirm="{e(clean)}">'
             f'<input type="hidden" name="csrf" value="{e(ctx.csrf)}">'
             '<input type="hidden" name="action" value="clean">'
             f'<input type="hidden" name="q" value="{e(q)}">'
@@ -116,9 +120,11 @@ def _job_actions(ctx: Ctx, q: str, job_id: str, state: str, back: str,
     if readable and state == "delayed":
         parts.append(form(ctx, "promote", "Promote", fields))
     if state in ("waiting", "delayed", "active"):
-        parts.append(form(ctx, "cancel", "Cancel", fields, "warn"))
+        parts.append(form(ctx, "cancel", "Cancel", fields, "warn",
+                          confirm=f"Cancel job {job_id}? It fails, and runs no more."))
     if state != "active":
-        parts.append(form(ctx, "remove", "Remove", fields, "danger"))
+        parts.append(form(ctx, "remove", "Remove", fields, "danger",
+                          confirm=f"Remove job {job_id} for good?"))
     return "".join(parts)
 
 

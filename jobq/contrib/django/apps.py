@@ -76,8 +76,9 @@ class JobqConfig(AppConfig):
                 from jobq.dashboard import create_app
 
                 conf = jobq_settings()
+                # behind Django's own ALLOWED_HOSTS check, and its staff check
                 self._dashboard = create_app(conf["CONNECTION"], conf["PREFIX"],
-                                             secret=_dashboard_secret())
+                                             secret=_dashboard_secret(), allowed_hosts="*")
             return self._dashboard
 
     def close_queues(self) -> None:
