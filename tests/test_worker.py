@@ -809,6 +809,28 @@ def test_stalled_job_of_a_killed_worker_runs_again_once(
     assert "failed" not in names
 
 
+def test_a_dead_workers_longer_stall_guard_holds_its_replacement_back_no_longer(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The guard between two stall checks is queue-wide, set for the checking
+    worker's own interval: a dead worker's (30 s by default) held back a
+    replacement started with a short interval for the rest of it."""
+    job = queue.add("work", "payload")
+    proc = Proc(redis_url, queue.name, "block", tmp_path / "child.log")
+    try:
+        ledger_wait(redis_client, queue.name, "start|", proc)
+        proc.popen.kill()
+        assert proc.popen.wait(10) == -signal.SIGKILL
+        # the dead worker's last check, at a 60 s interval
+        redis_client.set(f"jobq:{{{queue.name}}}:stalled-check", "1", px=60_000)
+        worker = make_worker(queue.name, redis_url, lambda job: f"recovered {job.data}")
+        with started(worker):
+            assert job.wait_until_finished(timeout=WAIT) == "recovered payload"
+    finally:
+        proc.stop()
+        redis_client.delete(worker_proc.ledger_key(queue.name))
+
+
 def test_stalled_job_fails_past_max_stalled_count(
     queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

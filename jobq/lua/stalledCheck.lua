@@ -4,7 +4,8 @@
 
   KEYS[1]  queue base prefix
   ARGV[1]  max stalled count: a job stalled more often than this fails
-  ARGV[2]  guard, ms: when > 0, skip unless no check ran in that time
+  ARGV[2]  guard, ms: when > 0, skip unless no check ran in that time (a
+           longer guard left by another checker is cut down to it)
   ARGV[3]  at most this many jobs recovered per call
   Returns  the ids recovered (requeued or failed)
   Events   stalled, then waiting (requeued first in line) or failed (a job
@@ -14,6 +15,11 @@
 ]]
 local guard = tonumber(ARGV[2])
 if guard > 0 and not redis.call('SET', base .. 'stalled-check', '1', 'PX', guard, 'NX') then
+  -- a guard of a checker with a longer interval (a dead worker's, say)
+  -- holds this one back no longer than its own interval
+  if redis.call('PTTL', base .. 'stalled-check') > guard then
+    redis.call('PEXPIRE', base .. 'stalled-check', guard)
+  end
   return {}
 end
 local max_stalled = tonumber(ARGV[1])
