@@ -493,8 +493,30 @@ def _cmd_job(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _unknown(args: argparse.Namespace, queue: Queue) -> bool:
+    """Whether ``queue`` is no queue under its prefix (not listed, no stored
+    settings, no job: a typo's name), said on stderr. A command that writes
+    (pause, drain...) would make it one, and say it did."""
+    from .connection import close_client, resolve
+    from .keys import QueueKeys, queues_key
+
+    client, _ = resolve(args.url)
+    try:
+        known = (client.sismember(queues_key(args.prefix), args.queue)
+                 or client.exists(QueueKeys(args.prefix, args.queue).meta))
+    finally:
+        close_client(client)
+    if known or any(queue.get_job_counts().values()):  # reads write nothing
+        return False
+    print(f"jobq {args.command}: no queue {args.queue!r} under prefix {args.prefix!r}",
+          file=sys.stderr)
+    return True
+
+
 def _cmd_retry(args: argparse.Namespace) -> int:
     with _queue(args, args.queue) as queue:
+        if _unknown(args, queue):
+            return EXIT_FAILED
         moved = queue.retry_jobs(args.state)
     print(f"retried {moved} {args.state} job(s) of {args.queue}")
     return EXIT_OK
@@ -502,6 +524,8 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 
 def _cmd_clean(args: argparse.Namespace) -> int:
     with _queue(args, args.queue) as queue:
+        if _unknown(args, queue):
+            return EXIT_FAILED
         removed = queue.clean(args.grace, args.limit, args.state)
     print(f"removed {len(removed)} {args.state} job(s) of {args.queue}")
     return EXIT_OK
@@ -509,6 +533,8 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 def _cmd_pause(args: argparse.Namespace) -> int:
     with _queue(args, args.queue) as queue:
+        if _unknown(args, queue):
+            return EXIT_FAILED
         if args.command == "pause":
             queue.pause()
         else:
@@ -519,6 +545,8 @@ def _cmd_pause(args: argparse.Namespace) -> int:
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     with _queue(args, args.queue) as queue:
+        if _unknown(args, queue):
+            return EXIT_FAILED
         removed = queue.drain(delayed=args.delayed)
     what = "waiting and delayed" if args.delayed else "waiting"
     print(f"removed {removed} {what} job(s) of {args.queue}")
@@ -530,19 +558,8 @@ def _cmd_obliterate(args: argparse.Namespace) -> int:
         raise _UsageError(
             f"obliterate deletes queue {args.queue!r} and all its jobs: add --yes to confirm"
         )
-    from .connection import close_client, resolve
-    from .keys import QueueKeys, queues_key
-
-    client, _ = resolve(args.url)
-    try:
-        known = (client.sismember(queues_key(args.prefix), args.queue)
-                 or client.exists(QueueKeys(args.prefix, args.queue).meta))
-    finally:
-        close_client(client)
     with _queue(args, args.queue) as queue:
-        if not known and not any(queue.get_job_counts().values()):  # a typo: said so
-            print(f"jobq obliterate: no queue {args.queue!r} under prefix {args.prefix!r}",
-                  file=sys.stderr)
+        if _unknown(args, queue):
             return EXIT_FAILED
         try:
             queue.obliterate(force=args.force)

@@ -694,6 +694,15 @@ def test_admin_commands(queue: Queue, redis_url: str) -> None:
     typo = jobq(redis_url, "obliterate", name + "-typo", "--yes")  # said "obliterated"
     assert typo.returncode == 1 and typo.stdout == ""
     assert f"no queue {name + '-typo'!r} under prefix 'jobq'" in typo.stderr
+    # the others that write said "paused", and made the typo a queue (listed, in info)
+    for command in (["pause"], ["resume"], ["drain"], ["clean", "--grace", "0"],
+                    ["retry"]):
+        typo = jobq(redis_url, command[0], name + "-typo", *command[1:])
+        assert typo.returncode == 1 and typo.stdout == "", (command, typo.stderr)
+        assert f"jobq {command[0]}: no queue {name + '-typo'!r}" in typo.stderr
+    with Queue(name + "-typo", connection=redis_url) as typo_queue:
+        assert not typo_queue.is_paused()
+    assert f"{name}-typo" not in jobq(redis_url, "info").stdout
 
 
 def test_obliterate_refuses_active_jobs_without_force(
