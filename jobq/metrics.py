@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ._sentinel import brief
+
 if TYPE_CHECKING:
     from ._context import QueueContext
     from .queue import Queue
@@ -193,6 +195,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             body = self.render().encode()
+        except redis.exceptions.RedisError as exc:  # a server away: a line per scrape
+            logger.warning("/metrics: cannot read the queues: %s: %s", type(exc).__name__,
+                           brief(exc))
+            self.send_error(503, f"cannot read the queues: {type(exc).__name__}")
+            return
         except Exception as exc:
             logger.exception("rendering /metrics failed")
             self.send_error(503, f"cannot read the queues: {type(exc).__name__}")

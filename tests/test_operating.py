@@ -322,3 +322,40 @@ def test_metrics_leave_out_a_queue_the_server_refuses_and_serve_the_others(
         assert f'queue="{queue.name}"' in text and f'queue="{bad.name}"' not in text
         redis_client.delete(bad._context.keys.wait)
         bad.obliterate(force=True)
+
+
+def test_a_scrape_while_the_server_is_away_logs_one_line(
+    queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each scrape during an outage logged a 40-line traceback (every 15 s
+    of a Prometheus scrape); it is one warning line, and the answer 503."""
+    import urllib.error
+    import urllib.request
+
+    from jobq.metrics import serve
+    from jobq.testing import RedisServer, find_server_binary
+
+    with RedisServer(find_server_binary()) as server, \
+            Queue(queue_name, connection=server.url) as queue:
+        queue.add("x")
+        http = serve([queue], port=0)
+        thread = threading.Thread(target=http.serve_forever, name="test-metrics-http")
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{http.server_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert response.status == 200
+            server.shutdown()
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="jobq.metrics"), \
+                    pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=10)
+            assert refused.value.code == 503
+            refused.value.close()
+            [record] = [r for r in caplog.records if r.name == "jobq.metrics"]
+            assert record.levelno == logging.WARNING and record.exc_info is None
+            assert "cannot read the queues: ConnectionError" in record.getMessage()
+        finally:
+            http.shutdown()
+            thread.join(10)
+            http.server_close()
