@@ -188,6 +188,9 @@ class BackgroundLoop:
             self._reached = False
             try:
                 wait = self._step()
+                if self._backoff.failures:  # the end of an outage, said as its start was
+                    self._log.info("%s: working again after %d failure(s) in a row",
+                                   self.name, self._backoff.failures)
                 self._backoff.reset()
             except Exception as exc:
                 if self._stop.is_set():

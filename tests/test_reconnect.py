@@ -110,3 +110,31 @@ def test_a_read_refused_after_connecting_still_backs_off(
         assert counts and _in_a_row(caplog.records, who)[:3] == [1, 2, 3]
     finally:
         admin.acl_deluser("jobq-no-xread")
+
+
+def test_the_end_of_an_outage_is_logged_as_its_start_was(
+    queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's loops logged each failure while the server was away and
+    nothing once it was back: the log never said the outage ended."""
+    from jobq.testing import RedisServer, find_server_binary
+
+    def said(text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if text in r.getMessage() and f"jobq-fetch-{queue_name}" in r.getMessage()]
+
+    with RedisServer(find_server_binary()) as server, \
+            caplog.at_level(logging.INFO, logger="jobq"):
+        worker = Worker(queue_name, lambda job: job.data, connection=server.url)
+        try:
+            worker.start()
+            server.shutdown()
+            until(lambda: said("in a row"), WAIT)
+            assert not said("working again")
+            server.restart()
+            lines = until(lambda: said("working again after"), WAIT)
+            assert re.search(r"after \d+ failure\(s\) in a row", lines[0]), lines
+            with Queue(queue_name, connection=server.url) as queue:
+                assert queue.add("x", 7).wait_until_finished(timeout=WAIT) == 7
+        finally:
+            worker.close()
