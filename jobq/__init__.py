@@ -33,7 +33,7 @@ from .sharding import ShardCountError, ShardedQueue, open_queue
 from .tasks import Task, current_job
 from .worker import Worker
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "Backoff",

@@ -41,6 +41,8 @@ class WorkerInfo:
         jobs_done: jobs it completed.  jobs_failed: attempts that failed.
         jobs_active: jobs in flight at the last heartbeat.
         paused: whether the worker itself is paused (``Worker.pause()``).
+        version: the jobq version it runs ('' for 0.1, which did not say:
+            in a rolling upgrade, which hosts are done).
     """
 
     name: str
@@ -54,6 +56,7 @@ class WorkerInfo:
     jobs_failed: int
     jobs_active: int
     paused: bool
+    version: str = ""
 
 
 def announce(
@@ -73,13 +76,15 @@ def announce(
     """Write one heartbeat of a worker (one script call); the first one also
     records the queue's name in the list of known queues. Whether the
     announcement held another worker's (``token``: of the Worker object)."""
+    from . import __version__  # here: the package imports this module first
+
     if first:
         context.redis.sadd(queues_key(context.prefix), context.name)
     return context.calls.heartbeat(name, max(1, round(ttl * 1000)), token, (
         "host", socket.gethostname(), "pid", os.getpid(),
         "queues", serializer.encode(list(queues), "queue names"),
         "concurrency", concurrency, "done", done, "failed", failed,
-        "active", active, "paused", 1 if paused else 0,
+        "active", active, "paused", 1 if paused else 0, "ver", __version__,
     ))
 
 
@@ -121,6 +126,7 @@ def _info(name: str, flat: list[bytes]) -> WorkerInfo:
         jobs_failed=int(number(b"failed")),
         jobs_active=int(number(b"active")),
         paused=record.get(b"paused") == b"1",
+        version=text(b"ver"),
     )
 
 

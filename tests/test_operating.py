@@ -9,6 +9,7 @@ import time
 import pytest
 import redis
 
+import jobq
 from jobq import Job, JobFailedError, Queue, Worker
 from jobq.metrics import Metrics, prometheus_text
 from tests.polling import until
@@ -105,6 +106,7 @@ def test_registry_lists_live_workers_and_forgets_closed_ones(
         assert (info.name, info.concurrency, info.queues) == ("reg-w", 3, (queue.name,))
         assert info.pid > 0 and info.host
         assert info.started <= info.last_heartbeat
+        assert info.version == jobq.__version__  # which hosts an upgrade is done on
         job = queue.add("x")
         busy = until(lambda: [w for w in queue.get_workers() if w.jobs_active == 1])
         assert busy[0].jobs_done == 0

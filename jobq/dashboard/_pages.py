@@ -325,9 +325,10 @@ def workers_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
     found = app.cache.get(("workers", queue.name), lambda: _data.workers(queue))
     rows = [[e(w.name), e(w.host), str(w.pid), e(", ".join(w.queues)), str(w.concurrency),
              str(w.jobs_active), str(w.jobs_done), str(w.jobs_failed), e(when(w.started)),
-             e(when(w.last_heartbeat)), "paused" if w.paused else ""] for w in found]
+             e(when(w.last_heartbeat)), e(w.version or "0.1"),
+             "paused" if w.paused else ""] for w in found]
     live = table(["name", "host", "pid", "queues", "concurrency", "active", "done", "failed",
-                  "started", "last heartbeat", ""], rows, "No live worker.")
+                  "started", "last heartbeat", "jobq", ""], rows, "No live worker.")
     q = queue.name
     crumbs = [("queues", ctx.url("/")), (q, ctx.url("/queue", q=q)), ("workers", None)]
     return Page(f"{q}: workers", crumbs, f"<h1>{e(q)}: workers</h1>", live)
