@@ -8,10 +8,12 @@ is process-wide. They hold weak references only, so they keep nothing alive.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
 import threading
+import traceback
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +85,53 @@ def forked_off() -> bool:
     ``sys.exit()`` there ends the child, as it would without jobq)."""
     born = getattr(threading.current_thread(), "jobq_pid", None)
     return born is not None and born != os.getpid()
+
+
+def body(target: Callable[[], object]) -> Callable[[], None]:
+    """``target`` as the body of a jobq thread: where a fork carried it
+    into a child (a handler or a listener forked, and the child came back),
+    its end ends the child (``end_child``)."""
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            if not forked_off():
+                raise
+            end_child(exc)
+        if forked_off():
+            end_child(None)
+
+    return run
+
+
+def end_child(error: BaseException | None) -> None:
+    """End a child process whose only thread of the fork, a jobq thread,
+    came back from the callback that forked, as a process whose main code
+    ended so would end: exit status 0, a ``SystemExit``'s, or 1 with the
+    traceback on stderr; exit handlers run, output flushed. Its thread
+    ending alone did not end the child when the child had used jobq: the
+    threads jobq started there kept it alive, for ever."""
+    code: Any = 0
+    if isinstance(error, SystemExit):
+        code = error.code
+    elif error is not None:
+        traceback.print_exception(error)
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"), as the interpreter does
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: S110 - a closed stream: nothing to flush
+                pass
+        os._exit(code)
 
 
 def check() -> None:

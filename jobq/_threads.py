@@ -32,7 +32,7 @@ def wait_event(event: threading.Event, timeout: float | None) -> bool:
 
 def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
     """Start a daemon thread named ``name`` running ``target``."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread = threading.Thread(target=_fork.body(target), name=name, daemon=True)
     _fork.thread_started(thread)
     thread.start()
     return thread

@@ -194,7 +194,8 @@ class ListenerDispatcher:
 
     def start(self) -> None:
         """Start the dispatching thread."""
-        self.thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self.thread = threading.Thread(target=_fork.body(self._run), name=self._name,
+                                       daemon=True)
         _fork.thread_started(self.thread)
         self.thread.start()
 

@@ -544,20 +544,28 @@ def _reaped(pid: int, timeout: float = 20.0) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("ending", ["returns", "exits", "raises"])
+@pytest.mark.parametrize("uses_jobq", [False, True])
+@pytest.mark.parametrize(("ending", "status"), [("returns", 0), ("exits", 3), ("raises", 1)])
 def test_a_child_forked_by_a_handler_finishes_nothing_and_ends(
-    queue: Queue, redis_url: str, ending: str
+    queue: Queue, redis_url: str, ending: str, status: int, uses_jobq: bool
 ) -> None:
     """The child of a handler's fork came back into the pool thread: it
     completed or failed the parent's job (whatever the parent's handler
-    then did) and, with nothing to run, never exited."""
+    then did) and, with nothing to run, never exited. A child that used
+    jobq (its threads started there) still never exited, and one that did
+    not ended with status 0 whatever it raised: it ends as a process whose
+    main code ended so would."""
     children: list[int] = []
 
     def handler(job: Job) -> str:
+        if job.name == "child's":
+            return "done"
         pid = os.fork()
         if pid == 0:  # the child: only this thread
+            if uses_jobq:  # the parent's queue: its reader starts here, and stays
+                queue.add("child's").wait_until_finished(timeout=WAIT)
             if ending == "exits":
-                sys.exit(0)
+                sys.exit(3)
             if ending == "raises":
                 raise FileNotFoundError("as an exec of a missing program")
             return "the child's"
@@ -565,36 +573,46 @@ def test_a_child_forked_by_a_handler_finishes_nothing_and_ends(
         return "the parent's"
 
     job = queue.add("x")
-    with Worker(queue.name, handler, connection=redis_url):
+    with Worker(queue.name, handler, connection=redis_url, concurrency=2):
         assert job.wait_until_finished(timeout=WAIT) == "the parent's"
+        ended = [_reaped(pid) for pid in children]
     assert job.refresh().return_value == "the parent's" and job.attempts_made == 1
-    assert [_reaped(pid) is not None for pid in children] == [True]
+    assert [None if s is None else os.waitstatus_to_exitcode(s) for s in ended] == [status]
 
 
-def test_a_child_forked_by_a_listener_that_exits_ends(queue: Queue, redis_url: str) -> None:
+@pytest.mark.parametrize(("ending", "status"), [("returns", 0), ("exits", 5)])
+def test_a_child_forked_by_a_listener_that_exits_ends(
+    queue: Queue, redis_url: str, ending: str, status: int
+) -> None:
     """sys.exit() in the child of a listener's fork was swallowed as a
     listener's error, and the child, its readers started again by the fork
-    hook, never ended."""
+    hook, never ended; nor did a child that used jobq and returned."""
     from jobq import QueueEvents
 
     children: list[int] = []
     forked = threading.Event()
 
     def on_completed(event: Event) -> None:
+        if event.fields.get("result") != 1:
+            return
         pid = os.fork()
         if pid == 0:
-            sys.exit(0)
+            queue.add("x", 2).wait_until_finished(timeout=WAIT)  # its reader stays
+            if ending == "exits":
+                sys.exit(5)
+            return
         children.append(pid)
         forked.set()
 
     with QueueEvents(queue.name, connection=redis_url) as qe:
         qe.on("completed", on_completed)
         assert qe.wait_until_ready(WAIT)
-        job = queue.add("x")
-        with Worker(queue.name, lambda job: 1, connection=redis_url):
+        job = queue.add("x", 1)
+        with Worker(queue.name, lambda job: job.data, connection=redis_url):
             assert job.wait_until_finished(qe, timeout=WAIT) == 1
             assert forked.wait(WAIT)
-    assert [_reaped(pid) is not None for pid in children] == [True]
+            ended = [_reaped(pid) for pid in children]
+    assert [None if s is None else os.waitstatus_to_exitcode(s) for s in ended] == [status]
 
 
 def test_jobq_objects_refuse_pickling_saying_what_to_pass(queue: Queue, redis_url: str) -> None:
