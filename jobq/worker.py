@@ -334,7 +334,8 @@ class Worker(ListenerMethods, ClosedOnExit):
             timeout: seconds for the whole close; jobs still in flight when
                 it runs out are abandoned (no ``failed``; they are recovered
                 as stalled), and a handler still running is left to its
-                thread (a daemon). A thread still in a call to a server that
+                thread (a daemon), as is a listener still running (its
+                ``jobq-listeners-...`` thread). A thread still in a call to a server that
                 does not answer then has its connection cut, and
                 ``JOIN_GRACE`` seconds to end.
             force: abandon jobs in flight at once.
