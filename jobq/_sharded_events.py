@@ -225,15 +225,17 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
 
     def _after_fork(self) -> Any:
         """In a forked child: forget what the parent's threads knew; start
-        again on first use (at once when listeners are registered)."""
+        again on first use (at once when listeners are registered, or
+        futures pending)."""
         self._lock = threading.Lock()
         self._stop._at_fork_reinit()  # type: ignore[attr-defined]
         self._listeners.after_fork()
         self._dispatcher.after_fork()
         self._reader.after_fork()
+        pending = False
         for part in self._readers:
             part._reader.after_fork()
-            part._table.after_fork()
+            pending = part._table.after_fork() or pending
         self._share_gate()
         was_running = self._started and not self._stop.is_set()
         self._started = False
@@ -241,7 +243,7 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
         self._restart = was_running
         # (not when a handler or listener forked, on a thread of jobq's: that
         # child is its own, and the parent's listeners are not its work)
-        if was_running and self._listeners.has_any() and not _fork.forked_off():
+        if was_running and (self._listeners.has_any() or pending) and not _fork.forked_off():
             return self.run
         return None
 

@@ -212,6 +212,14 @@ class Waiter:
         """Wake the waiting thread so that it checks the record again."""
         self.event.set()
 
+    def afresh(self) -> None:
+        """A future's waiter in a forked child: undecided, its record to be
+        checked again (what the parent's threads did with it is not here)."""
+        self._lock = threading.Lock()
+        self.event = threading.Event()
+        self.outcome, self.gate, self.checkpoint = None, None, None
+        self._gone, self.stale = False, True
+
 
 def completed(raw: bytes | None) -> Completed | Unreadable:
     """The outcome of a run that completed with the encoded value ``raw``."""
@@ -423,12 +431,24 @@ class WaiterTable:
         self.gate = WakeGate()
         self._publish_refused = False  # the client may not PUBLISH checkpoints
 
-    def after_fork(self) -> None:
-        """In a forked child: forget the parent's waiters (their threads are
-        not here) and everything the parent's reader read."""
+    def after_fork(self) -> bool:
+        """In a forked child: forget the parent's waiting threads (not here)
+        and everything the parent's reader read. The futures' waiters stay,
+        afresh: a future is the child's too, and settles there once a reader
+        runs (which checks every waiter when ready). Whether there are any."""
         closed = self._closed
+        # read without the lock (a parent's thread may have held it): the
+        # child's only thread
+        futures = [w for ws in list(self._by_job.values()) for w in ws
+                   if w.callback is not None]
         self._reset()
         self._closed = closed
+        if closed:
+            return False
+        for waiter in futures:
+            waiter.afresh()
+            self._by_job.setdefault(waiter.job_id, []).append(waiter)
+        return bool(futures)
 
     # -- registry ---------------------------------------------------------
 

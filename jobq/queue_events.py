@@ -219,21 +219,21 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def _after_fork(self) -> Any:
         """In a forked child: no thread of the parent's is here. Forget what
         they knew and start again on first use (at once when listeners are
-        registered: nothing else would start it)."""
+        registered, or futures pending: nothing else would start it)."""
         self._lock = threading.Lock()
         self._stop._at_fork_reinit()  # type: ignore[attr-defined]
         self._listeners.after_fork()
         self._dispatcher.after_fork()
         self._reader.after_fork()
         self._loop.after_fork()
-        self._table.after_fork()
+        pending = self._table.after_fork()  # futures pending
         was_running = self._started and not self._stop.is_set()
         self._started = False
         self._threads.clear()
         self._restart = was_running
         # (not when a handler or listener forked, on a thread of jobq's: that
         # child is its own, and the parent's listeners are not its work)
-        if was_running and self._listeners.has_any() and not _fork.forked_off():
+        if was_running and (self._listeners.has_any() or pending) and not _fork.forked_off():
             return self.run
         return None
 

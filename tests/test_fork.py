@@ -524,6 +524,32 @@ def test_a_loop_that_reached_its_server_is_the_one_told_under_gevent() -> None:
     assert process.stdout == "[(True, False)]", process.stderr[-3000:]
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_future_pending_at_a_fork_settles_in_the_child_too(
+    queue_name: str, redis_url: str, sharded: bool
+) -> None:
+    """The child forgot the parent's waiters, its futures' among them, and
+    started no reader for them: a future pending at the fork never settled
+    there (its result() ran out its timeout), though SPEC has waits behave
+    in a child as documented."""
+    queue: Any = (ShardedQueue(queue_name, shards=2, connection=redis_url) if sharded
+                  else Queue(queue_name, connection=redis_url))
+    with queue:
+        job = queue.add("x", 21)
+        future = job.as_future()
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 once its copy of the future has the result
+            code = 3
+            try:
+                code = 0 if future.result(timeout=WAIT) == 42 else 2
+            finally:
+                os._exit(code)
+        with Worker(queue_name, lambda job: job.data * 2, connection=redis_url):
+            assert future.result(timeout=WAIT) == 42
+            status = _reaped(pid)
+    assert status is not None and os.waitstatus_to_exitcode(status) == 0
+
+
 # -- forks from jobq's own threads (a handler or a listener that forks) ---------
 
 
