@@ -364,6 +364,8 @@ def _events_for(job: Job, queue_events: QueueEvents | None) -> QueueEvents:
         return context.shared_events()
     if not hasattr(queue_events, "wait_for"):  # a Queue, say: its `events` is the reader
         hint = " (a Queue's reader is its .events)" if hasattr(queue_events, "events") else ""
+        if isinstance(queue_events, (int, float)) and not isinstance(queue_events, bool):
+            hint = f" (the timeout is a keyword: timeout={queue_events!r})"
         raise TypeError(f"queue_events must be a QueueEvents or None, not "
                         f"{type(queue_events).__name__}{hint}")
     reader_for = getattr(queue_events, "reader_for", None)

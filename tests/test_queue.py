@@ -300,6 +300,9 @@ def test_arguments_of_the_wrong_kind_are_said_as_such(queue: Queue, redis_url: s
             job.wait_until_finished(reader, timeout=1)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="queue_events must be a QueueEvents or None"):
             job.as_future(reader)  # type: ignore[arg-type]
+    # a timeout given as Celery's get(10) takes it: the message says how
+    with pytest.raises(TypeError, match=r"the timeout is a keyword: timeout=2\.5"):
+        job.wait_until_finished(2.5)  # type: ignore[arg-type]
     for url in ("", "http://127.0.0.1:1/0", "localhost:6379"):
         with pytest.raises(ValueError, match="redis\\+cluster://.*redis\\+sentinel://"):
             Queue(queue.name, connection=url)
