@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -234,6 +235,16 @@ class Dedup:
         return {"id": self.id, "ttl": self.ttl, "extend": self.extend, "replace": self.replace}
 
 
+def _spelt(unknown: set[Any]) -> str:
+    """How jobq spells BullMQ's camelCase option names among ``unknown``."""
+    hints = []
+    for name in sorted(n for n in unknown if isinstance(n, str)):
+        snake = re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+        if snake != name and snake in OPTION_NAMES:
+            hints.append(f"{name} is {snake}")
+    return f" ({', '.join(hints)}; times are seconds)" if hints else ""
+
+
 #: add.lua's dedup arguments of a job without a dedup key.
 NO_DEDUP = ("", 0, "0", "0")
 
@@ -293,7 +304,8 @@ class JobOptions:
         """
         unknown = set(options) - OPTION_NAMES
         if unknown:
-            raise TypeError(f"unknown job options: {sorted(unknown)}")
+            raise TypeError(f"unknown job options: {sorted(unknown, key=str)}"
+                            + _spelt(unknown))
         job_id = options.get("job_id")
         timeout = options.get("timeout")
         lifo = options.get("lifo", False)

@@ -202,8 +202,13 @@ def test_serialization_error_is_a_jobq_error() -> None:
 
 
 def test_unknown_option_raises_type_error(queue: Queue, redis_client: redis.Redis) -> None:
-    with pytest.raises(TypeError, match="colour"):
+    with pytest.raises(TypeError, match="colour") as refused:
         queue.add("n", 1, colour="red")
+    assert "is" not in str(refused.value).partition("]")[2]  # no spelling to give
+    # BullMQ's names: how jobq spells them
+    with pytest.raises(TypeError, match=r"\(jobId is job_id, removeOnComplete is "
+                                        r"remove_on_complete; times are seconds\)"):
+        queue.add("n", 1, jobId="a-1", removeOnComplete=True)
     assert queue_keys(redis_client, queue.name) == []
 
 
