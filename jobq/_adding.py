@@ -12,7 +12,7 @@ from . import serializer
 from ._context import QueueContext
 from .calls import NewJob
 from .keys import SURROGATE, validate_job_id
-from .options import NO_DEDUP, JobOptions, stored_form
+from .options import NO_DEDUP, JobOptions, refuse_one_job_defaults, stored_form
 
 #: Longest job name, in characters.
 MAX_JOB_NAME = 200
@@ -80,10 +80,7 @@ class JobPreparer:
             raise TypeError("default_job_options must be a dict of job options, not "
                             f"{type(default_job_options).__name__}")
         defaults = dict(default_job_options or {})
-        for key in ("job_id", "dedup"):  # every add after the first would be its job
-            if defaults.get(key) is not None:
-                raise ValueError(f"{key} cannot be a default job option: every add of the "
-                                 "queue would be one job (give it to the adds it is for)")
+        refuse_one_job_defaults(defaults, "a queue")
         JobOptions.parse(defaults)  # fail early on bad defaults
         self._defaults = defaults
         self._default_options: Parsed | None = None

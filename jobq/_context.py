@@ -12,6 +12,7 @@ import redis
 
 from . import _fork
 from . import connection as _connection
+from ._coalesce import CLOSE_GRACE
 from ._threads import start_thread
 from .calls import QueueScripts
 from .errors import ClosedError, JobqError, PayloadTooLarge
@@ -35,10 +36,11 @@ class _Held:
     """What a context lets go of when it closes, kept apart from the context
     so that the context's finalizer can reach it (see ``QueueContext``)."""
 
-    def __init__(self, client: Any, owned: bool, scripts: Scripts) -> None:
+    def __init__(self, client: Any, owned: bool, scripts: Scripts, settle: bool) -> None:
         self.client = client
         self.owned = owned
         self.scripts = scripts
+        self.settle = settle  # let other threads' calls end before the client is cut
         self.events: Any = None  # a QueueEvents, or a ShardedQueueEvents
         self.bounded: Any = None
         self.deadline_connections: _connection.DeadlineConnections | None = None
@@ -59,6 +61,8 @@ class _Held:
         if self.deadline_connections is not None:
             self.deadline_connections.close()
         if self.owned:
+            if self.settle:
+                _connection.let_calls_end(self.client, CLOSE_GRACE)
             _connection.cut_client(self.client)
             _connection.close_client(self.client)
 
@@ -101,7 +105,9 @@ class QueueContext:
         #: the same, for the first-use setup itself (``run`` would wait for it)
         self.setup_calls = QueueScripts(
             lambda script, *args: self.scripts.run(script, self.keys.base, *args))
-        self._held = _Held(self.client, client_owned, self.scripts)
+        # a Queue's calls are its users' (a Worker's or a reader's threads
+        # are ended or cut before their client is)
+        self._held = _Held(self.client, client_owned, self.scripts, kind == "queue")
         self._finalizer = weakref.finalize(self, _release_unreachable, self._held, self.name)
         self._finalizer.atexit = False  # at exit the process ends anyway
         #: the name users know the queue by: a shard's is its sharded queue's

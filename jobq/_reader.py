@@ -158,6 +158,8 @@ class Dispatcher:
                 continue
             if not isinstance(item, Event):
                 self._run(item)
+                if _fork.forked_off():  # a future's callback forked: as a listener's
+                    return
                 continue
             channels: tuple[str, ...] = (
                 (item.name, ALL) if item.job_id is None  # not the job "None"'s
@@ -175,7 +177,9 @@ class Dispatcher:
     def _run(action: Callable[[], None]) -> None:
         try:
             action()
-        except BaseException:  # the dispatcher must outlive any callback
+        except BaseException:  # the dispatcher must outlive any callback...
+            if _fork.forked_off():  # ...but in a child it forked, it ends it (sys.exit())
+                raise
             logger.exception("a callback on the events dispatcher raised")
 
 

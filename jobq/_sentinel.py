@@ -10,6 +10,7 @@ asking the Sentinels through clients of their own (see ``clone_pool``).
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
@@ -147,6 +148,18 @@ def describe(client: Any) -> str:
     scheme = "rediss+sentinel" if "SSL" in pool.connection_class.__name__ else "redis+sentinel"
     db = pool.connection_kwargs.get("db", 0)
     return f"{scheme}://{','.join(hosts)}/{pool.service_name}/{db}"
+
+
+def refused_by_sentinels(exc: BaseException) -> bool:
+    """Whether ``exc`` is a MasterNotFoundError of Sentinels that each
+    refused the login (a wrong ``sentinel_password``): redis-py says so only
+    in the errors it lists after the message."""
+    if not isinstance(exc, MasterNotFoundError):
+        return False
+    listed = str(exc).partition(" : ")[2]  # "AuthenticationError(...)", or in redis-py 8
+    return (re.search(r"(?<![A-Za-z])AuthenticationError\b", listed) is not None  # "auth:..."
+            and not re.search(r"(?<![A-Za-z])(ConnectionError|TimeoutError|ResponseError)\b",
+                              listed))
 
 
 def brief(exc: BaseException) -> str:

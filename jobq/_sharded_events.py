@@ -263,9 +263,11 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
 
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event of every shard."""
+        _fork.check()
         self._check_listenable()
-        self._resume()
-        return self._listeners.on(ALL, callback)
+        self._listeners.on(ALL, callback)
+        self._resume()  # after: a reader it starts may dispatch at once
+        return callback
 
     def off_all_events(self, callback: Listener) -> bool:
         """Remove an ``on_all_events`` listener."""

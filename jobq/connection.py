@@ -164,9 +164,11 @@ def redact(url: str) -> str:
 
 def login_refused(exc: BaseException | None) -> bool:
     """Whether ``exc``, or what caused it (a cluster client's "cannot be
-    connected"), is a server's refusal of the login."""
+    connected"; Sentinels that each refused theirs), is a refusal of the login."""
     while exc is not None:
         if isinstance(exc, redis.exceptions.AuthenticationError):
+            return True
+        if _sentinel.refused_by_sentinels(exc):
             return True
         exc = exc.__cause__
     return False
@@ -174,6 +176,10 @@ def login_refused(exc: BaseException | None) -> bool:
 
 def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server."""
+    if _sentinel.refused_by_sentinels(exc):
+        return redis.exceptions.AuthenticationError(
+            f"the Sentinels of {describe(client)} refused the login (sentinel_username / "
+            "sentinel_password)")
     if login_refused(exc):  # reached: it refused the login
         return redis.exceptions.AuthenticationError(
             f"the Redis server at {describe(client)} refused the login: {_sentinel.brief(exc)}")
@@ -336,16 +342,9 @@ def cut_client(client: Client | None) -> None:
     if client is None:
         return
     timeouts = {"socket_timeout": CUT_TIMEOUT, "socket_connect_timeout": CUT_TIMEOUT}
-    pools = []
     if isinstance(client, RedisCluster):
         client.nodes_manager.connection_kwargs.update(timeouts)  # nodes found from now on
-        for node in client.get_nodes():  # type: ignore[no-untyped-call]
-            if node.redis_connection is not None:
-                pools.append(node.redis_connection.connection_pool)
-    else:
-        pools.append(client.connection_pool)
-        pools.extend(s.connection_pool for s in _sentinel.own_sentinels(client))
-    for pool in pools:
+    for pool in _pools(client, sentinels=True):
         pool.connection_kwargs.update(timeouts)
         with getattr(pool, "_lock", None) or contextlib.nullcontext():
             connections = [  # a BlockingConnectionPool keeps them in _connections
@@ -359,6 +358,36 @@ def cut_client(client: Client | None) -> None:
             pool.disconnect()
         except Exception:  # cutting is best effort
             pass
+
+
+def _pools(client: Client, sentinels: bool = False) -> list[Any]:
+    """The connection pools of ``client`` (of each cluster node it knows;
+    with ``sentinels``, of the Sentinels jobq made for it too)."""
+    if isinstance(client, RedisCluster):
+        return [node.redis_connection.connection_pool
+                for node in client.get_nodes()  # type: ignore[no-untyped-call]
+                if node.redis_connection is not None]
+    pools = [client.connection_pool]
+    if sentinels:
+        pools.extend(s.connection_pool for s in _sentinel.own_sentinels(client))
+    return pools
+
+
+def let_calls_end(client: Client, timeout: float) -> None:
+    """Wait, ``timeout`` at most, for the calls other threads make on
+    ``client``'s connections to end (before it is cut: a call cut after the
+    server ran it raised ConnectionError, and a caller that retried on it
+    did it twice). redis-py tells no one when a connection comes back to
+    its pool: its pools are looked at every few milliseconds."""
+    deadline = time.monotonic() + timeout
+    idle = threading.Event()  # never set: a bounded pause between looks
+    while time.monotonic() < deadline:
+        try:
+            if not any(getattr(pool, "_in_use_connections", ()) for pool in _pools(client)):
+                return
+        except Exception:  # a client closing under the look: nothing to wait for
+            return
+        idle.wait(0.005)
 
 
 def cut_connection(connection: Any) -> None:

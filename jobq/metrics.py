@@ -195,7 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             body = self.render().encode()
-        except redis.exceptions.RedisError as exc:  # a server away: a line per scrape
+        except (redis.exceptions.RedisError,  # a server away: a line per scrape
+                redis.exceptions.RedisClusterException) as exc:  # (a cluster's is no RedisError)
             logger.warning("/metrics: cannot read the queues: %s: %s", type(exc).__name__,
                            brief(exc))
             self.send_error(503, f"cannot read the queues: {type(exc).__name__}")

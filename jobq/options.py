@@ -235,6 +235,16 @@ class Dedup:
         return {"id": self.id, "ttl": self.ttl, "extend": self.extend, "replace": self.replace}
 
 
+def refuse_one_job_defaults(defaults: Mapping[str, Any], what: str) -> None:
+    """Refuse ``job_id`` and ``dedup`` among default options (of a queue,
+    of a task): every add they apply to would be one job."""
+    for key in ("job_id", "dedup"):
+        if defaults.get(key) is not None:
+            raise ValueError(f"{key} cannot be a default job option of {what}: every add "
+                             "would be one job (give it to the adds it is for, e.g. "
+                             f"enqueue(..., {key}=...))")
+
+
 def _spelt(unknown: set[Any]) -> str:
     """How jobq spells BullMQ's camelCase option names among ``unknown``."""
     hints = []

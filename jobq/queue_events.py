@@ -256,9 +256,11 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
 
     def on_all_events(self, callback: Listener) -> Listener:
         """Call ``callback(event)`` on every event."""
+        _fork.check()
         self._check_listenable()
-        self._listener_added(ALL)
-        return self._listeners.on(ALL, callback)
+        self._listeners.on(ALL, callback)
+        self._listener_added(ALL)  # after: a reader it starts may dispatch at once
+        return callback
 
     def off_all_events(self, callback: Listener) -> bool:
         """Remove an ``on_all_events`` listener."""
@@ -410,6 +412,8 @@ def _call_back(fn: Callable[[Future[Any]], object], future: Future[Any]) -> None
     try:
         fn(future)
     except Exception:
+        if _fork.forked_off():  # the child it forked ends with it (see _fork.body)
+            raise
         logger.exception("exception calling callback for %r", future)
 
 

@@ -170,8 +170,8 @@ def encode(value: Any, what: str = "value") -> bytes:
     """
     try:
         packed: bytes = msgpack.packb(value, **_packer_kwargs)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise _refused(value, what, exc) from exc
+    except Exception as exc:  # msgpack's refusal, or a value's own code failing (a
+        raise _refused(value, what, exc) from exc  # dict subclass's items(), a tzinfo)
     _check(packed, what)
     return packed
 
@@ -210,7 +210,7 @@ def encoder() -> Callable[[Any, str], bytes]:
     def encode_one(value: Any, what: str = "value") -> bytes:
         try:
             packed: bytes = pack(value)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except Exception as exc:  # as in encode
             raise _refused(value, what, exc) from exc
         _check(packed, what)
         return packed

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import serializer
-from .options import NO_DEDUP, JobOptions
+from .options import NO_DEDUP, JobOptions, refuse_one_job_defaults
 
 if TYPE_CHECKING:
     from ._context import QueueContext
@@ -263,9 +263,12 @@ class QueueTasks:
                 ``Queue.add``); ``enqueue`` may override them.
 
         Raises:
-            ValueError: the name is taken by another function, or a bad option.
+            ValueError: the name is taken by another function, or a bad
+                option (``job_id`` and ``dedup`` among them: every delay()
+                would be one job; give them to ``enqueue``).
         """
         JobOptions.parse(default_options)  # fail at import time, not at delay()
+        refuse_one_job_defaults(default_options, "a task")
 
         def decorate(func: Callable[..., R]) -> Task[R]:
             func = task_function(func)

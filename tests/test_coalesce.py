@@ -291,6 +291,37 @@ def test_adds_racing_a_close_either_add_or_raise_closed_error(
         assert again.get_job_counts("waiting")["waiting"] == len(added) == len(set(added))
 
 
+def test_a_call_of_no_script_under_way_at_a_close_has_its_reply() -> None:
+    """The close cut the client's connections under calls that run no
+    script: a DEL of a dedup key, held up on its way, was done, yet raised
+    ConnectionError. The close lets such calls end too (2 s at most)."""
+    from tests.proxy import Proxy
+
+    with RedisServer(find_server_binary()) as server, \
+            Proxy(("127.0.0.1", server.port)) as proxy:
+        queue = Queue("q", connection=proxy.url)
+        queue.add("x", dedup={"id": "k"})
+        held = proxy.delay(lambda chunk: b"DEL" in chunk and b"dedup:k" in chunk, 0.5)
+        outcome: list[Any] = []
+
+        def remove() -> None:
+            try:
+                outcome.append(queue.remove_dedup_key("k"))
+            except Exception as exc:  # reported by the test
+                outcome.append(exc)
+
+        thread = threading.Thread(target=remove)
+        thread.start()
+        try:
+            assert held.wait(WAIT)
+            queue.close()
+        finally:
+            thread.join(WAIT)
+        assert outcome == [True]
+        with server.client() as client:
+            assert client.exists("jobq:{q}:dedup:k") == 0
+
+
 @pytest.fixture
 def small_pool(redis_server: object) -> Iterator[redis.Redis]:
     """A plain client of two connections: the coalescer's and one more."""

@@ -265,6 +265,8 @@ def test_extension_tasks_follow_the_current_app(redis_url: str, queue_name: str)
             ext.task(queue="mail", name=shout.name)(lambda: None)
         with pytest.raises(ValueError):
             ext.task(priority=-1)
+        with pytest.raises(ValueError, match="cannot be a default job option of a task"):
+            ext.task(job_id="one")  # every delay() would be one job
     finally:
         for app in apps:
             with app.app_context():

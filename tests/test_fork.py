@@ -641,6 +641,39 @@ def test_a_child_forked_by_a_listener_that_exits_ends(
     assert [None if s is None else os.waitstatus_to_exitcode(s) for s in ended] == [status]
 
 
+@pytest.mark.parametrize(("ending", "status"), [("returns", 0), ("exits", 5), ("raises", 1)])
+def test_a_child_forked_by_a_futures_callback_ends(
+    queue: Queue, redis_url: str, ending: str, status: int
+) -> None:
+    """A future's done-callback runs on the events dispatcher: the child it
+    forked went on running the parent's dispatcher loop, for ever, its
+    sys.exit() and errors logged and swallowed."""
+    children: list[int] = []
+    forked = threading.Event()
+
+    def on_done(future: Any) -> None:
+        pid = os.fork()
+        if pid == 0:
+            if not threading.current_thread().name.startswith("jobq-"):
+                os._exit(99)  # not on the dispatcher: never go on with the tests here
+            if ending == "exits":
+                sys.exit(5)
+            if ending == "raises":
+                raise RuntimeError("in the child")
+            return
+        children.append(pid)
+        forked.set()
+
+    job = queue.add("x")
+    future = job.as_future()
+    future.add_done_callback(on_done)
+    with Worker(queue.name, lambda job: 1, connection=redis_url):
+        assert future.result(timeout=WAIT) == 1
+        assert forked.wait(WAIT)
+        ended = [_reaped(pid) for pid in children]
+    assert [None if s is None else os.waitstatus_to_exitcode(s) for s in ended] == [status]
+
+
 def test_jobq_objects_refuse_pickling_saying_what_to_pass(queue: Queue, redis_url: str) -> None:
     """A Job handed to a spawn pool (or returned from one) failed with
     "cannot pickle '_thread.lock' object"."""

@@ -361,3 +361,23 @@ def test_a_scrape_while_the_server_is_away_logs_one_line(
             http.shutdown()
             thread.join(10)
             http.server_close()
+    # a cluster client's "cannot be connected" is no RedisError: one line too
+
+    def unreachable() -> list[Queue]:
+        raise redis.exceptions.RedisClusterException("Redis Cluster cannot be connected")
+
+    http = serve(unreachable, port=0)
+    thread = threading.Thread(target=http.serve_forever, name="test-metrics-http")
+    thread.start()
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jobq.metrics"), \
+                pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{http.server_port}/metrics", timeout=10)
+        refused.value.close()
+        [record] = [r for r in caplog.records if r.name == "jobq.metrics"]
+        assert record.levelno == logging.WARNING and record.exc_info is None
+    finally:
+        http.shutdown()
+        thread.join(10)
+        http.server_close()

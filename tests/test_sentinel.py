@@ -128,3 +128,18 @@ def test_no_master_is_said_in_one_short_line(
     said = [r.getMessage() for r in caplog.records if "No master found" in r.getMessage()]
     assert all(len(line) < 300 for line in said), said
     assert not [r for r in caplog.records if "did not end in time" in r.getMessage()]
+
+
+def test_a_worker_whose_sentinels_refuse_the_login_says_so_at_start(
+    sentinels: SentinelSet, queue_name: str
+) -> None:
+    """redis-py turns the Sentinels' refusal into "No master found": the
+    start waited 10 s, then its threads retried the login for ever."""
+    url = f"{sentinels.url}?sentinel_username=nobody&sentinel_password=hunter2"
+    worker = Worker(queue_name, lambda job: None, connection=url)
+    with pytest.raises(redis.exceptions.AuthenticationError,
+                       match="the Sentinels of .* refused the login") as refused:
+        worker.start()
+    assert "hunter2" not in str(refused.value)
+    assert not worker.is_running()
+    worker.close()

@@ -241,6 +241,25 @@ def test_a_registered_encoder_that_raises_is_a_serialization_error(queue: Queue)
             serializer._registry.by_code.pop(62, None)
 
 
+class _Items(dict):  # type: ignore[type-arg]
+    """A dict subclass whose own code fails as msgpack reads it."""
+
+    def items(self) -> Any:
+        raise RuntimeError("items refused")
+
+
+def test_a_values_own_code_failing_as_it_is_packed_is_a_serialization_error(
+    queue: Queue
+) -> None:
+    """A dict subclass whose items() raised (or a tzinfo whose utcoffset
+    did) came out of add() as that error itself."""
+    for encode in (lambda v: queue.add("x", v),
+                   lambda v: queue.add_bulk([{"name": "x", "data": v}])):
+        with pytest.raises(SerializationError, match="items refused"):
+            encode({"a": _Items(b=1)})
+    assert queue.get_job_counts("waiting")["waiting"] == 0
+
+
 class _Refused(BaseException):
     """What a decoder of the application's raises: not an Exception."""
 

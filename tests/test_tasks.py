@@ -148,6 +148,10 @@ def test_bad_default_options_and_a_taken_name_fail_at_decoration(queue: Queue) -
         queue.task(priority=-1)
     with pytest.raises(TypeError):
         queue.task(colour="red")
+    # every delay() was then the one job (as a queue's default job_id or dedup)
+    for one_job in ({"job_id": "same"}, {"dedup": {"id": "same"}}):
+        with pytest.raises(ValueError, match="cannot be a default job option of a task"):
+            queue.task(**one_job)  # type: ignore[arg-type]
 
     @queue.task(name="same")
     def first() -> None: ...

@@ -47,7 +47,7 @@ from flask.cli import with_appcontext
 from jobq import Queue, _fork
 from jobq.errors import JobqError
 from jobq.job import Job
-from jobq.options import JobOptions
+from jobq.options import JobOptions, refuse_one_job_defaults
 from jobq.tasks import R, Task, refuse_async, task_function, task_name_of
 
 __all__ = ["JobQ", "AppTask"]
@@ -189,6 +189,7 @@ class JobQ:
                 function, or a bad option.
         """
         JobOptions.parse(default_options)  # fail at import time, not at delay()
+        refuse_one_job_defaults(default_options, "a task")
 
         def decorate(func: Callable[..., R]) -> AppTask[R]:
             func = task_function(func)
