@@ -495,9 +495,22 @@ def _on_cluster(
             if not resendable or attempt == _CLUSTER_TRIES - 1:
                 raise
             threading.Event().wait(0.05 * 2**attempt)  # a failover ends
-        except (MovedError, AskError, ClusterDownError, TryAgainError):
-            if attempt == _CLUSTER_TRIES - 1:
+        except (MovedError, AskError, ClusterDownError, TryAgainError,
+                redis.exceptions.ClusterError, AttributeError) as exc:
+            # redis-py's "TTL exhausted" (ClusterError): its own redirects ran
+            # out (TRYAGAIN while the slot migrates); redis-py 8 following a
+            # redirect to a node it has not met (one just added) fails with
+            # an AttributeError before it sends anything there
+            if isinstance(exc, AttributeError) and not _in_redis_py(exc):
                 raise
+            if type(exc) is redis.exceptions.ClusterError and "TTL exhausted" not in str(exc):
+                raise
+            if attempt == _CLUSTER_TRIES - 1:
+                if isinstance(exc, (MovedError, AskError, ClusterDownError, TryAgainError)):
+                    raise
+                raise TryAgainError(  # said as a call not run, for now (see run)
+                    f"the queue's slot is moving between nodes (resharding; "
+                    f"{type(exc).__name__}: {exc})") from exc
             cluster.nodes_manager.initialize()
             threading.Event().wait(0.05 * 2**attempt)  # a migration or failover ends
         except ResponseError as exc:
@@ -505,6 +518,15 @@ def _on_cluster(
                 raise
             load_library(node.redis_connection)  # a new or restarted node
     raise AssertionError("unreachable")
+
+
+def _in_redis_py(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside redis-py's cluster client."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(
+        "redis/cluster.py")
 
 
 def function_missing(reply: object) -> bool:
