@@ -19,6 +19,7 @@ from redis.crc import key_slot
 from . import _tracing
 from ._closing import ClosedOnExit
 from ._queues import QueueSet
+from ._shards import ShardCountError
 from .calls import FlowNode, NewJob
 from .errors import JobNotFoundError, JobqError, in_entry
 from .job import Job
@@ -320,7 +321,14 @@ class FlowProducer(ClosedOnExit):
 
         for kids in shape:
             _check_names((nodes[k - 1].queue.name, nodes[k - 1].new.job_id) for k in kids)
-        jobs = _traced(nodes[0].queue, self.client, nodes)
+        try:
+            jobs = _traced(nodes[0].queue, self.client, nodes)
+        except ShardCountError as exc:  # its advice (open a ShardedQueue) is no flow's
+            if "is sharded over" not in str(exc):
+                raise
+            raise ShardCountError(f"{exc.args[0].split(':')[0]}: a flow cannot use it (its "
+                                  "jobs live in several slots, a flow's in one); give the "
+                                  "flow a plain queue") from exc
         built: dict[int, JobNode] = {}
         for index in range(len(nodes), 0, -1):  # children come after their parent
             job = jobs[index - 1]

@@ -259,6 +259,22 @@ def test_a_policy_given_in_a_bulk_or_as_a_default_is_kept(
         assert parent.refresh().failed_reason == f"child fk:{bad.id} failed: ValueError: boom"
 
 
+def test_a_flow_on_a_sharded_queue_is_refused_saying_why(redis_url: str) -> None:
+    """It said "open it with ShardedQueue(...)", which no flow can do."""
+    from jobq import ShardCountError, ShardedQueue
+
+    name = f"fsh-{uuid.uuid4().hex[:8]}"  # the default prefix: a sharded queue's has no tag
+    with ShardedQueue(name, shards=2, connection=redis_url) as sharded, \
+            FlowProducer(connection=redis_url) as flow:
+        sharded.add("x")
+        try:
+            with pytest.raises(ShardCountError, match="a flow cannot use it .*plain queue"):
+                flow.add({"name": "p", "queue": name, "children": [{"name": "c", "queue": name}]})
+            assert sharded.count() == 1
+        finally:
+            sharded.obliterate()
+
+
 def test_dedup_with_depends_on_is_refused(redis_url: str, prefix: str) -> None:
     with Queue("fdd", connection=redis_url, prefix=prefix) as q:
         dep = q.add("d")
