@@ -539,7 +539,7 @@ def test_read_only_refuses_actions_and_shows_no_forms(queue: Queue, redis_url: s
         cookie_client = werkzeug_test.Client(read_only)
         cookie_client.get("/")
         cookie = cookie_client.get_cookie("jobq_csrf").value
-        token = read_only._sign(cookie)
+        token = read_only._csrf.sign(cookie)
         response = cookie_client.post("/action", data={"csrf": token, "action": "promote",
                                                        "q": queue.name, "id": job.id})
         assert response.status_code == 403

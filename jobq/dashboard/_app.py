@@ -20,14 +20,10 @@ part: the script polls it to update the page in place.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import http.cookies
 import ipaddress
 import logging
 import re
 import secrets
-import threading
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -42,6 +38,7 @@ from ..keys import validate_name
 from ..queue import Queue
 from ..registry import known_queues
 from . import _data, _pages
+from ._csrf import CSRF_COOKIE, Csrf
 from ._html import Ctx, e, layout, pretty
 
 if TYPE_CHECKING:
@@ -52,12 +49,6 @@ logger = logging.getLogger(__name__)
 StartResponse = Callable[..., Any]
 Auth = Callable[[dict[str, Any]], bool]
 
-#: The cookie holding the browser's CSRF secret (double submit: each form
-#: carries an HMAC of it under the app's key).
-CSRF_COOKIE = "jobq_csrf"
-#: The key of the CSRF tokens when no ``secret`` is given, below the prefix:
-#: stored once, shared by every process of the app (gunicorn -w 4).
-CSRF_KEY = "dashboard:csrf-key"
 #: Largest request body read (forms are small).
 MAX_BODY = 64 * 1024
 #: Seconds between two refreshes of the live parts by the script (default).
@@ -130,13 +121,14 @@ class Dashboard:
             raise ValueError("cache_ttl and poll_interval must be >= 0 seconds")
         self.cache = _data.SharedCache(cache_ttl)
         self.poll_ms = round(poll_interval * 1000)
-        if secret is not None and not isinstance(secret, bytes):
-            raise TypeError(f"secret must be bytes, not {type(secret).__name__}")
-        self._key = secret  # else read from (or stored in) Redis on first use
-        self._key_lock = threading.Lock()
         self.allowed_hosts = _allowed(allowed_hosts, auth)
         self._set = QueueSet(connection, self.prefix, "the dashboard", stored=True)
         self.client = self._set.client
+        try:
+            self._csrf = Csrf(self.client, self.prefix, secret)
+        except TypeError:
+            self._set.close()
+            raise
         self._static = {
             name: resources.files("jobq.dashboard").joinpath("static").joinpath(name).read_bytes()
             for name in _STATIC
@@ -180,55 +172,6 @@ class Dashboard:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    # -- CSRF -------------------------------------------------------------------
-
-    def _sign(self, value: str) -> str:
-        key = self._key
-        if key is None:
-            with self._key_lock:
-                if self._key is None:
-                    self._key = self._shared_key()
-                key = self._key
-        return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()
-
-    def _shared_key(self) -> bytes:
-        """The CSRF key every process of the app shares, stored once under
-        the prefix: with a key of each process's own, a form served by one
-        gunicorn worker and posted to another got 403. An ACL that refuses
-        the key (a tenant's narrower pattern) leaves a key of this process's
-        own, said in the log. A server away raises (the request gets 503)."""
-        name = f"{self.prefix}:{CSRF_KEY}"
-        try:
-            self.client.set(name, secrets.token_hex(32), nx=True)
-            stored = self.client.get(name)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            raise
-        except redis.exceptions.RedisError as exc:
-            stored = None
-            logger.warning("dashboard: cannot share its CSRF key in %r (%s): it uses a key of "
-                           "this process's own, so forms posted to another process of the "
-                           "site get 403; give create_app(secret=...) to share one", name, exc)
-        return bytes(stored) if stored else secrets.token_bytes(32)
-
-    @staticmethod
-    def _cookie(environ: dict[str, Any]) -> str | None:
-        jar = http.cookies.SimpleCookie()
-        try:
-            jar.load(environ.get("HTTP_COOKIE", ""))
-        except http.cookies.CookieError:
-            return None
-        morsel = jar.get(CSRF_COOKIE)
-        value = morsel.value if morsel is not None else ""
-        return value if len(value) == 32 and value.isalnum() else None
-
-    def _check_csrf(self, environ: dict[str, Any], form: dict[str, str]) -> None:
-        if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
-            raise _HTTPError(403, "cross-site request refused")
-        cookie = self._cookie(environ)
-        token = form.get("csrf", "")
-        if cookie is None or not hmac.compare_digest(token, self._sign(cookie)):
-            raise _HTTPError(403, "missing or wrong CSRF token: reload the page and try again")
-
     # -- WSGI -------------------------------------------------------------------
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse
@@ -243,7 +186,7 @@ class Dashboard:
             return [body]
         base = environ.get("SCRIPT_NAME", "").rstrip("/")
         path = environ.get("PATH_INFO", "") or ""
-        cookie = self._cookie(environ)
+        cookie = Csrf.cookie(environ)
         new_cookie = cookie is None
         if cookie is None:
             cookie = secrets.token_hex(16)
@@ -252,7 +195,7 @@ class Dashboard:
             if self.auth is not None and not self.auth(environ):
                 raise _HTTPError(403, "not allowed")
             if not self.read_only:  # its forms' token (a read-only app has none)
-                ctx = Ctx(base, self._sign(cookie), self.read_only, self.poll_ms)
+                ctx = Ctx(base, self._csrf.sign(cookie), self.read_only, self.poll_ms)
             response = self._route(environ, ctx, path)
         except _HTTPError as exc:
             response = self._error(ctx, exc.status, exc.message)
@@ -372,7 +315,9 @@ class Dashboard:
         if self.read_only:
             raise _HTTPError(403, "the dashboard is read-only")
         form = _read_form(environ)
-        self._check_csrf(environ, form)
+        refused = self._csrf.refusal(environ, form)
+        if refused is not None:
+            raise _HTTPError(403, refused)
         queue = self._known_queue(form.get("q"))
         action = form.get("action", "")
         job_id = form.get("id", "")
