@@ -241,8 +241,8 @@ def refuse_one_job_defaults(defaults: Mapping[str, Any], what: str) -> None:
     for key in ("job_id", "dedup"):
         if defaults.get(key) is not None:
             raise ValueError(f"{key} cannot be a default job option of {what}: every add "
-                             "would be one job (give it to the adds it is for, e.g. "
-                             f"enqueue(..., {key}=...))")
+                             "would be one job (give it to the adds it is for: "
+                             f"add(..., {key}=...), a task's enqueue(..., {key}=...))")
 
 
 def _spelt(unknown: set[Any]) -> str:

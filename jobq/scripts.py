@@ -247,7 +247,6 @@ class Scripts:
             self._calls_done.wait_for(lambda: self._calls == 0, CLOSE_GRACE)
         with self._coalescer_lock:
             coalescer, self._coalescer = self._coalescer, None
-            self._closed = True
         if coalescer is not None:
             coalescer.leave()
 
