@@ -243,7 +243,9 @@ class ShardReader:
 
     def _read_signalled(self) -> None:
         """Read each signalled shard's stream, in one pipelined round trip per
-        node; a shard whose read was full stays signalled."""
+        node; a shard whose read was full stays signalled. A shard whose slot
+        is migrating (the node sends its read on: ASK) is read through the
+        cluster client, which follows that; it holds up no other shard."""
         for node in self._nodes:
             shards = [s for s in node.channels.values() if s in self._signalled]
             if not shards:
@@ -252,9 +254,14 @@ class ShardReader:
             for shard in shards:
                 reader = self._readers[shard]
                 pipe.xread({reader.key: reader.position()}, count=READ_COUNT)
-            for shard, reply in zip(shards, pipe.execute(), strict=True):
+            replies = pipe.execute(raise_on_error=False)
+            for shard, reply in zip(shards, replies, strict=True):
+                reader, client = self._readers[shard], node.reads
+                if isinstance(reply, redis.exceptions.ResponseError):
+                    client = self._client
+                    reply = client.xread({reader.key: reader.position()}, count=READ_COUNT)
                 entries = _connection.stream_entries(reply)
-                self._readers[shard].consume(entries, node.reads)
+                reader.consume(entries, client)
                 if len(entries) < READ_COUNT:
                     self._signalled.discard(shard)
 

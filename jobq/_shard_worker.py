@@ -20,11 +20,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from ._context import QueueContext
 from ._sentinel import brief
 from ._shards import (
     holds_jobs,
     mismatch,
+    on_every_shard,
     plain_queue_on_shard,
     shard_keys,
     shard_of,
@@ -118,15 +121,16 @@ class ShardedContext(QueueContext):
                 name (or a shard's, unless ``restore``) is a plain queue
                 that holds jobs or schedulers.
         """
-        def store(*args: Any) -> list[Any]:
-            return list(self.scripts.run(*args, client=self.client))
+        def store(*args: Any, once: bool = False) -> list[Any]:
+            return list(self.scripts.run(*args, client=self.client, once=once))
 
         db = str(database(self.client))
 
-        def mark(writes: str) -> None:  # as a ShardedQueue's first use does
-            for keys in self.shard_keys:
-                if store("storeSettings", keys.base, "", "", "", writes, db)[4]:
+        def mark(writes: str, once: bool = False) -> None:  # as a ShardedQueue's first use does
+            def one(keys: QueueKeys) -> None:
+                if store("storeSettings", keys.base, "", "", "", writes, db, once=once)[4]:
                     raise plain_queue_on_shard(keys.queue, self.name)
+            on_every_shard(self.shard_keys, one)
 
         stored, may = store("storeShardCount", self.keys.base, self.count, "look")
         if int(may):  # none stored: no shard's name may be a plain queue's with jobs
@@ -137,7 +141,13 @@ class ShardedContext(QueueContext):
             raise holds_jobs(self.name)
         if int(stored) != self.count:
             raise mismatch(self.name, int(stored), self.count)
-        mark("s")
+        try:
+            mark("s", once=True)
+        except redis.exceptions.RedisError as exc:
+            # a shard's slot moving, say: the others are marked, and a
+            # missing mark is stored again by the maintenance's look
+            logger.warning("queue %r: a shard's mark could not be stored now (%s); "
+                           "it is looked at again", self.name, brief(exc))
 
     def run(self, script: str, *args: Any) -> Any:
         return self._send(None, script, args)
@@ -159,11 +169,10 @@ class ShardedContext(QueueContext):
             self.ensure_ready()
         if script == "extendLocks":
             return self._extend_locks(args, client)
-        if script == "stalledCheck":
-            found: list[Any] = []
-            for keys in self.shard_keys:
-                found += self.scripts.run(script, keys.base, *args, client=client)
-            return found
+        if script == "stalledCheck":  # every shard's; a migrating slot holds up no other
+            def check(keys: QueueKeys) -> list[Any]:
+                return list(self.scripts.run(script, keys.base, *args, client=client, once=True))
+            return [job_id for found in on_every_shard(self.shard_keys, check) for job_id in found]
         if script in _FINISH_ARGS:
             args = self._chain(args, _FINISH_ARGS[script])
         base = self._base(script, args)
@@ -193,12 +202,16 @@ class ShardedContext(QueueContext):
             held[shard_of(str(args[i]), self.count)] += (args[i], args[i + 1])
         lost: list[Any] = []
         cancelled: list[Any] = []
-        for shard, pairs in held.items():
+
+        def extend(shard: int) -> None:
             reply = self.scripts.run(
-                "extendLocks", self.shard_keys[shard].base, args[0], *pairs, client=client
+                "extendLocks", self.shard_keys[shard].base, args[0], *held[shard],
+                client=client, once=True,
             )
-            lost += reply[0]
-            cancelled += reply[1]
+            lost.extend(reply[0])
+            cancelled.extend(reply[1])
+
+        on_every_shard(list(held), extend)  # a migrating slot's locks hold up no others'
         return [lost, cancelled]
 
 

@@ -19,8 +19,10 @@ import itertools
 import re
 import uuid
 import zlib
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
+import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from .errors import JobqError
@@ -32,6 +34,9 @@ MAX_SHARDS = 256
 #: marking each shard (mark_ready in _common.lua publishes a wake-up then).
 COUNT_FIELD = "shards"
 SHARD_FIELD = "shard"
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _GENERATED = re.compile(r"(\d{1,3})-[0-9a-f]{32}")
 
@@ -158,3 +163,20 @@ def mismatch(name: str, stored: int, asked: int | None) -> ShardCountError:
         "live queue cannot change: use a new queue name with the new count, move the "
         "producers to it, let the old queue drain, then obliterate it"
     )
+
+
+def on_every_shard(shards: Iterable[T], call: Callable[[T], R]) -> list[R]:
+    """``call`` for each of ``shards``, in turn, none held up by another:
+    a shard whose call fails (its slot moving, its node away) is passed
+    over, and the first such failure is raised once every shard has had
+    its call. The replies, in order, when none failed."""
+    replies: list[R] = []
+    failure: Exception | None = None
+    for shard in shards:
+        try:
+            replies.append(call(shard))
+        except redis.exceptions.RedisError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    return replies

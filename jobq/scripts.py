@@ -264,13 +264,19 @@ class Scripts:
         if self._refuser is not None and self._refuser != threading.get_ident():
             raise redis.exceptions.ConnectionError("closing: no more calls are sent")
 
-    def run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
+    def run(self, name: str, base: str, *args: Any, client: Any = None,
+            once: bool = False) -> Any:
         """``_run``, with an error reply that says the call was not run for
         now (BUSY: the server runs another client's long script; TRYAGAIN,
         CLUSTERDOWN, MASTERDOWN, READONLY) raised as redis-py's
         ``ConnectionError``, as a server away is: the error callers retry
         on. It is safe to: nothing of the call ran. ``ClosedError`` once
-        ``close()`` began: nothing was sent."""
+        ``close()`` began: nothing was sent.
+
+        ``once``: on a cluster, a slot that is migrating refuses the call at
+        once, without the retries (above a second) that see a short
+        migration through: for a round over the shards of a sharded queue,
+        which goes on to the others and tries this one again next round."""
         done = self._calls_done
         with done:
             if self._closed:
@@ -278,7 +284,7 @@ class Scripts:
             self._calls += 1
         try:
             with _said_oom(name):
-                return self._run(name, base, *args, client=client)
+                return self._run(name, base, *args, client=client, once=once)
         except ResponseError as exc:
             if isinstance(exc, redis.exceptions.NoScriptError) or not is_transient(exc):
                 raise
@@ -291,7 +297,8 @@ class Scripts:
                 if self._closed and not self._calls:
                     done.notify_all()
 
-    def _run(self, name: str, base: str, *args: Any, client: Any = None) -> Any:
+    def _run(self, name: str, base: str, *args: Any, client: Any = None,
+             once: bool = False) -> Any:
         """Run script ``name`` with KEYS = [base, guard] and ARGV = args.
 
         Neither key is ever written: ``base`` routes the call to the queue's
@@ -301,7 +308,8 @@ class Scripts:
         the importing node against half-moved keys, and the migration of
         the rest would overwrite what it wrote.
 
-        ``client`` (a client or a pipeline) overrides the default one.
+        ``client`` (a client or a pipeline) overrides the default one; for
+        ``once``, see ``run``.
 
         On a plain client the call goes straight to a connection, without
         the client's per-command layers (a sixth of a call's CPU time here):
@@ -315,12 +323,13 @@ class Scripts:
         self._check_open()
         target = client or self._client
         plain = self._plain if client is None else pooled(client)
-        if not plain and isinstance(target, RedisCluster) and name not in RESENDABLE:
+        if not plain and isinstance(target, RedisCluster) and (once or name not in RESENDABLE):
             # the slot's node directly, so that the cluster client's own
             # retries cannot resend the script. When nothing was sent (MOVED,
             # ASK, a cluster going down, or no connection to the node) the
             # call goes through the cluster client, which follows the new
-            # slot map.
+            # slot map; a migrating slot (ASK, TRYAGAIN) refuses it at once
+            # for ``once``.
             node = target.get_node_from_key(base)  # type: ignore[no-untyped-call]
             node_pool = getattr(node and node.redis_connection, "connection_pool", None)
             if node_pool is not None:
@@ -332,8 +341,16 @@ class Scripts:
                 if node_connection is not None:
                     try:
                         return self.run_on(node_connection, name, base, *args)
-                    except (MovedError, AskError, ClusterDownError):
+                    except (AskError, TryAgainError) as exc:
+                        if once:
+                            raise _moving(exc) from exc
+                        if isinstance(exc, TryAgainError):
+                            raise
+                    except (MovedError, ClusterDownError):
                         pass
+                    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                        if name not in RESENDABLE:  # it may have run: not sent again
+                            raise
                     finally:
                         node_pool.release(node_connection)
         if plain:
@@ -507,9 +524,7 @@ def _on_cluster(
             if attempt == _CLUSTER_TRIES - 1:
                 if isinstance(exc, (MovedError, AskError, ClusterDownError, TryAgainError)):
                     raise
-                raise TryAgainError(  # said as a call not run, for now (see run)
-                    f"the queue's slot is moving between nodes (resharding; "
-                    f"{type(exc).__name__}: {exc})") from exc
+                raise _moving(exc) from exc  # said as a call not run, for now (see run)
             cluster.nodes_manager.initialize()
             threading.Event().wait(0.05 * 2**attempt)  # a migration or failover ends
         except ResponseError as exc:
@@ -517,6 +532,11 @@ def _on_cluster(
                 raise
             load_library(node.redis_connection)  # a new or restarted node
     raise AssertionError("unreachable")
+
+
+def _moving(exc: BaseException) -> TryAgainError:
+    return TryAgainError(
+        f"the queue's slot is moving between nodes (resharding; {type(exc).__name__}: {exc})")
 
 
 def _in_redis_py(exc: BaseException) -> bool:

@@ -33,6 +33,7 @@ from ._shards import (
     generated_id,
     holds_jobs,
     mismatch,
+    on_every_shard,
     plain_queue_on_shard,
     shard_names,
     shard_of,
@@ -184,9 +185,9 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
         store the count and every shard's settings and marks again, and list
         the queue again."""
         self._context.calls.store_shard_count(self._count)
-        for shard in self._shards:
-            shard._store_settings("c")
         self._recorded = False
+        # a shard whose slot moves holds up no other's (its next add tries again)
+        on_every_shard(self._shards, lambda shard: shard._store_settings("c"))
 
     # -- what it is ---------------------------------------------------------
 

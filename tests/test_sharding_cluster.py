@@ -9,16 +9,18 @@ The cluster is started here from real server binaries on loopback
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
-from jobq import ShardCountError, ShardedQueue, Worker
+from jobq import Job, ShardCountError, ShardedQueue, Worker
 from jobq._shards import shard_of
 from jobq.testing import LocalCluster
 from tests.test_cluster import add_retrying
@@ -242,33 +244,21 @@ def test_a_load_through_a_slot_migration_and_a_failover_loses_and_doubles_no_job
         assert seen.wait_for(set(done), WAIT), sorted(set(done) - seen.ids)[:10]
 
 
-def test_a_shard_whose_slot_migrates_holds_up_no_other_shard(
-    cluster: LocalCluster, sharded: ShardedQueue
-) -> None:
-    """A take from a shard whose slot migrates is refused (TRYAGAIN, then
-    redis-py's "TTL exhausted") for as long as the migration lasts: the
-    fetch loop failed as a whole, and sent that take again before any other,
-    so no shard's job ran until the slot had moved (and a backoff later)."""
+@contextlib.contextmanager
+def shard_zero_migrating(cluster: LocalCluster, queue: ShardedQueue) -> Iterator[Any]:
+    """Shard 0's slot migrating (IMPORTING / MIGRATING set, no key moved)
+    for the block, which is given the source node's client; the slot and
+    its keys are moved on after it."""
     with cluster.client() as client:
-        slot = int(client.keyslot(sharded.shards[0]._context.keys.base))
+        slot = int(client.keyslot(queue.shards[0]._context.keys.base))
     source = cluster.server_of_slot(slot)
     target = next(m for m in cluster.masters() if m is not source)
     src_id, dst_id = cluster.node_id(source), cluster.node_id(target)
-    others = [f"o-{i}" for i in range(200) if shard_of(f"o-{i}", SHARDS) != 0][:20]
-    errors: list[BaseException] = []
-    worker = Worker(sharded.name, lambda job: job.data, connection=cluster.url, concurrency=4,
-                    drain_delay=0.2)  # it looks at every shard, shard 0 too, often
-    worker.on("error", errors.append)
-    with worker, source.client() as src, target.client() as dst:
+    with source.client() as src, target.client() as dst:
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
         try:
-            deadline = time.monotonic() + WAIT
-            while not errors:  # the fetcher met the migrating slot
-                assert time.monotonic() < deadline
-                threading.Event().wait(0.05)
-            jobs = [sharded.add("x", i, job_id=job_id) for i, job_id in enumerate(others)]
-            assert [j.wait_until_finished(timeout=10) for j in jobs] == list(range(len(jobs)))
+            yield src
         finally:
             keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
             if keys:
@@ -277,8 +267,109 @@ def test_a_shard_whose_slot_migrates_holds_up_no_other_shard(
             for server in cluster.masters():
                 with server.client() as client:
                     client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-        zero = next(f"z-{i}" for i in range(200) if shard_of(f"z-{i}", SHARDS) == 0)
+
+
+def ids_of_shards(prefix: str, shards: Callable[[int], bool], count: int) -> list[str]:
+    """``count`` job ids whose shard is one that ``shards`` accepts."""
+    return [f"{prefix}-{i}" for i in range(1000) if shards(shard_of(f"{prefix}-{i}", SHARDS))][
+        :count
+    ]
+
+
+def test_a_shard_whose_slot_migrates_holds_up_no_other_shard(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    """Every call on a shard whose slot migrates is refused (TRYAGAIN, then
+    redis-py's "TTL exhausted"; a read of a key not on the node: ASK) for as
+    long as the migration lasts. Each of these failed as a whole there, and
+    so held every other shard up until the slot had moved: a take (the
+    fetch loop sent it again before any other); the shard marks stored at
+    each subscription (the fetcher subscribes again when its connections
+    drop); the events reader's reads of the shards' streams, one round trip
+    per node (listeners heard nothing; waits saw their jobs' records); an
+    add's storing of the shards' settings (every add of every shard tried
+    it again)."""
+    others = ids_of_shards("o", lambda shard: shard != 0, 20)
+    errors: list[BaseException] = []
+    worker = Worker(sharded.name, lambda job: job.data, connection=cluster.url, concurrency=4,
+                    drain_delay=0.2)  # it looks at every shard, shard 0 too, often
+    worker.on("error", errors.append)
+    with worker:
+        with shard_zero_migrating(cluster, sharded) as source:
+            deadline = time.monotonic() + WAIT
+            while not errors:  # the fetcher met the migrating slot
+                assert time.monotonic() < deadline
+                threading.Event().wait(0.05)
+            # every subscription ends: the fetcher subscribes again, mid-migration
+            for master in cluster.masters():
+                with master.client() as client:
+                    client.client_kill_filter(_type="pubsub")
+            # no events of shard 0 yet: the node sends a read of its stream on
+            with pytest.raises(redis.exceptions.AskError):
+                source.exists(sharded.shards[0]._context.keys.events)
+            seen = Seen()
+            sharded.events.on("completed", seen.add)
+            jobs = [sharded.add("x", i, job_id=job_id) for i, job_id in enumerate(others)]
+            assert [j.wait_until_finished(timeout=10) for j in jobs] == list(range(len(jobs)))
+            assert seen.wait_for(set(others), 10), "the events reader was held up"
+            with cluster.client() as client:
+                marked = [client.hget(s._context.keys.meta, "cfg") for s in sharded.shards]
+            assert marked[1:] == [b"1"] * (SHARDS - 1)  # the adds' settings were stored
+        zero = ids_of_shards("z", lambda shard: shard == 0, 1)[0]
         assert sharded.add("x", "moved", job_id=zero).wait_until_finished(timeout=WAIT) == "moved"
+
+
+def test_a_shard_whose_slot_migrates_holds_up_no_other_shards_locks_or_stall_check(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    """Lock renewal and the stalled check went over the shards in turn and
+    failed as a whole at one whose slot migrates: the locks of the other
+    shards' jobs ran out (their jobs were taken from their worker and run
+    again), and their dead workers' jobs were not recovered, for as long as
+    the migration lasted."""
+    zero = ids_of_shards("z", lambda shard: shard == 0, 1)[0]
+    mine, stuck = ids_of_shards("m", lambda shard: shard != 0, 2)
+    started = {job_id: threading.Event() for job_id in (zero, mine, stuck)}
+    release = threading.Event()
+    runs: Counter[str] = Counter()
+
+    def hold(job: Job) -> Any:
+        runs[job.id] += 1
+        started[job.id].set()
+        if job.id != stuck or runs[job.id] == 1:
+            release.wait(WAIT)
+        return job.data
+
+    # a worker that dies holding `stuck`: its lock runs out 5 s later
+    first = Worker(sharded.name, hold, connection=cluster.url, lock_duration=5)
+    first.start()
+    try:
+        sharded.add("x", "recovered", job_id=stuck)
+        assert started[stuck].wait(WAIT)
+    finally:
+        first.close(force=True)
+    started[stuck].clear()
+    second = Worker(sharded.name, hold, connection=cluster.url, concurrency=3, lock_duration=1,
+                    stalled_interval=0.5)
+    lock = sharded.shard_for(mine)._context.keys.lock(mine)
+    try:
+        with second, cluster.client() as client:
+            for job_id in (zero, mine):  # held in this order: shard 0's first
+                sharded.add("x", job_id, job_id=job_id)
+                assert started[job_id].wait(WAIT)
+            with shard_zero_migrating(cluster, sharded):
+                assert client.exists(sharded.shard_for(stuck)._context.keys.lock(stuck))
+                since = time.monotonic()
+                job = sharded.get_job(stuck)
+                assert job is not None
+                assert job.wait_until_finished(timeout=WAIT) == "recovered"
+                while time.monotonic() - since < 3.0:  # three lock durations
+                    assert client.exists(lock), "the lock of a job of another shard ran out"
+                    threading.Event().wait(0.1)
+            release.set()
+    finally:
+        release.set()
+    assert runs[mine] == 1 and runs[stuck] == 2
 
 
 def test_a_wrong_count_from_a_worker_is_an_error(
