@@ -483,7 +483,12 @@ def test_processes_of_one_site_share_the_csrf_key(
 @pytest.mark.parametrize(("allowed", "auth", "answered"), [
     (None, None, {"localhost", "127.0.0.1", "[::1]"}),  # loopback alone (DNS rebinding)
     (None, lambda environ: True, None),  # any: auth answers
-    (["jobs.example.com"], None, {"jobs.example.com", "JOBS.example.com"}),
+    (["jobs.example.com"], None, {"jobs.example.com", "JOBS.example.com", "jobs.example.com."}),
+    # as Django's ALLOWED_HOSTS: a leading dot, the domain and its subdomains
+    # (it matched nothing, silently); a trailing dot ignored; addresses
+    ([".example.com", "127.0.0.1", "[::1]"], None,
+     {"jobs.example.com", "JOBS.example.com", "jobs.example.com.", "example.com", "127.0.0.1",
+      "[::1]"}),
     ("*", None, None),
 ])
 def test_requests_are_answered_for_the_allowed_host_names(
@@ -494,7 +499,8 @@ def test_requests_are_answered_for_the_allowed_host_names(
     with create_app(redis_url, auth=auth, allowed_hosts=allowed) as app:
         client = werkzeug_test.Client(app)
         names = {"localhost", "127.0.0.1", "[::1]", "evil.example", "jobs.example.com",
-                 "JOBS.example.com", "localhost.evil.example"}
+                 "JOBS.example.com", "jobs.example.com.", "example.com", "localhost.evil.example",
+                 "badexample.com"}
         answered = names if answered is None else answered
         for name in names:
             response = client.get("/", headers={"Host": f"{name}:8000"})
@@ -503,9 +509,12 @@ def test_requests_are_answered_for_the_allowed_host_names(
                                    data={"action": "pause", "q": queue.name})
             assert response.status_code == (403 if name in answered else 421), name
     assert not queue.is_paused()
-    for bad in ([], [""], ["*", "a"], [5]):
+    for bad in ([], [""], ["*", "a"], [5], ["."]):
         with pytest.raises(ValueError, match="allowed_hosts"):
             create_app(redis_url, allowed_hosts=bad)
+    # a port is never matched: such a name answered nothing, and said nothing
+    with pytest.raises(ValueError, match="without a port: 'jobs.example.com:8000'"):
+        create_app(redis_url, allowed_hosts=["jobs.example.com:8000"])
 
 
 def test_back_cannot_add_a_header_to_the_redirect(client: Any, queue: Queue) -> None:

@@ -231,7 +231,7 @@ class Dashboard:
             host = (urlsplit("//" + environ.get("HTTP_HOST", "")).hostname or "").lower()
         except ValueError:
             return False
-        return is_loopback(host) if allowed is LOOPBACK else host in allowed
+        return is_loopback(host) if allowed is LOOPBACK else _host_matches(host, allowed)
 
     def _error(self, ctx: Ctx, status: int, message: str) -> _Response:
         body = layout(ctx, _REASONS.get(status, "Error"), [("queues", ctx.url("/"))],
@@ -384,10 +384,35 @@ def _allowed(hosts: str | Iterable[str] | None, auth: Auth | None) -> frozenset[
     if hosts == "*":
         return None
     names = [hosts] if isinstance(hosts, str) else list(hosts)
-    if not names or not all(isinstance(h, str) and h and h != "*" for h in names):
+    if not names or not all(isinstance(h, str) and h.strip(".") and h != "*" for h in names):
         raise ValueError("allowed_hosts must be '*' or host names (e.g. ['jobs.example.com']), "
                          f"not {hosts!r}")
-    return frozenset(h.lower() for h in names)
+    allowed = frozenset(h.lower().rstrip(".").removeprefix("[").removesuffix("]")
+                        if not h.startswith(".") else h.lower().rstrip(".") for h in names)
+    for name in allowed:
+        if ":" in name and not _is_address(name):
+            raise ValueError(f"allowed_hosts names hosts, without a port: {name!r} (the "
+                             "port a request was sent to is not matched)")
+    return allowed
+
+
+def _host_matches(host: str, allowed: frozenset[str]) -> bool:
+    """Whether ``host`` is one of ``allowed``, as Django's ALLOWED_HOSTS
+    matches: a name with a leading dot (``.example.com``) stands for that
+    domain and every subdomain; a trailing dot is ignored."""
+    host = host.rstrip(".")
+    if host in allowed:
+        return True
+    return any(name.startswith(".") and (host.endswith(name) or host == name[1:])
+               for name in allowed)
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(host: str) -> bool:
@@ -479,7 +504,9 @@ def create_app(
             ``secret`` (bytes keying the CSRF tokens; by default a random
             key stored once in Redis, under the prefix, which every process
             of the app shares), ``allowed_hosts`` (the names, in the Host
-            header, that requests must be addressed to; ``"*"`` for any; by
+            header, that requests must be addressed to, without a port;
+            ``".example.com"`` for that domain and its subdomains, as
+            Django's ``ALLOWED_HOSTS``; ``"*"`` for any; by
             default loopback names alone without ``auth``, so that a page of
             another site whose name points at 127.0.0.1, DNS rebinding,
             cannot act through it, and any name with ``auth``). A request
