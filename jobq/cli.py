@@ -589,6 +589,9 @@ def _cmd_schedulers(args: argparse.Namespace) -> int:
             print(f"removed scheduler {args.remove} of {args.queue}")
             return EXIT_OK
         schedulers = queue.get_schedulers()
+    if args.json:  # times in epoch seconds, as Queue.get_schedulers gives them
+        print(_json(schedulers))
+        return EXIT_OK
     if not schedulers:  # a name mistyped would say nothing at all
         print(f"no schedulers in queue {args.queue!r}", file=sys.stderr)
     for s in schedulers:
@@ -895,6 +898,9 @@ def build_parser() -> argparse.ArgumentParser:
     schedulers.add_argument("queue", metavar="QUEUE")
     schedulers.add_argument("--remove", metavar="ID", default=None,
                             help="remove this scheduler and its pending job")
+    schedulers.add_argument("--json", action="store_true",
+                            help="print a JSON list, one object per scheduler (as "
+                                 "Queue.get_schedulers: times in epoch seconds)")
 
     wait = command("wait", _cmd_wait,
                    "wait for jobs to finish; exit 1 if any failed, 4 on timeout")

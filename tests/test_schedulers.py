@@ -5,6 +5,7 @@ collisions, limit and end, and the CLI. Real server; bounded waits."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -795,6 +796,13 @@ def test_cli_schedulers(queue: Queue, redis_url: str, capsys: pytest.CaptureFixt
     # the next run in the cron's zone, with its offset (the host's local
     # time without one read as Berlin's)
     assert re.search(r"next \d{4}-\d\d-\d\d 03:00:00\+0[12]:00\t", out), out
+    # --json, as `info` and `job` have (it did not exist)
+    assert main(["--url", redis_url, "schedulers", queue.name, "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    stored = queue.get_scheduler("nightly")
+    assert stored is not None
+    assert listed["id"] == "nightly" and listed["cron"] == "0 3 * * *"
+    assert listed["next_run"] == stored.next_run and listed["tz"] == "Europe/Berlin"
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 0
     assert queue.get_scheduler("nightly") is None
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 1
