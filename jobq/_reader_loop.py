@@ -80,6 +80,10 @@ class ReaderLoop:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     OSError) as exc:
                 raise reader.connect_failed(exc) from exc
+            except redis.exceptions.ResponseError as exc:
+                if not _connection.moved(exc):
+                    raise
+                raise reader.connect_failed(exc) from exc
             reached()
         if reader.pubsub is not None:
             self._read_pubsub(reader.pubsub)

@@ -35,7 +35,7 @@ from ._shards import (
     stored_marks,
 )
 from ._threads import RetryBackoff
-from .connection import database, is_transient, login_refused, unreachable
+from .connection import database, is_transient, login_refused, moved, unreachable
 from .errors import JobqError
 from .keys import QueueKeys
 
@@ -238,7 +238,7 @@ def worker_context(
             count, shard = stored_marks(context.client, context.prefix, context.name)
             break
         except Exception as exc:
-            if login_refused(exc):  # a wrong password: no wait makes it right
+            if login_refused(exc) or moved(exc):  # no wait makes either right
                 raise unreachable(exc, context.client) from exc
             if not is_transient(exc):
                 raise

@@ -35,7 +35,7 @@ import redis
 
 from ._json import dumps, printable
 from ._signals import StopSignals
-from .connection import CLUSTER_SCHEMES, login_refused, redact
+from .connection import CLUSTER_SCHEMES, login_refused, moved, redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
 from .job import STATES
 from .keys import validate_prefix
@@ -306,7 +306,7 @@ def _snapshots(
         try:
             snapshots.append(_snapshot(opened.get(name)))
         except redis.exceptions.ResponseError as exc:
-            if _moved(exc):
+            if moved(exc):
                 raise  # a plain URL of a cluster's node: said once, for all
             refused.append(f"jobq info: queue {printable(name)}: Redis refused: {exc}")
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -315,13 +315,6 @@ def _snapshots(
                 raise  # the one server is away: none can be read
             refused.append(f"jobq info: queue {printable(name)}: unreachable: {exc}")
     return snapshots, refused
-
-
-def _moved(exc: Exception) -> bool:
-    """Whether a plain client met a cluster's MOVED reply (redis-py 5.0
-    leaves it a plain ResponseError)."""
-    return isinstance(exc, redis.exceptions.MovedError) or (
-        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("MOVED "))
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -976,7 +969,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jobq: cannot reach Redis at {where}: {reason}", file=sys.stderr)
         return EXIT_REDIS
     except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, WRONGTYPE...
-        if _moved(exc):  # a plain URL of a cluster's node
+        if moved(exc):  # a plain URL of a cluster's node
             print("jobq: the server is a node of a Redis Cluster (it answered MOVED): give a "
                   "redis+cluster:// URL", file=sys.stderr)
             return EXIT_USAGE

@@ -174,8 +174,20 @@ def login_refused(exc: BaseException | None) -> bool:
     return False
 
 
+def moved(exc: BaseException) -> bool:
+    """Whether a plain client met a cluster's MOVED reply: its URL names a
+    node of a Redis Cluster (redis-py 5.0 leaves it a plain ResponseError)."""
+    return isinstance(exc, redis.exceptions.MovedError) or (
+        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("MOVED "))
+
+
 def unreachable(exc: Exception, client: Client) -> Exception:
-    """The same kind of redis-py error, its message naming the server."""
+    """The same kind of redis-py error, its message naming the server; a
+    MOVED reply to a plain client (see ``moved``) said as such."""
+    if moved(exc):
+        return redis.exceptions.ResponseError(
+            f"the Redis server at {describe(client)} is a node of a Redis Cluster (it answered "
+            f"MOVED {str(exc).removeprefix('MOVED ')}): connect with a redis+cluster:// URL")
     if _sentinel.refused_by_sentinels(exc):
         return redis.exceptions.AuthenticationError(
             f"the Sentinels of {describe(client)} refused the login (sentinel_username / "

@@ -41,7 +41,7 @@ from ._shards import (
     validate_count,
 )
 from .calls import NewJob
-from .connection import unreachable
+from .connection import moved, unreachable
 from .errors import JobqError, RedisOOMError
 from .job import Job
 from .keys import lookup_id, validate_job_id
@@ -173,7 +173,10 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 raise mismatch(self.name, stored, self._count)
             for shard in self._shards:
                 shard._context.ensure_ready()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except redis.exceptions.RedisError as exc:
+            if not isinstance(exc, (redis.exceptions.ConnectionError,
+                                    redis.exceptions.TimeoutError)) and not moved(exc):
+                raise
             raise unreachable(exc, client) from exc
 
     def _restore(self) -> None:

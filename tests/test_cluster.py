@@ -281,6 +281,34 @@ def test_a_cluster_url_naming_db_0_serves_a_worker(cluster: LocalCluster) -> Non
         Queue("db-one", connection=cluster.url.rstrip("/") + "/1")
 
 
+def test_a_plain_url_of_a_cluster_node_says_to_give_a_cluster_url(cluster: LocalCluster) -> None:
+    """A redis:// URL naming one node of a cluster served the queues whose
+    slot that node holds, and for every other raised redis-py's bare
+    "MOVED 15495 127.0.0.1:30643" (a Queue's first add, a Worker's start),
+    or retried it for ever (a QueueEvents)."""
+    node = cluster.masters()[0]
+    url = f"redis://127.0.0.1:{node.port}"
+    elsewhere = next(name for name in names_on_distinct_shards(cluster, "plain", 3)
+                     if not _served_by(cluster, name, node))
+    said = r"is a node of a Redis Cluster \(it answered MOVED \d+ [\d.:]+\): connect with a " \
+           r"redis\+cluster:// URL"
+    with Queue(elsewhere, connection=url) as queue, \
+            pytest.raises(redis.exceptions.ResponseError, match=said):
+        queue.add("x")
+    worker = Worker(elsewhere, lambda job: None, connection=url)
+    with pytest.raises(redis.exceptions.ResponseError, match=said):
+        worker.start()
+    worker.close()
+    with QueueEvents(elsewhere, connection=url) as events, \
+            pytest.raises(redis.exceptions.ResponseError, match=said):
+        events.wait_for("any", timeout=WAIT)
+
+
+def _served_by(cluster: LocalCluster, name: str, node: RedisServer) -> bool:
+    with cluster.client() as client:
+        return cluster.server_of_slot(slot_of(client, name)).port == node.port
+
+
 def test_a_flow_across_shards_is_refused_and_a_hash_tag_prefix_serves_it(
     cluster: LocalCluster,
 ) -> None:
