@@ -194,6 +194,9 @@ class EventMode:
     def __init__(self, context: QueueContext) -> None:
         self._context = context
         self._told_sharded = False
+        #: its reader listens to the channel whatever the mode (a shard's,
+        #: read by a ShardReader): a mode stored later needs no standby
+        self.always_listened = False
         self.reset()
 
     def reset(self) -> None:
@@ -297,6 +300,8 @@ class EventMode:
         if self.read(client) != "pubsub":
             return None
         if self.standby is None:
+            if self.always_listened:  # what is published comes by that subscription
+                return None
             raise ModeChanged(f"queue {self._context.name!r} uses pub/sub events now")
         pubsub, self.standby = self.standby, None
         return pubsub

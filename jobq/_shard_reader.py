@@ -30,8 +30,10 @@ from redis.cluster import RedisCluster
 
 from . import _reader
 from . import connection as _connection
+from . import events as _events
 from ._reader import READ_COUNT, EventReader, ModeChanged, publish_wake
 from ._threads import BackgroundLoop, reached
+from ._waiters import CHECKPOINT
 from .connection import Client, blocking_client, close_subscription, ssubscribe
 
 logger = logging.getLogger("jobq.queue_events")
@@ -73,6 +75,8 @@ class ShardReader:
         self._name = name
         self._client = client
         self._readers = readers
+        for reader in readers:  # its nodes' subscriptions hear every shard's channel
+            reader.event_mode.always_listened = True
         self._by_key = {reader.key: reader for reader in readers}
         self._block = block
         self._stop = stop
@@ -293,12 +297,25 @@ class ShardReader:
         if shard is None:
             return
         reader = self._readers[shard]
-        if reader.event_mode.undecided:  # its first write: in which mode?
+        if reader.event_mode.undecided or (
+                reader.mode == "stream" and not _is_wake(message["data"])):
+            # its first write, or an event published: in which mode now? (a
+            # mode is stored once, by a queue's first write; this reader read
+            # the stream before)
             reader.event_mode.read(self._client)
         if reader.mode == "pubsub":
             reader.consume_message(message)
         else:
             self._signalled.add(shard)
+
+
+#: How every wake-up and checkpoint published on a shard's channel begins
+#: (an event named so is no event: see CHECKPOINT).
+_WAKE = _events.to_netstrings(["ev", CHECKPOINT])
+
+
+def _is_wake(data: bytes | str) -> bool:
+    return (data if isinstance(data, bytes) else str(data).encode()).startswith(_WAKE)
 
 
 def _text(value: bytes | str) -> str:

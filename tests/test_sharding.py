@@ -767,6 +767,46 @@ def test_a_pubsub_sharded_reader_follows_its_shards_to_their_streams_when_the_mo
         q.obliterate(force=True)
 
 
+def test_a_sharded_reader_follows_a_mode_stored_after_it_began_without_connecting_again(
+    queue_name: str, redis_url: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ShardedQueueEvents begun before its queue's first write reads the
+    shards' streams (no mode stored yet) and listens to their channels. The
+    first write stored pub/sub mode and said so in each stream: on reading
+    that, the reader connected again, and what was published meanwhile was
+    lost to its listeners (a rare failure of the test above, in the cluster
+    pass). It goes on, on the subscriptions it has."""
+    from jobq._shard_reader import ShardReader
+
+    first_read = threading.Event()  # the reader's first read waits for the first write
+    read_signalled = ShardReader._read_signalled
+
+    def held_back(reader: ShardReader) -> None:
+        first_read.wait(WAIT)
+        read_signalled(reader)
+
+    monkeypatch.setattr(ShardReader, "_read_signalled", held_back)
+    completed = Completed()
+    with ShardedQueueEvents(queue_name, shards=SHARDS, connection=redis_url) as events:
+        events.on("completed", completed)
+        assert events.wait_until_ready(WAIT)
+        with (
+            ShardedQueue(queue_name, shards=SHARDS, connection=redis_url,
+                         event_mode="pubsub") as queue,
+            Worker(queue_name, lambda job: job.data, connection=redis_url, shards=SHARDS),
+        ):
+            queue.count()  # its first use stores pub/sub mode, and says so in each stream
+            first_read.set()
+            jobs = [queue.add("x", i, job_id=ids_on(i, 1, "p")[0]) for i in range(SHARDS)]
+            assert [job.wait_until_finished(events, timeout=WAIT) for job in jobs] == [
+                *range(SHARDS)]
+            assert completed.wait_for(SHARDS), completed.ids
+            queue.obliterate(force=True)
+    again = [r.getMessage() for r in caplog.records if r.name == "jobq.queue_events"]
+    assert not again, again
+
+
 @pytest.mark.parametrize("mode", ["stream", "pubsub"])
 def test_one_thread_and_connection_read_every_shard(
     queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
