@@ -48,6 +48,8 @@ USER_CODE_POLL = 0.05
 #: Longest failed reason and stack trace kept per attempt, in characters.
 MAX_REASON = 16 * 1024
 MAX_TRACE = 64 * 1024
+#: Longest exception class name kept (``Job.exc_type``), in characters.
+MAX_EXC_TYPE = 256
 
 Emit = Callable[..., None]
 
@@ -217,6 +219,7 @@ class Finisher:
         assert job is not None
         attempt_no = job.attempts_made + 1
         reason = failure_reason(exc)
+        exc_type = _clip(type(exc).__name__, MAX_EXC_TYPE)
         _span_failed(attempt, exc, reason)
         delay_ms = retry_delay_ms(job, exc, attempt_no)
         stacktrace = (job.stacktrace + [trace])[-MAX_STACKTRACES:]
@@ -224,7 +227,7 @@ class Finisher:
         reply, taken = self._call(
             attempt, conn, chain,
             lambda scripts, take: scripts.fail(
-                job.id, attempt.token, reason, packed, delay_ms, take, type(exc).__name__
+                job.id, attempt.token, reason, packed, delay_ms, take, exc_type
             ),
         )
         if reply is None:
@@ -234,7 +237,7 @@ class Finisher:
             return taken
         job.attempts_made = attempt_no
         job.failed_reason = reason
-        job.exc_type = type(exc).__name__
+        job.exc_type = exc_type
         job.stacktrace = stacktrace
         retrying = reply.code == ScriptCode.RETRYING
         if not retrying:

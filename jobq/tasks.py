@@ -72,13 +72,19 @@ ASYNC_HINT = (
 
 
 def refuse_async(func: Callable[..., Any], what: str) -> None:
-    """Raise TypeError when ``func`` is an ``async def`` function (or an
-    object whose ``__call__`` is one): a worker would get a coroutine back."""
+    """Raise TypeError when ``func`` is an ``async def`` function or a
+    generator function (or an object whose ``__call__`` is one): a worker
+    would get a coroutine or a generator back, and the body would never run."""
     call = getattr(func, "__call__", None)  # noqa: B004 (an object's async __call__)
+    name = getattr(func, "__qualname__", None) or type(func).__qualname__
     if (inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
             or (not inspect.isroutine(func) and inspect.iscoroutinefunction(call))):
-        name = getattr(func, "__qualname__", None) or type(func).__qualname__
         raise TypeError(f"{what} is an async function ({name}): {ASYNC_HINT}")
+    if inspect.isgeneratorfunction(func) or (
+            not inspect.isroutine(func) and inspect.isgeneratorfunction(call)):
+        raise TypeError(f"{what} is a generator function ({name}): a worker would get a "
+                        "generator back and its body would never run; return the result "
+                        "instead of yielding it")
 
 
 def task_function(func: Callable[..., R]) -> Callable[..., R]:

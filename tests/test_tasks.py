@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -261,6 +262,22 @@ def test_async_handlers_are_refused_up_front_and_an_awaitable_result_fails_the_j
             Worker(queue.name, processor, connection=queue.client)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="async function"):
         queue.task()(work)
+    assert queue.tasks == {}
+
+    # a generator function: accepted, its body never ran, and every attempt
+    # failed with "return value is not msgpack-encodable: ... 'generator'"
+    def steps(job: Job) -> Iterator[int]:
+        yield 1
+
+    class Steps:
+        def __call__(self, job: Job) -> Iterator[int]:
+            yield 1
+
+    for processor in (steps, {"c": steps}, Steps()):
+        with pytest.raises(TypeError, match="generator function.*return the result"):
+            Worker(queue.name, processor, connection=queue.client)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="generator function"):
+        queue.task()(steps)
     assert queue.tasks == {}
 
     # an awaitable made by a plain function: the job fails, saying why

@@ -694,6 +694,27 @@ def test_message_with_a_lone_surrogate_fails_the_job_with_its_reason(
     assert stream_names(redis_client, queue.name, job.id).count("active") == 1
 
 
+def test_an_exception_class_with_a_huge_name_is_kept_clipped(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Its name went unclipped into the job's record (``exc_type``) and its
+    ``failed`` event, two megabytes each; the reason was clipped."""
+    huge = type("E" * 2_000_000, (Exception,), {})
+
+    def handler(job: Job) -> None:
+        raise huge("boom")
+
+    job = queue.add("named", None)
+    with make_worker(queue.name, redis_url, handler, max_stalled_count=0):
+        with pytest.raises(JobFailedError) as info:
+            job.wait_until_finished(timeout=WAIT)
+    assert len(info.value.exc_type or "") < 300, len(info.value.exc_type or "")
+    assert (info.value.exc_type or "").startswith("EEE")
+    largest = max(len(str(fields)) for _, fields in redis_client.xrange(
+        f"jobq:{{{queue.name}}}:events"))
+    assert largest < MAX_REASON + 1000, largest
+
+
 @pytest.mark.parametrize("how", ["bad_str", "bad_str_subclass", "bad_str_exit"])
 def test_an_exception_whose_message_breaks_fails_the_job_with_a_reason(
     queue: Queue, redis_url: str, how: str
