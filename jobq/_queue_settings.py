@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._shards import mismatch, shard_opened_plain
-from .connection import database, moved, unreachable
+from .connection import answered, database, moved, unreachable
 from .errors import JobqError
 
 logger = logging.getLogger("jobq.queue")
@@ -52,6 +52,8 @@ class QueueSettings:
         except redis.exceptions.RedisError as exc:
             if not isinstance(exc, (redis.exceptions.ConnectionError,
                                     redis.exceptions.TimeoutError)) and not moved(exc):
+                raise
+            if answered(exc):
                 raise
             raise unreachable(exc, client) from exc
         warn_if_evicting(client)

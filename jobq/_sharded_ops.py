@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ._queue_ops import state_names
-from ._shards import COUNT_FIELD, shard_of
+from ._shards import COUNT_FIELD, on_every_shard, shard_of
 from .errors import JobqError
 from .job import STATES, Job
 from .keys import lookup_id, lookup_key, queues_key
@@ -190,19 +190,24 @@ class ShardedAdmin:
         """Cancel a job, from any process (see ``Queue.cancel``)."""
         return self._shard(job_id).cancel(job_id, reason)
 
+    # A call over every shard acts on each that answers, then raises the
+    # first failure (a shard whose slot is moving, or whose node is away):
+    # one such shard leaves none of the others undone (on_every_shard).
+    # Call it again to finish.
+
     def pause(self) -> None:
         """Pause every shard (durable); emits ``paused`` on each."""
-        for shard in self._every():
-            shard.pause()
+        on_every_shard(self._every(), lambda shard: shard.pause())
         self._record()
 
     def resume(self) -> None:
         """Resume every shard; emits ``resumed`` on each, and wakes the
         workers (a shard's resume writes no wake-up of its own)."""
-        for shard in self._every():
+        def resume(shard: Queue) -> None:
             shard.resume()
-            keys = shard._context.keys
-            self._context.client.execute_command("SPUBLISH", keys.marker, "1")
+            self._context.client.execute_command("SPUBLISH", shard._context.keys.marker, "1")
+
+        on_every_shard(self._every(), resume)
         self._record()
 
     def is_paused(self) -> bool:
@@ -211,17 +216,18 @@ class ShardedAdmin:
 
     def drain(self, delayed: bool = False) -> int:
         """Remove every waiting job of every shard (and delayed ones when asked)."""
-        return sum(shard.drain(delayed) for shard in self._every())
+        return sum(on_every_shard(self._every(), lambda shard: shard.drain(delayed)))
 
     def clean(self, grace: float, limit: int = 0, state: str = "completed") -> list[str]:
         """Remove jobs of ``state`` older than ``grace`` seconds from every
         shard, at most ``limit`` in all (0: no cap); return their ids."""
         removed: list[str] = []
-        for shard in self._every():
-            left = limit - len(removed) if limit else 0
-            removed += shard.clean(grace, left, state)
-            if limit and len(removed) >= limit:
-                break
+
+        def clean(shard: Queue) -> None:
+            if not limit or len(removed) < limit:
+                removed.extend(shard.clean(grace, limit - len(removed) if limit else 0, state))
+
+        on_every_shard(self._every(), clean)
         return removed
 
     def obliterate(self, force: bool = False) -> None:
@@ -251,8 +257,7 @@ class ShardedAdmin:
                     f"queue {self._context.name!r} has active jobs (shards {', '.join(busy)}); "
                     "obliterate(force=True) removes them anyway"
                 )
-        for shard in shards:
-            shard.obliterate(force=True)
+        on_every_shard(shards, lambda shard: shard.obliterate(force=True))
         client = self._context.client
         keys = self._context.keys
         client.delete(keys.workers, keys.base + "limiter")
@@ -266,8 +271,8 @@ class ShardedAdmin:
 
     def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
         """Move every failed (or completed) job of every shard back to waiting."""
-        shards = self._every()
-        return sum(shard.retry_jobs(state, reset_attempts=reset_attempts) for shard in shards)
+        return sum(on_every_shard(
+            self._every(), lambda shard: shard.retry_jobs(state, reset_attempts=reset_attempts)))
 
     def get_workers(self) -> list[WorkerInfo]:
         """The live workers of this queue."""
@@ -290,7 +295,7 @@ class ShardedAdmin:
 
     def trim_events(self, max_len: int) -> int:
         """Trim each shard's event stream to about ``max_len`` entries."""
-        return sum(shard.trim_events(max_len) for shard in self._every())
+        return sum(on_every_shard(self._every(), lambda shard: shard.trim_events(max_len)))
 
     def emit(self, event: str, **fields: Any) -> None:
         """Publish a custom event (on the first shard's channel: every

@@ -181,6 +181,14 @@ def moved(exc: BaseException) -> bool:
         isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("MOVED "))
 
 
+def answered(exc: BaseException) -> bool:
+    """Whether a ConnectionError says more than "unreachable" already: one
+    that says so (``unreachable``'s), or a call the server answered but did
+    not run for now (``Scripts.run``'s: the slot is moving, TRYAGAIN...)."""
+    return str(exc).startswith("cannot reach the Redis server at ") or isinstance(
+        exc.__cause__, redis.exceptions.ResponseError)
+
+
 def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server; a
     MOVED reply to a plain client (see ``moved``) said as such."""

@@ -73,6 +73,22 @@ def add_refused(added: list[Job], total: int) -> RedisOOMError:
     return error
 
 
+def partly_added(exc: redis.exceptions.RedisError, added: list[Job],
+                 total: int) -> redis.exceptions.RedisError:
+    """The error of a bulk add that failed (``exc``) after ``added`` of its
+    ``total`` jobs were written (in order; ``error.added``): of the kind
+    ``exc`` is (a ConnectionError, a TimeoutError, a ResponseError), saying
+    so; an add of them all again would add those twice, unless they have
+    job ids."""
+    kind = next(k for k in (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                            redis.exceptions.ResponseError, redis.exceptions.RedisError)
+                if isinstance(exc, k))
+    error = kind(f"{len(added)} of the {total} jobs were added (the error's `added`), the "
+                 f"others not, or not surely: {exc}")
+    error.added = added  # type: ignore[attr-defined]
+    return error
+
+
 def bulk_entry(index: int, name: Any, exc: BaseException) -> BaseException:
     """The error of an ``add_bulk``'s entry ``index``, naming it."""
     return in_entry(f"jobs[{index}] (name {name!r})", exc)
@@ -255,6 +271,10 @@ class Queue(
                 raise
             except redis.exceptions.OutOfMemoryError as exc:
                 raise add_refused(result, len(prepared)) from exc
+            except redis.exceptions.RedisError as exc:
+                if not result:
+                    raise
+                raise partly_added(exc, result, len(prepared)) from exc
             if unset:
                 self._settings_lost(sent)
             for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):

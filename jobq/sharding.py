@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import random
 import threading
 from collections import defaultdict
@@ -41,12 +42,19 @@ from ._shards import (
     validate_count,
 )
 from .calls import NewJob
-from .connection import moved, unreachable
+from .connection import answered, moved, unreachable
 from .errors import JobqError, RedisOOMError
 from .job import Job
 from .keys import lookup_id, validate_job_id
 from .options import FAILURE_POLICIES
-from .queue import DEFAULT_MAX_PAYLOAD_BYTES, Queue, add_refused, bulk_entry, job_specs
+from .queue import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Queue,
+    add_refused,
+    bulk_entry,
+    job_specs,
+    partly_added,
+)
 from .scripts import FunctionsRefused
 from .tasks import QueueTasks, Task
 
@@ -55,6 +63,8 @@ if TYPE_CHECKING:
     from .queue_events import QueueEvents
 
 __all__ = ["ShardCountError", "ShardedQueue", "open_queue"]
+
+logger = logging.getLogger("jobq.queue")
 
 _Prepared = tuple[NewJob, dict[str, Any], Any]
 
@@ -171,13 +181,25 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 raise holds_jobs(self.name)
             if stored != self._count:
                 raise mismatch(self.name, stored, self._count)
-            for shard in self._shards:
-                shard._context.ensure_ready()
+            self._shards_ready()
         except redis.exceptions.RedisError as exc:
             if not isinstance(exc, (redis.exceptions.ConnectionError,
                                     redis.exceptions.TimeoutError)) and not moved(exc):
                 raise
+            if answered(exc):
+                raise
             raise unreachable(exc, client) from exc
+
+    def _shards_ready(self) -> None:
+        """Each shard's first use (its settings stored). One that fails for
+        now (its slot moving, its node away) holds up none of the others:
+        it sets itself up at its own next call, which raises if it still
+        cannot."""
+        for shard in self._shards:
+            try:
+                shard._context.ensure_ready()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                logger.debug("shard %r not set up yet: %s", shard.name, exc)
 
     def _restore(self) -> None:
         """After ``obliterate``: the next use stores the count again."""
@@ -288,6 +310,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     ) -> list[Job]:
         result: list[Job | None] = [None] * count
         refused: list[RedisOOMError] = []
+        failed: list[redis.exceptions.RedisError] = []  # the other shards' jobs are written
 
         def write(shard: int) -> None:
             group = groups[shard]
@@ -296,6 +319,10 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             except RedisOOMError as exc:  # the shard's first jobs may be written
                 refused.append(exc)
                 jobs = list(exc.added)
+            except redis.exceptions.RedisError as exc:  # its slot moving, say
+                jobs = list(getattr(exc, "added", []))  # its first chunks may be written
+                failed.append(exc.__cause__ if jobs and isinstance(
+                    exc.__cause__, redis.exceptions.RedisError) else exc)
             for (index, _), job in zip(group, jobs, strict=False):
                 result[index] = job
 
@@ -314,6 +341,10 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 raise error
         if refused:
             raise add_refused(added, count) from refused[0]
+        if failed:
+            if not added:
+                raise failed[0]
+            raise partly_added(failed[0], added, count) from failed[0]
         return added
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -338,8 +369,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     def events(self) -> ShardedQueueEvents:
         """Events of every shard, started on first use, shared by all threads."""
         self._context.ensure_ready()
-        for shard in self._shards:  # each shard's settings (its event mode) are stored
-            shard._context.ensure_ready()
+        self._shards_ready()  # each shard's settings (its event mode) are stored
         return self._context.held_events(self._make_events)
 
     def _make_events(self) -> ShardedQueueEvents:

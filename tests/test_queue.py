@@ -817,6 +817,30 @@ def _single_adds_errors(target: Any) -> None:
         target.add_bulk([{"name": "ok"}, {"name": "x", "delay": -1}])
 
 
+def test_a_bulk_add_failing_after_a_chunk_says_which_jobs_were_added() -> None:
+    """A bulk is written a chunk (1,000 jobs) per round trip: a connection
+    lost on the second raised a bare ConnectionError, nothing saying the
+    first thousand were written; a caller adding the whole bulk again, as
+    after any failed add, added those twice."""
+    from jobq.testing import RedisServer, find_server_binary
+    from tests.proxy import Proxy
+
+    with RedisServer(find_server_binary()) as server, \
+            Proxy(("127.0.0.1", server.port)) as proxy, \
+            Queue("bulk", connection=proxy.url) as queue:
+        queue.add("warm")  # the library loaded, the settings stored
+        lost = proxy.drop_reply(lambda chunk: b"second-chunk" in chunk)
+        jobs = [{"name": "x", "data": "second-chunk" if i == 1000 else i} for i in range(2000)]
+        with pytest.raises(redis.exceptions.ConnectionError,
+                           match=r"^1000 of the 2000 jobs were added \(the error's `added`\)") \
+                as info:
+            queue.add_bulk(jobs)
+        assert lost.is_set()
+        added = info.value.added  # type: ignore[attr-defined]
+        assert [job.data for job in added] == list(range(1000))
+        assert all(queue.get_job(job.id) is not None for job in added)
+
+
 def test_add_bulk_duplicate_custom_ids(queue: Queue, redis_client: redis.Redis) -> None:
     queue.add("pre", "old", job_id="dup-0")
     jobs = queue.add_bulk(

@@ -372,6 +372,40 @@ def test_a_shard_whose_slot_migrates_holds_up_no_other_shards_locks_or_stall_che
     assert runs[mine] == 1 and runs[stuck] == 2
 
 
+def test_a_shard_whose_slot_migrates_holds_up_no_other_shards_admin_or_adds(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    """While shard 0's slot migrated: a ShardedQueue opened then (a process
+    started, the CLI) reached no shard ("cannot reach the Redis server ...:
+    cannot reach the Redis server ..."); pause, resume and drain stopped at
+    the first shard that failed, the shards after it left as they were (a
+    resume left every shard paused); a bulk add without ids raised "nothing
+    of it ran; try again" when the other shards' jobs were written, so an
+    add of it again added them twice."""
+    healthy = ids_of_shards("h", lambda shard: shard != 0, 1)[0]
+    moving = "the queue's slot is moving between nodes"
+    with shard_zero_migrating(cluster, sharded):
+        with ShardedQueue(sharded.name, shards=SHARDS, connection=cluster.url) as fresh:
+            job = fresh.add("x", "ok", job_id=healthy)
+            assert fresh.get_job(healthy) is not None and job.get_state() == "waiting"
+        for act in (sharded.pause, sharded.resume, sharded.pause):
+            with pytest.raises(redis.exceptions.ConnectionError, match=moving):
+                act()
+        assert [shard.is_paused() for shard in sharded.shards[1:]] == [True] * (SHARDS - 1)
+        with pytest.raises(redis.exceptions.ConnectionError, match=moving):
+            sharded.resume()
+        assert [shard.is_paused() for shard in sharded.shards[1:]] == [False] * (SHARDS - 1)
+        with pytest.raises(redis.exceptions.ConnectionError,
+                           match=rf"^10 of the 12 jobs were added .*{moving}") as info:
+            sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
+        added = info.value.added  # type: ignore[attr-defined]
+        assert len(added) == 10 and {shard_of(job.id, SHARDS) for job in added} == {1, 2, 3, 4, 5}
+        with pytest.raises(redis.exceptions.ConnectionError, match=moving):
+            sharded.drain()
+        assert [s.get_job_counts("waiting")["waiting"] for s in sharded.shards[1:]] == [0] * (
+            SHARDS - 1)
+
+
 def test_a_wrong_count_from_a_worker_is_an_error(
     cluster: LocalCluster, sharded: ShardedQueue
 ) -> None:
