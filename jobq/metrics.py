@@ -142,8 +142,10 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
     - ``jobq_job_wait_seconds`` / ``jobq_job_run_seconds`` (summaries, also
       by ``status``): sum and count of the finished jobs' wait and run times.
 
-    A queue the server refuses to read (a key of another type, an ACL) is
-    left out, and logged; a server away raises.
+    A queue the server refuses to read (a key of another type, an ACL), or
+    that cannot be read now (a cluster node away, a slot moving), is left
+    out, and logged; when no queue could be read for that (a server away),
+    the error is raised.
     """
     jobs = _Family("jobq_jobs", "gauge", "Jobs of the queue per state.")
     paused = _Family("jobq_queue_paused", "gauge", "1 when the queue is paused.")
@@ -158,6 +160,7 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
     ran = _Family("jobq_job_run_seconds", "summary",
                   "Time the last attempt of finished jobs ran.")
     seen: set[tuple[str, str]] = set()
+    away: list[tuple[str, redis.exceptions.RedisError]] = []
     for queue in queues:
         name = queue.name
         if (queue.prefix, name) in seen:  # a queue named twice: its series once
@@ -172,6 +175,9 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
             # other queues are still served, as `jobq info` shows them
             logger.warning("metrics: queue %r left out: Redis refused: %s", name, exc)
             continue
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            away.append((name, exc))  # one queue's node or slot: the others are served
+            continue
         for state, count in counts.items():
             jobs.add(count, queue=name, state=state)
         paused.add(1 if is_paused else 0, queue=name)
@@ -182,6 +188,10 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
             waited.add(metrics.count, "_count", queue=name, status=kind)
             ran.add(metrics.ran_for, "_sum", queue=name, status=kind)
             ran.add(metrics.count, "_count", queue=name, status=kind)
+    if away and len(away) == len(seen):  # none read: the server is away
+        raise away[0][1]
+    for left_out, error in away:
+        logger.warning("metrics: queue %r left out: %s", left_out, error)
     families = [jobs, paused, workers, *totals.values(), waited, ran]
     return "\n".join(f.render() for f in families) + "\n"
 

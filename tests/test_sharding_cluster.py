@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Job, ShardCountError, ShardedQueue, Worker
+from jobq import Job, Queue, ShardCountError, ShardedQueue, Worker
 from jobq._shards import shard_of
+from jobq.metrics import prometheus_text
 from jobq.testing import LocalCluster
 from tests.test_cluster import add_retrying
 from tests.test_sharding import check_no_shard_starves, check_the_limiter
@@ -400,6 +401,12 @@ def test_a_shard_whose_slot_migrates_holds_up_no_other_shards_admin_or_adds(
             sharded.add_bulk([{"name": "x", "data": i} for i in range(12)])
         added = info.value.added  # type: ignore[attr-defined]
         assert len(added) == 10 and {shard_of(job.id, SHARDS) for job in added} == {1, 2, 3, 4, 5}
+        # a scrape leaves the queue out, not every queue (it answered 503)
+        with Queue(f"{sharded.name}-plain", connection=cluster.url) as plain:
+            plain.add("x")
+            text = prometheus_text([sharded, plain])
+            assert f'queue="{plain.name}"' in text and f'queue="{sharded.name}"' not in text
+            plain.obliterate(force=True)
         with pytest.raises(redis.exceptions.ConnectionError, match=moving):
             sharded.drain()
         assert [s.get_job_counts("waiting")["waiting"] for s in sharded.shards[1:]] == [0] * (
