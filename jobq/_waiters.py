@@ -30,7 +30,6 @@ from . import serializer
 from ._batch_check import BatchCheck
 from ._context import QueueContext
 from .calls import OutcomeReply
-from .connection import is_transient
 from .errors import (
     ClosedError,
     JobCancelledError,
@@ -682,18 +681,6 @@ class WaiterTable:
                 # subscription echoes the checkpoint, after its current block
                 self._publish_refused = True
                 self._reader.ping(waiter.checkpoint)
-
-    def try_check(self, waiter: Waiter, deadline: float | None = None) -> bool:
-        """``check``, a transient error (a lost connection, a BUSY or
-        LOADING reply...) logged; False when it failed."""
-        try:
-            self.check(waiter, deadline)
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            logger.debug("checking job %r failed: %s", waiter.job_id, exc)
-            return False
-        return True
 
 
 def waited_result(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._threads import wait_event
 from ._waiters import Waiter
+from .connection import is_transient
 from .errors import ClosedError, WaitUntilFinishedTimeoutError
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class ThreadWait:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.look_by = None if self.deadline is None else \
             max(self.deadline, time.monotonic() + FIRST_LOOK)
+        self._unread: Exception | None = None  # why the last look at the record failed
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -43,7 +45,13 @@ class ThreadWait:
         return None if self.look_by is None else max(0.0, self.look_by - time.monotonic())
 
     def _timed_out(self) -> WaitUntilFinishedTimeoutError:
-        return WaitUntilFinishedTimeoutError(self.job_id, float(self.timeout or 0))
+        """The timeout's error; its last look at the record failed: saying so
+        (the job may have finished: a slot moving refused the look)."""
+        unread = self._unread
+        error = WaitUntilFinishedTimeoutError(
+            self.job_id, float(self.timeout or 0), str(unread) if unread else None)
+        error.__cause__ = unread
+        return error
 
     def _closed(self) -> ClosedError:
         return ClosedError(f"QueueEvents {self._events.name!r} closed during the wait")
@@ -106,13 +114,20 @@ class ThreadWait:
             waiter.resumed()  # the reader wakes more threads once this one is done
 
     def _try_check(self, waiter: Waiter, deadline: float | None) -> bool:
-        """The waiter's record check; a check cut by ``close()`` (its connection
+        """The waiter's record check; False when it failed for now (a lost
+        connection, a BUSY or LOADING reply, a slot moving: kept for the
+        timeout's error). A check cut by ``close()`` (its connection
         dropped under it, which some redis-py versions report as any error)
         raises ClosedError. ``deadline``: the waiting thread's own (see
         ``WaiterTable.check``)."""
         try:
-            return self._events._table.try_check(waiter, deadline)
-        except Exception:
+            self._events._table.check(waiter, deadline)
+        except Exception as exc:
             if self._events.closed:
                 raise self._closed() from None
-            raise
+            if not is_transient(exc):
+                raise
+            self._unread = exc
+            return False
+        self._unread = None
+        return True

@@ -122,13 +122,16 @@ class JobNotFoundError(JobqError, LookupError):
 class WaitUntilFinishedTimeoutError(JobqError, TimeoutError):
     """``wait_until_finished`` ran out of time before the job finished."""
 
-    def __init__(self, job_id: str, timeout: float) -> None:
-        super().__init__(f"job {job_id!r} did not finish within {timeout:g} s")
+    def __init__(self, job_id: str, timeout: float, unread: str | None = None) -> None:
+        super().__init__(f"job {job_id!r} did not finish within {timeout:g} s" + (
+            f", as far as could be told: its record could not be read ({unread})"
+            if unread else ""))
         self.job_id = job_id
         self.timeout = timeout
+        self.unread = unread
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.job_id, self.timeout))
+        return (type(self), (self.job_id, self.timeout, self.unread))
 
 
 class JobTimeoutError(JobqError, TimeoutError):

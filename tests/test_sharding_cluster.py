@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Job, Queue, ShardCountError, ShardedQueue, Worker
+from jobq import Job, Queue, ShardCountError, ShardedQueue, WaitUntilFinishedTimeoutError, Worker
 from jobq._shards import shard_of
 from jobq.metrics import prometheus_text
 from jobq.testing import LocalCluster
@@ -411,6 +411,24 @@ def test_a_shard_whose_slot_migrates_holds_up_no_other_shards_admin_or_adds(
             sharded.drain()
         assert [s.get_job_counts("waiting")["waiting"] for s in sharded.shards[1:]] == [0] * (
             SHARDS - 1)
+
+
+def test_a_wait_whose_record_cannot_be_read_says_so_at_its_timeout(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    """A job of shard 0 finished, then shard 0's slot began to migrate: a
+    wait on it (its record refused to the look, the slot moving) ran out
+    saying "did not finish", of a job that had."""
+    zero = ids_of_shards("z", lambda shard: shard == 0, 1)[0]
+    with Worker(sharded.name, lambda job: job.data, connection=cluster.url):
+        job = sharded.add("x", "zz", job_id=zero)
+        assert job.wait_until_finished(timeout=WAIT) == "zz"
+    with shard_zero_migrating(cluster, sharded):
+        with pytest.raises(WaitUntilFinishedTimeoutError,
+                           match=r"within 2 s, as far as could be told: its record could not be "
+                                 r"read \(.*the queue's slot is moving") as info:
+            sharded.get_job(zero).wait_until_finished(timeout=2)  # type: ignore[union-attr]
+        assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
 
 
 def test_a_wrong_count_from_a_worker_is_an_error(
