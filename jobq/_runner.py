@@ -45,6 +45,11 @@ logger = logging.getLogger("jobq.worker")  # the public module's name, as docume
 #: whether it was forced meanwhile), in seconds.
 USER_CODE_POLL = 0.05
 
+#: Seconds a pool thread waiting for work keeps its connection: then it
+#: goes back to the pool, where a thread finishing a job finds it (a server
+#: whose ``maxclients`` the worker's threads reach connects no more).
+IDLE_HOLD = 1.0
+
 #: Longest failed reason and stack trace kept per attempt, in characters.
 MAX_REASON = 16 * 1024
 MAX_TRACE = 64 * 1024
@@ -314,6 +319,9 @@ class Finisher:
                                        attempt.job_id, type(exc).__name__, exc)
                         if conn is not None:
                             conn.reset()  # its replies may be out of step
+                    elif backoff is None:  # said once: a job held up is never silent
+                        logger.warning("finishing job %r failed (%s); trying again while "
+                                       "its lock lives", attempt.job_id, brief(exc))
                     # resent with the same take token: a lost reply's take
                     # comes back with the retry (see and_take_next)
                     ambiguous = True
@@ -446,7 +454,12 @@ class Runner:
         conn = _HeldConnection(self._context) if self._hold else None
         try:
             while True:
-                attempt = self._work.get()
+                try:
+                    attempt = self._work.get(timeout=IDLE_HOLD)
+                except _queue.Empty:  # idle: its connection goes back to the pool
+                    if conn is not None:
+                        conn.release()
+                    attempt = self._work.get()
                 if attempt is None:
                     return
                 try:

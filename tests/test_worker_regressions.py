@@ -351,6 +351,21 @@ def test_a_worker_started_while_the_server_is_away_waits_to_learn_the_queue_is_s
             worker.close()
 
 
+def test_a_worker_with_more_threads_than_the_server_takes_clients_finishes_every_job() -> None:
+    """A server with ``maxclients 20`` and a worker of 24 threads: the
+    threads left idle at the end kept their connections, those holding
+    finished jobs could not connect, and their finishing calls were tried
+    again, silently, until the worker closed (the jobs then ran twice, as
+    stalled). An idle pool thread gives its connection back."""
+    with RedisServer(find_server_binary(), extra_args=["--maxclients", "20"]) as server, \
+            Queue("busy", connection=server.url) as queue:
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(100)])
+        done = threading.Event()
+        with Worker("busy", lambda job: done.wait(0.01) or job.data, connection=server.url,
+                    concurrency=24):
+            assert [job.wait_until_finished(timeout=30) for job in jobs] == list(range(100))
+
+
 def test_a_worker_whose_login_is_refused_says_so_at_start(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
