@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from . import _fork, serializer
+from . import _fork
 from . import connection as _connection
 from . import events as _events
 from ._context import QueueContext
@@ -588,8 +588,6 @@ class EventReader:
             # every record is gone: each waiter learns it from its own check
             self._forget()
         if self._listeners.has_any():
-            if event.name == "progress" and "progress" not in event.fields and not event._custom:
-                event = progress_of(self._context, event)
             self._dispatcher.put(event)
         elif event.id is not None and not event._more and self._dispatcher.idle():
             self._dispatcher.dispatched_id = event.id
@@ -646,24 +644,6 @@ def outcome_of(context: QueueContext, event: Event, run: str | None) -> tuple[Ou
         return outcome, event
     fields = {**event.fields, "result": outcome.value}
     return outcome, dataclasses.replace(event, fields=fields)
-
-
-def progress_of(context: QueueContext, event: Event) -> Event:
-    """A ``progress`` event whose value was too big for the stream (see
-    updateJob.lua), with the job's progress read from its record (its
-    latest: a later update may have come since); as it is when the job is
-    gone or the value cannot be decoded here (logged)."""
-    assert event.job_id is not None
-    raw = context.client.hget(context.keys.job(event.job_id), "prog")
-    if raw is None:
-        return event
-    try:
-        value = serializer.decode(raw, "progress")
-    except SerializationError as exc:
-        logger.warning("events reader of %r: progress of job %r: %s", context.name,
-                       event.job_id, exc)
-        return event
-    return dataclasses.replace(event, fields={**event.fields, "progress": value})
 
 
 #: The highest sequence number of a stream id.

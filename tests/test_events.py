@@ -178,43 +178,6 @@ def test_job_lifecycle_events_in_order_with_typed_fields(
         assert event.job_id == job.id
 
 
-@pytest.mark.parametrize("mode", ["stream", "pubsub"])
-def test_a_big_progress_value_is_heard_whole_and_kept_out_of_the_stream(
-    queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
-) -> None:
-    """Every update_progress value went whole into the event stream, up to
-    the 1 MiB payload limit each (a result only up to 1 KiB): 20 updates
-    of 500 KB by 5 jobs made a 52 MB stream. A value over 1 KiB stays in the
-    job's record, where readers read it for their listeners."""
-    big, small = "p" * 500_000, {"done": 3}
-    heard: list[Any] = []
-    first, both = threading.Event(), threading.Event()
-
-    def handler(job: Job) -> str:
-        job.update_progress(big)
-        first.wait(WAIT)  # heard before the next update replaces it in the record
-        job.update_progress(small)
-        return "ok"
-
-    def listener(event: Any) -> None:
-        heard.append(event.progress)
-        (first if len(heard) == 1 else both).set()
-
-    with Queue(queue_name, connection=redis_url, event_mode=mode) as queue, \
-            QueueEvents(queue_name, connection=redis_url) as events:
-        events.on("progress", listener)
-        assert events.wait_until_ready(WAIT)
-        job = queue.add("x")
-        with Worker(queue_name, handler, connection=redis_url):
-            assert job.wait_until_finished(timeout=WAIT) == "ok"
-            assert both.wait(WAIT)
-        assert heard == [big, small]
-        if mode == "stream":
-            sizes = [sum(len(k) + len(v) for k, v in fields.items())
-                     for _, fields in redis_client.xrange(queue._context.keys.events)]
-            assert max(sizes) < 2048, max(sizes)
-
-
 def test_delayed_job_events(queue: Queue, qe: QueueEvents, redis_url: str) -> None:
     rec = Recorder()
     qe.on_all_events(rec)

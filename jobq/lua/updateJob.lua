@@ -12,14 +12,8 @@
   Returns  1 (log: the number of lines); -1 no such job; -2 the attempt
            no longer owns the job (it timed out, or its lock expired and
            another worker took the job over): nothing written
-  Events   progress, for progress (its value when at most INLINE_PROGRESS
-           bytes; else the reader reads it from the record)
+  Events   progress, for progress
 ]]
--- Longest progress value (bytes, encoded) carried in its `progress` event;
--- a bigger one is read from the record by the readers (as a result over
--- complete.lua's INLINE_RESULT): every update's value kept in the stream
--- made it hold gigabytes at the default max_events.
-local INLINE_PROGRESS = 1024
 local id, what, value = ARGV[1], ARGV[2], ARGV[3]
 local jk = job_key(id)
 if redis.call('EXISTS', jk) == 0 then return -1 end
@@ -28,11 +22,7 @@ if what == 'data' then
   redis.call('HSET', jk, 'data', value)
 elseif what == 'progress' then
   redis.call('HSET', jk, 'prog', value)
-  if string.len(value) > INLINE_PROGRESS then
-    emit('progress', id, { 'big', '1' })
-  else
-    emit('progress', id, { 'progress', value })
-  end
+  emit('progress', id, { 'progress', value })
 else
   local lk = base .. 'logs:' .. id
   local n = redis.call('RPUSH', lk, value)
