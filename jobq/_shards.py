@@ -169,12 +169,16 @@ def on_every_shard(shards: Iterable[T], call: Callable[[T], R]) -> list[R]:
     """``call`` for each of ``shards``, in turn, none held up by another:
     a shard whose call fails (its slot moving, its node away) is passed
     over, and the first such failure is raised once every shard has had
-    its call. The replies, in order, when none failed."""
+    its call. The replies, in order, when none failed. A call that timed
+    out is raised at once: a server that does not answer (all of them, on
+    one server) is not waited for again for every shard."""
     replies: list[R] = []
     failure: Exception | None = None
     for shard in shards:
         try:
             replies.append(call(shard))
+        except redis.exceptions.TimeoutError:
+            raise
         except redis.exceptions.RedisError as exc:
             failure = failure or exc
     if failure is not None:

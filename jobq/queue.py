@@ -280,7 +280,11 @@ class Queue(
             for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):
                 new, opts, data = item
                 if duplicated:
-                    existing = self.get_job(job_id)
+                    try:
+                        existing = self.get_job(job_id)
+                    except redis.exceptions.RedisError:  # it exists, the reply said
+                        result.append(Job(self._context, job_id, new.name))
+                        continue
                     if existing is None and duplicated == 1:  # removed since: added again
                         if not tries:
                             raise JobqError(f"job {job_id!r} was removed while it was added again")

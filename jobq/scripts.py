@@ -341,13 +341,13 @@ class Scripts:
                 if node_connection is not None:
                     try:
                         return self.run_on(node_connection, name, base, *args)
+                    except (MovedError, ClusterDownError):  # (a MovedError is an AskError)
+                        pass  # the slot moved: the cluster client follows the new map
                     except (AskError, TryAgainError) as exc:
                         if once:
                             raise _moving(exc) from exc
                         if isinstance(exc, TryAgainError):
                             raise
-                    except (MovedError, ClusterDownError):
-                        pass
                     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                         if name not in RESENDABLE:  # it may have run: not sent again
                             raise

@@ -46,7 +46,8 @@ def run_as_current(job: Job, handler: Callable[[Job], Any]) -> Any:
     Raises:
         TypeError: the handler returned an awaitable (an ``async def``
             handler that ``refuse_async`` could not see, such as an object
-            with an async ``__call__``): nothing would ever await it.
+            with an async ``__call__``): nothing would ever await it; or a
+            generator (of a generator function behind a wrapper).
     """
     token = _current.set(job)
     try:
@@ -60,6 +61,12 @@ def run_as_current(job: Job, handler: Callable[[Job], Any]) -> Any:
         raise TypeError(
             f"the handler of job {job.id!r} returned {type(result).__name__!r}, an awaitable: "
             f"{ASYNC_HINT}"
+        )
+    if inspect.isgenerator(result):  # a generator function that refuse_async could not see
+        result.close()
+        raise TypeError(
+            f"the handler of job {job.id!r} returned a generator: its body never ran; "
+            "return the result instead of yielding it"
         )
     return result
 

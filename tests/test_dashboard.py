@@ -509,12 +509,14 @@ def test_requests_are_answered_for_the_allowed_host_names(
                                    data={"action": "pause", "q": queue.name})
             assert response.status_code == (403 if name in answered else 421), name
     assert not queue.is_paused()
-    for bad in ([], [""], ["*", "a"], [5], ["."]):
+    for bad in ([], [""], ["*", "a"], [5], ["."], ["*.example.com"], [" example.com"]):
         with pytest.raises(ValueError, match="allowed_hosts"):
             create_app(redis_url, allowed_hosts=bad)
     # a port is never matched: such a name answered nothing, and said nothing
     with pytest.raises(ValueError, match="without a port: 'jobs.example.com:8000'"):
         create_app(redis_url, allowed_hosts=["jobs.example.com:8000"])
+    with pytest.raises(ValueError, match=r"without a port: '\[::1\]:80'"):
+        create_app(redis_url, allowed_hosts=["[::1]:80"])
 
 
 def test_back_cannot_add_a_header_to_the_redirect(client: Any, queue: Queue) -> None:

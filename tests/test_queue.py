@@ -841,6 +841,26 @@ def test_a_bulk_add_failing_after_a_chunk_says_which_jobs_were_added() -> None:
         assert all(queue.get_job(job.id) is not None for job in added)
 
 
+def test_a_bulk_add_whose_existing_job_cannot_be_read_back_returns_every_job() -> None:
+    """A job of the bulk found existing by its id is read back; a read that
+    failed (the connection lost, its retries too) raised from add_bulk
+    after the bulk was written, none of its jobs returned or said added."""
+    from jobq.testing import RedisServer, find_server_binary
+    from tests.proxy import Proxy
+
+    with RedisServer(find_server_binary()) as server, \
+            Proxy(("127.0.0.1", server.port)) as proxy, \
+            Queue("bulk", connection=proxy.url) as queue:
+        queue.add("x", "first", job_id="dup")
+        for _ in range(6):  # every try of the read, and more
+            proxy.drop_reply(lambda chunk: b"HGETALL" in chunk and b":dup" in chunk)
+        jobs = queue.add_bulk([{"name": "x", "data": 1}, {"name": "x", "data": 2, "job_id": "dup"},
+                               {"name": "x", "data": 3}])
+        assert [job.id for job in jobs][1] == "dup" and len(jobs) == 3
+        with server.client() as client:
+            assert client.llen("jobq:{bulk}:wait") == 3
+
+
 def test_add_bulk_duplicate_custom_ids(queue: Queue, redis_client: redis.Redis) -> None:
     queue.add("pre", "old", job_id="dup-0")
     jobs = queue.add_bulk(

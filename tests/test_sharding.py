@@ -724,6 +724,32 @@ def test_a_sharded_worker_stores_the_shard_marks_again_when_the_server_lost_them
         assert sharded.add("x", 2).wait_until_finished(timeout=WAIT) == 2
 
 
+def test_a_call_over_the_shards_waits_for_a_server_that_does_not_answer_once(
+    queue_name: str,
+) -> None:
+    """A call over every shard passes over one that fails (its slot moving)
+    and goes on with the others; against a server that did not answer, it
+    waited out the socket timeout for each shard in turn (4 shards: 8 to 11
+    s for a timeout of 1 s). A timeout is raised at once."""
+    import signal
+
+    from jobq.testing import RedisServer, find_server_binary
+
+    with RedisServer(find_server_binary()) as server, ShardedQueue(
+        queue_name, shards=6, connection=f"{server.url}?socket_timeout=1"
+    ) as queue:
+        queue.count()  # set up while the server answers
+        server.kill(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError):
+                queue.pause()
+            took = time.monotonic() - started
+        finally:
+            server.kill(signal.SIGCONT)
+        assert took < 5.0, took  # one shard's wait (and its client's retry), not six
+
+
 def test_a_sharded_queue_stores_its_count_again_when_the_server_lost_it(
     sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
 ) -> None:

@@ -413,6 +413,23 @@ def test_a_shard_whose_slot_migrates_holds_up_no_other_shards_admin_or_adds(
             SHARDS - 1)
 
 
+def test_a_round_over_the_shards_follows_a_slot_that_has_moved(
+    cluster: LocalCluster, sharded: ShardedQueue
+) -> None:
+    """A call of such a round (lock renewal, the stalled check) is refused at
+    once while its slot migrates; a MOVED reply (the slot has moved) was
+    taken for that too (redis-py's MovedError is an AskError), and the call
+    failed until some other call read the new slot map."""
+    context = sharded.shards[0]._context
+    with cluster.client() as client:
+        slot = int(client.keyslot(context.keys.base))
+    source = cluster.server_of_slot(slot)
+    target = next(m for m in cluster.masters() if m is not source)
+    context.scripts.run("stalledCheck", context.keys.base, 1, 0, 10, once=True)  # map read
+    cluster.migrate_slot(slot, target)
+    assert context.scripts.run("stalledCheck", context.keys.base, 1, 0, 10, once=True) == []
+
+
 def test_a_wait_whose_record_cannot_be_read_says_so_at_its_timeout(
     cluster: LocalCluster, sharded: ShardedQueue
 ) -> None:

@@ -279,6 +279,12 @@ def test_async_handlers_are_refused_up_front_and_an_awaitable_result_fails_the_j
     with pytest.raises(TypeError, match="generator function"):
         queue.task()(steps)
     assert queue.tasks == {}
+    # one behind a wrapper: the job fails saying so (it said "not msgpack-encodable")
+    hidden = queue.add("x")
+    with Worker(queue.name, lambda job: steps(job), connection=queue.client,
+                prefix=queue.prefix):
+        with pytest.raises(jobq.JobFailedError, match="returned a generator: its body never ran"):
+            hidden.wait_until_finished(timeout=WAIT)
 
     # an awaitable made by a plain function: the job fails, saying why
     job = queue.add("x")

@@ -384,14 +384,15 @@ def _allowed(hosts: str | Iterable[str] | None, auth: Auth | None) -> frozenset[
     if hosts == "*":
         return None
     names = [hosts] if isinstance(hosts, str) else list(hosts)
-    if not names or not all(isinstance(h, str) and h.strip(".") and h != "*" for h in names):
-        raise ValueError("allowed_hosts must be '*' or host names (e.g. ['jobs.example.com']), "
-                         f"not {hosts!r}")
+    if not names or not all(isinstance(h, str) and h.strip(".") and "*" not in h
+                            and h == h.strip() for h in names):
+        raise ValueError("allowed_hosts must be '*' or host names (e.g. ['jobs.example.com'], "
+                         f"['.example.com'] for a domain and its subdomains), not {hosts!r}")
     allowed = frozenset(h.lower().rstrip(".").removeprefix("[").removesuffix("]")
                         if not h.startswith(".") else h.lower().rstrip(".") for h in names)
-    for name in allowed:
-        if ":" in name and not _is_address(name):
-            raise ValueError(f"allowed_hosts names hosts, without a port: {name!r} (the "
+    for given in names:
+        if ":" in given and not _is_address(given.removeprefix("[").removesuffix("]")):
+            raise ValueError(f"allowed_hosts names hosts, without a port: {given!r} (the "
                              "port a request was sent to is not matched)")
     return allowed
 
