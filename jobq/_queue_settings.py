@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from ._checks import warn_if_evicting
 from ._context import QueueContext
 from ._shards import mismatch, shard_opened_plain
-from .connection import answered, database, moved, unreachable
+from .connection import database, first_use_failed
 from .errors import JobqError
 
 logger = logging.getLogger("jobq.queue")
@@ -50,12 +50,10 @@ class QueueSettings:
         try:
             self._setup_meta()
         except redis.exceptions.RedisError as exc:
-            if not isinstance(exc, (redis.exceptions.ConnectionError,
-                                    redis.exceptions.TimeoutError)) and not moved(exc):
+            error = first_use_failed(exc, client)
+            if error is exc:
                 raise
-            if answered(exc):
-                raise
-            raise unreachable(exc, client) from exc
+            raise error from exc
         warn_if_evicting(client)
 
     def _settings_lost(self, sent: float) -> None:

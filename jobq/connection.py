@@ -189,6 +189,15 @@ def answered(exc: BaseException) -> bool:
         exc.__cause__, redis.exceptions.ResponseError)
 
 
+def first_use_failed(exc: redis.exceptions.RedisError, client: Client) -> Exception:
+    """What a queue's first use that failed with ``exc`` raises: a server
+    away, or a plain URL of a cluster's node, said as such (``unreachable``);
+    anything else (a refusal, a call the server did not run for now) is
+    ``exc`` itself."""
+    lost = isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
+    return unreachable(exc, client) if (lost and not answered(exc)) or moved(exc) else exc
+
+
 def unreachable(exc: Exception, client: Client) -> Exception:
     """The same kind of redis-py error, its message naming the server; a
     MOVED reply to a plain client (see ``moved``) said as such."""

@@ -42,7 +42,7 @@ from ._shards import (
     validate_count,
 )
 from .calls import NewJob
-from .connection import answered, moved, unreachable
+from .connection import first_use_failed
 from .errors import JobqError, RedisOOMError
 from .job import Job
 from .keys import lookup_id, validate_job_id
@@ -181,25 +181,12 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
                 raise holds_jobs(self.name)
             if stored != self._count:
                 raise mismatch(self.name, stored, self._count)
-            self._shards_ready()
+            shards_ready(self._shards)
         except redis.exceptions.RedisError as exc:
-            if not isinstance(exc, (redis.exceptions.ConnectionError,
-                                    redis.exceptions.TimeoutError)) and not moved(exc):
+            error = first_use_failed(exc, client)
+            if error is exc:
                 raise
-            if answered(exc):
-                raise
-            raise unreachable(exc, client) from exc
-
-    def _shards_ready(self) -> None:
-        """Each shard's first use (its settings stored). One that fails for
-        now (its slot moving, its node away) holds up none of the others:
-        it sets itself up at its own next call, which raises if it still
-        cannot."""
-        for shard in self._shards:
-            try:
-                shard._context.ensure_ready()
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                logger.debug("shard %r not set up yet: %s", shard.name, exc)
+            raise error from exc
 
     def _restore(self) -> None:
         """After ``obliterate``: the next use stores the count again."""
@@ -369,7 +356,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     def events(self) -> ShardedQueueEvents:
         """Events of every shard, started on first use, shared by all threads."""
         self._context.ensure_ready()
-        self._shards_ready()  # each shard's settings (its event mode) are stored
+        shards_ready(self._shards)  # each shard's settings (its event mode) are stored
         return self._context.held_events(self._make_events)
 
     def _make_events(self) -> ShardedQueueEvents:
@@ -390,6 +377,17 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
             shard_queue.close()
         self._context.close()
 
+
+
+def shards_ready(shards: Iterable[Queue]) -> None:
+    """Each shard's first use (its settings stored). One that fails for now
+    (its slot moving, its node away) holds up none of the others: it sets
+    itself up at its own next call, which raises if it still cannot."""
+    for shard in shards:
+        try:
+            shard._context.ensure_ready()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            logger.debug("shard %r not set up yet: %s", shard.name, exc)
 
 
 def open_queue(
