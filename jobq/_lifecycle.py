@@ -146,11 +146,15 @@ class WorkerState:
 def shut_down(
     roles: Roles, name: str, deadline: float | None, give_up: Callable[[], bool],
     close_channel: Callable[[float], None], context: QueueContext, run_context: QueueContext,
+    again: bool = False,
 ) -> None:
     """Close a running worker: stop its roles (``Roles.stop``), close its
-    event channel, leave the registry, deliver ``closed``, close its contexts."""
+    event channel, leave the registry, deliver ``closed``, close its contexts.
+    Each step may run twice: ``again`` is the rest of a close that was
+    interrupted (``closing`` was delivered then)."""
     emit = roles.dispatcher.emit
-    emit("closing")
+    if not again:
+        emit("closing")
     until = roles.stop(name, deadline, give_up, run_context)
     close_channel(max(0.0, until - time.monotonic()))
     _leave_registry(context, name, roles.maintenance.token, until, deadline)

@@ -346,7 +346,10 @@ class Worker(ListenerMethods, ClosedOnExit):
         it); with ``force`` it makes the first abandon its jobs. One on the
         thread already closing (from a signal handler: the second of two
         signals) returns at once, as the close under way cannot end while
-        its thread waits for it.
+        its thread waits for it. Interrupted in its waits (a
+        ``KeyboardInterrupt``: a second Ctrl-C in a ``with`` block's exit),
+        it abandons the jobs in flight as ``force`` does, ends its threads,
+        and lets the interruption through.
         """
         timeout, force = wait_timeout(timeout), flag("force", force)
         _fork.check()
@@ -372,8 +375,19 @@ class Worker(ListenerMethods, ClosedOnExit):
             self._listeners.emit("closed")
             return
         try:
-            shut_down(roles, self.name, deadline, self._life.forced, self._channel.close,
-                      self._context, self._run_context)
+            try:
+                shut_down(roles, self.name, deadline, self._life.forced, self._channel.close,
+                          self._context, self._run_context)
+            except BaseException:
+                # interrupted in one of its waits (a second Ctrl-C in a `with`
+                # block's exit): it goes on at once, abandoning the jobs in
+                # flight as a forced close does, so that no thread, lock
+                # renewal or heartbeat outlives it; then the interruption
+                # goes on up
+                self._life.force = True
+                shut_down(roles, self.name, deadline, self._life.forced,
+                          self._channel.close, self._context, self._run_context, again=True)
+                raise
         finally:
             self._life.closed()
 

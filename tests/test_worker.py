@@ -1126,6 +1126,53 @@ def test_forced_close_abandons_job_and_discards_its_late_result(
     assert "failed" not in names and names.count("completed") == 1
 
 
+def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
+    queue: Queue, redis_url: str
+) -> None:
+    """A second Ctrl-C while a `with` block's exit waits for a job: the
+    close goes on at once as a forced one (no thread, lock renewal or
+    heartbeat outlives it; the job is recovered as stalled), and the
+    KeyboardInterrupt goes on up."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("a SIGINT raises KeyboardInterrupt in the main thread only")
+    started, release = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+
+    def handler(job: Job) -> str:
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(WAIT)
+        return "late"
+
+    worker = make_worker(queue.name, redis_url, handler)
+    rec = Recorder().attach(worker, "closing", "closed", "completed")
+    job = queue.add("slow")
+    worker.start()
+    try:
+        assert started.wait(WAIT)
+        timer = threading.Timer(0.3, signal.pthread_kill,
+                                (threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            worker.close()  # waits for the job: interrupted
+        timer.join(WAIT)
+        assert rec.of("closing") == [()] and rec.of("closed") == [()]
+        handed_out = [t for t in threads if t.is_alive()]
+        assert handed_out  # the handler's thread: still in user code
+        alive = [t.name for t in threading.enumerate()
+                 if t.name.startswith("jobq-") and t.is_alive() and t not in handed_out]
+        assert alive == []
+        assert queue.get_workers() == []
+        worker.close(force=True)  # nothing left to do
+    finally:
+        release.set()
+    _handler_thread_joined(threads)
+    assert rec.of("completed") == []
+    assert queue.get_job_state(job.id) == "active"  # abandoned, its late result discarded
+    with make_worker(queue.name, redis_url, lambda job: "again"):
+        assert job.wait_until_finished(timeout=WAIT) == "again"
+
+
 def test_close_is_idempotent_and_safe_from_other_threads(queue: Queue, redis_url: str) -> None:
     worker = make_worker(queue.name, redis_url, lambda job: None)
     rec = Recorder().attach(worker, "closing", "closed")
