@@ -709,6 +709,19 @@ def _cmd_server(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_functions(args: argparse.Namespace) -> int:
+    from .connection import close_client, resolve
+    from .scripts import library_name, load_library
+
+    client, _ = resolve(args.url)
+    try:
+        load_library(client, replace=True)
+    finally:
+        close_client(client)
+    print(f"loaded jobq's functions ({library_name()})")
+    return EXIT_OK
+
+
 def _cmd_metrics(args: argparse.Namespace) -> int:
     from .metrics import serve
     from .registry import known_queues
@@ -858,8 +871,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     clean = command("clean", _cmd_clean, "remove old finished (or waiting, delayed) jobs")
     clean.add_argument("queue", metavar="QUEUE")
-    clean.add_argument("--state", choices=("completed", "failed", "delayed", "waiting"),
-                       default="completed")
+    clean.add_argument("--state", choices=("completed", "failed", "delayed", "waiting",
+                                           "waiting-children"), default="completed")
     clean.add_argument("--grace", type=float, default=0.0,
                        help="keep jobs younger than this many seconds (default: 0)")
     clean.add_argument("--limit", type=int, default=0, help="remove at most this many")
@@ -894,6 +907,12 @@ def build_parser() -> argparse.ArgumentParser:
     schedulers.add_argument("--json", action="store_true",
                             help="print a JSON list, one object per scheduler (as "
                                  "Queue.get_schedulers: times in epoch seconds)")
+
+    functions = command("functions", _cmd_functions,
+                        "load jobq's functions (FUNCTION LOAD REPLACE) on the server, or "
+                        "every primary of a cluster: as an admin, where the users jobq runs "
+                        "as may not load them (docs/guide/security.md)")
+    functions.add_argument("action", choices=("load",))
 
     wait = command("wait", _cmd_wait,
                    "wait for jobs to finish; exit 1 if any failed, 4 on timeout")

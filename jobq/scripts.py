@@ -436,6 +436,8 @@ class Scripts:
                 read_by(connection, deadline)
             except redis.exceptions.OutOfMemoryError as exc:
                 raise _load_refused() from exc
+            except redis.exceptions.NoPermissionError as exc:
+                raise _load_not_permitted(exc) from exc
             except ResponseError as exc:
                 if "already exists" not in str(exc):  # loaded by another client
                     raise
@@ -553,19 +555,31 @@ def function_missing(reply: object) -> bool:
     return isinstance(reply, ResponseError) and _MISSING in str(reply)
 
 
-def load_library(client: Any) -> None:
-    """Load the library on ``client``'s server (another client may have).
+def load_library(client: Any, replace: bool = False) -> None:
+    """Load the library on ``client``'s server (another client may have; a
+    cluster client's: on every primary). With ``replace``, a library of
+    the same name already there is replaced (``jobq functions load``: one
+    loaded by a user who should not have, restored).
 
     Raises:
         RedisOOMError: the server is out of memory (FUNCTION LOAD is refused then).
+        FunctionsNotLoaded: the user may not load functions, and they are
+            not there.
     """
     try:
-        client.function_load(_library()[0])
+        client.function_load(_library()[0], replace=replace)
     except redis.exceptions.OutOfMemoryError as exc:
         raise _load_refused() from exc
+    except redis.exceptions.NoPermissionError as exc:
+        raise _load_not_permitted(exc) from exc
     except ResponseError as exc:
         if "already exists" not in str(exc):
             raise
+
+
+def library_name() -> str:
+    """The name of the library of this version of jobq (one per version)."""
+    return _library()[1]
 
 
 @contextlib.contextmanager
@@ -584,6 +598,19 @@ def _said_oom(name: str) -> Iterator[None]:
 
 class FunctionsRefused(RedisOOMError):
     """The server, out of memory, refused to load jobq's functions."""
+
+
+class FunctionsNotLoaded(redis.exceptions.NoPermissionError):
+    """jobq's functions are not on the server, and the user may not load
+    them (no ``+function|load``): an admin loads them."""
+
+
+def _load_not_permitted(exc: BaseException) -> FunctionsNotLoaded:
+    return FunctionsNotLoaded(
+        f"jobq's functions ({_library()[1]}) are not loaded on this server, and this user "
+        f"may not load them ({exc}): an admin loads them once per jobq version, and on a "
+        "server that lost them: `jobq --url redis://ADMIN:PASSWORD@HOST:PORT functions load`"
+    )
 
 
 def _load_refused() -> RedisOOMError:

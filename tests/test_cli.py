@@ -165,7 +165,7 @@ def test_help_everywhere_and_usage_errors(
     done = jobq(redis_url, "--help")  # the real entry point, once
     assert done.returncode == 0
     commands = ("worker", "info", "events", "job", "retry", "clean", "pause", "resume",
-                "drain", "obliterate", "wait", "server", "metrics")
+                "drain", "obliterate", "wait", "server", "metrics", "functions")
     for command in commands:
         assert command in done.stdout
         with pytest.raises(SystemExit) as exited:  # in-process: 13 interpreters are slow
@@ -683,6 +683,9 @@ def test_admin_commands(queue: Queue, redis_url: str) -> None:
     drained = jobq(redis_url, "drain", name)
     assert drained.stdout.startswith("removed 4 waiting job(s)")
     assert queue.get_job_counts("waiting", "delayed") == {"waiting": 0, "delayed": 1}
+    queue.add("parent", depends_on=[queue.get_jobs("delayed")[0]])
+    cleaned = jobq(redis_url, "clean", name, "--state", "waiting-children")
+    assert cleaned.stdout.startswith("removed 1 waiting-children job(s)"), cleaned.stderr
     refused = jobq(redis_url, "obliterate", name)
     assert refused.returncode == 2 and "--yes" in refused.stderr
     assert queue.count() == 1

@@ -22,8 +22,11 @@ import pytest
 import redis
 
 from jobq import Event, JobNotFoundError, Queue, QueueEvents, Worker
+from jobq.cli import main as cli_main
+from jobq.scripts import FunctionsNotLoaded, library_name
 from jobq.testing import RedisServer, find_server_binary
 from tests.faults.harness import RECOVERY_BOUND, ROOT, WAIT, Ledger, Proc, check_delivery
+from tests.polling import until
 
 pytestmark = pytest.mark.fault
 
@@ -46,13 +49,87 @@ def _url(server: RedisServer, user: str) -> str:
     return f"redis://{user}:{user.removeprefix('jobq-')}-secret@127.0.0.1:{server.port}/0"
 
 
-@pytest.fixture
-def acl_server(make_server: Callable[..., RedisServer]) -> RedisServer:
-    server = make_server()
+def _acl_users(server: RedisServer, lines: dict[str, str] | None = None) -> None:
     with server.client() as admin:
-        for line in _acl_lines().values():
+        for line in (lines or _acl_lines()).values():
             assert admin.execute_command(*shlex.split(line)) in (b"OK", "OK", True)
+
+
+def _load_functions(server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """The guide's admin step: `jobq functions load`, as the default user."""
+    assert cli_main(["--url", server.url, "functions", "load"]) == 0
+    assert "loaded jobq's functions" in capsys.readouterr().out
+
+
+@pytest.fixture
+def acl_server(make_server: Callable[..., RedisServer],
+               capsys: pytest.CaptureFixture[str]) -> RedisServer:
+    server = make_server()
+    _acl_users(server)
+    _load_functions(server, capsys)
     return server
+
+
+def test_acl_users_may_not_load_functions_an_admin_loads_and_restores_them(
+    make_server: Callable[..., RedisServer], queue_name: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No user of the guide may load functions (one who could would replace
+    the code every other user's calls run: a monitor's, run as the worker);
+    before the admin's `jobq functions load` a call says what to do, and the
+    same command restores a library someone replaced."""
+    server = make_server()
+    _acl_users(server)
+    for user in ("jobq-producer", "jobq-worker", "jobq-monitor"):
+        with redis.Redis.from_url(_url(server, user)) as client, \
+                pytest.raises(redis.exceptions.NoPermissionError):
+            client.function_load("#!lua name=x\nredis.register_function('x', "
+                                 "function() return 1 end)", replace=True)
+    with Queue(queue_name, connection=_url(server, "jobq-producer")) as q:
+        with pytest.raises(FunctionsNotLoaded, match="jobq --url .* functions load"):
+            q.add("x", 1)
+        _load_functions(server, capsys)
+        job = q.add("x", 1)
+        # someone with FUNCTION LOAD replaced the library (its name kept)
+        with server.client() as admin:
+            admin.function_load(f"#!lua name={library_name()}\nredis.register_function("
+                                "'other', function() return 1 end)", replace=True)
+        with pytest.raises(FunctionsNotLoaded):
+            q.add("x", 2)
+        _load_functions(server, capsys)  # restored
+        with Worker(queue_name, lambda j: j.data + 1, connection=_url(server, "jobq-worker")):
+            assert job.wait_until_finished(timeout=WAIT) == 2
+            assert q.add("x", 2).wait_until_finished(timeout=WAIT) == 3
+
+
+def test_acl_a_tenant_with_a_prefix_of_its_own_runs_and_administers_its_queues(
+    make_server: Callable[..., RedisServer], queue_name: str,
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The guide's tenant: a prefix of its own, the lines' patterns on it.
+    Narrowed to some queues of the shared prefix instead, the list of
+    queues was out of reach: heartbeats and admin commands failed."""
+    server = make_server()
+    lines = {user: line.replace("~jobq:* ", "~acme:* ").replace("&jobq:* ", "&acme:* ")
+             for user, line in _acl_lines().items()}
+    assert all("~acme:* " in line and "&acme:* " in line for line in lines.values())
+    _acl_users(server, lines)
+    _load_functions(server, capsys)
+    producer = _url(server, "jobq-producer")
+    with Queue(queue_name, connection=producer, prefix="acme") as q, \
+            Worker(queue_name, lambda j: j.data + 1, connection=_url(server, "jobq-worker"),
+                   prefix="acme") as worker:
+        assert q.add("x", 1).wait_until_finished(timeout=WAIT) == 2
+        until(lambda: [w.name for w in q.get_workers()] == [worker.name], timeout=WAIT)
+        assert not [r for r in caplog.records if "heartbeat" in r.getMessage()]
+        base = ["--url", producer, "--prefix", "acme"]
+        for command in (["info", queue_name], ["pause", queue_name], ["resume", queue_name],
+                        ["clean", queue_name], ["drain", queue_name]):
+            assert cli_main([*base, *command]) == 0, (command, capsys.readouterr())
+    assert cli_main([*base, "obliterate", queue_name, "--yes"]) == 0, capsys.readouterr()
+    with server.client() as admin:
+        assert admin.smembers("acme:queues") == set()
+        assert admin.keys("jobq:*") == []  # nothing of the tenant's outside its prefix
 
 
 def test_acl_lines_grant_every_command_the_scripts_use() -> None:
