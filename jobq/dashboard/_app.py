@@ -346,8 +346,8 @@ class Dashboard:
             return f"{queue.retry_jobs('failed')} failed job(s) moved back to waiting"
         if action == "clean":
             state = form.get("state", "completed")
-            try:
-                grace = float(form.get("grace", "0") or 0)
+            try:  # none or empty is refused: read as 0, it deleted every job of the state
+                grace = float(form.get("grace", ""))
             except ValueError:
                 raise ValueError("grace must be a number of seconds") from None
             removed = queue.clean(grace, 0, state)

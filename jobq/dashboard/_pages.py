@@ -102,7 +102,7 @@ def queue_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
             f'<input type="hidden" name="q" value="{e(q)}">'
             f'<label>Clean <select name="state">{options}</select></label> '
             '<label>older than <input name="grace" type="number" min="0" step="any" '
-            'value="3600" size="6"> s</label> '
+            'value="3600" size="6" required> s</label> '
             '<button type="submit" class="btn danger" data-action="clean">Clean</button>'
             "</form></div>"
         )
