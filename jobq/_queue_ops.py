@@ -118,12 +118,7 @@ class QueueReading:
             if state not in STATES:
                 raise ValueError(f"unknown state {state!r}; states are {', '.join(STATES)}")
             if state == "waiting":
-                # in the order they will run: the wait list from its right
-                # end, then prioritized jobs, most urgent first
-                waiting = client.lrange(keys.wait, 0, -1)[::-1]
-                waiting += client.zrange(keys.prioritized, 0, -1)
-                ordered = waiting if asc else waiting[::-1]
-                ids.extend(_slice(ordered, start, end))
+                ids.extend(_waiting(client, keys, start, end, asc))
             else:
                 ids.extend(ranked(client, keys.state_set(state), start, end, not asc))
         pipe = client.pipeline(transaction=False)
@@ -337,11 +332,27 @@ def ticks_left(context: QueueContext, job_ids: list[str]) -> None:
             tick_left(context, job_id)
 
 
-def _slice(items: list[bytes], start: int, end: int) -> list[bytes]:
-    """Inclusive LRANGE-style slice of a Python list."""
-    n = len(items)
-    if start < 0:
-        start = max(0, n + start)
-    if end < 0:
-        end = n + end
-    return items[start : end + 1]
+def _waiting(client: Any, keys: Any, start: int, end: int, asc: bool) -> list[bytes]:
+    """Waiting jobs ``start``..``end`` (inclusive, negatives from the end, as
+    LRANGE) in the order they will run (``asc``; the reverse otherwise): the
+    wait list from its right end, then prioritized jobs, most urgent first.
+    Only the window is read (the whole list was: 0.17 s and a server blocked
+    for 90 ms for ten jobs of 600,000)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(keys.wait)
+    pipe.zcard(keys.prioritized)
+    listed, prioritized = pipe.execute()
+    total = listed + prioritized
+    first = max(0, total + start) if start < 0 else start
+    last = min(total - 1, total + end if end < 0 else end)
+    if first > last:
+        return []
+    if not asc:  # the same window counted from the other end
+        first, last = total - 1 - last, total - 1 - first
+    ids: list[bytes] = []
+    if first < listed:  # run order i is the list's index listed - 1 - i
+        ids += client.lrange(keys.wait, listed - 1 - min(last, listed - 1),
+                             listed - 1 - first)[::-1]
+    if last >= listed:
+        ids += client.zrange(keys.prioritized, max(first, listed) - listed, last - listed)
+    return ids if asc else ids[::-1]

@@ -485,6 +485,39 @@ def test_get_jobs_orders_waiting_and_delayed(queue: Queue) -> None:
         queue.get_jobs("bogus")
 
 
+def test_get_jobs_waiting_reads_only_its_window_in_run_order(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Every window, from either end, is the run order's (the wait list
+    from its right end, lifo jobs included, then prioritized ones), and
+    only the window's ids cross the network (the whole queue was read)."""
+    for i in range(5):
+        queue.add("plain", i, lifo=i == 3)
+        queue.add("urgent", i, priority=5 - i)
+    order = [j.id for j in queue.get_jobs("waiting", asc=True)]
+    keys = queue._context.keys
+    expected = [i.decode() for i in redis_client.lrange(keys.wait, 0, -1)[::-1]]
+    expected += [i.decode() for i in redis_client.zrange(keys.prioritized, 0, -1)]
+    assert order == expected and len(order) == 10
+
+    def lrange(items: list[str], start: int, end: int) -> list[str]:
+        first = max(0, len(items) + start) if start < 0 else start
+        last = len(items) + end if end < 0 else end
+        return items[first:last + 1] if last >= 0 else []
+
+    for start in range(-12, 12):
+        for end in range(-12, 12):
+            got = [j.id for j in queue.get_jobs("waiting", start, end, asc=True)]
+            assert got == lrange(order, start, end), (start, end)
+            got = [j.id for j in queue.get_jobs("waiting", start, end)]
+            assert got == lrange(order[::-1], start, end), (start, end)
+    queue.add_bulk([{"name": "more", "data": i} for i in range(3000)])
+    redis_client.config_resetstat()
+    assert len(queue.get_jobs("waiting", 0, 9, asc=True)) == 10  # the wait list's end
+    stats = redis_client.info("commandstats")
+    assert "cmdstat_lrange" in stats and "cmdstat_zrange" not in stats
+
+
 def test_get_jobs_waiting_includes_prioritized(queue: Queue) -> None:
     plain = queue.add("plain")
     urgent = queue.add("urgent", priority=1)
