@@ -341,6 +341,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 print(f"no queues known under prefix {args.prefix!r}", file=sys.stderr)
                 return EXIT_OK
             snapshots, refused = _snapshots(args, current, opened)
+            if args.queues:  # a name given that is no queue (a typo) is said so, not a row of 0
+                unknown = {snap["queue"] for snap in snapshots
+                           if not _known(args, snap["queue"], snap["counts"])}
+                snapshots = [snap for snap in snapshots if snap["queue"] not in unknown]
+                refused += [f"jobq info: {_no_queue(args, name)}" for name in sorted(unknown)]
             if args.json:
                 print(_json(snapshots))
             else:
@@ -490,20 +495,29 @@ def _unknown(args: argparse.Namespace, queue: Queue) -> bool:
     """Whether ``queue`` is no queue under its prefix (not listed, no stored
     settings, no job: a typo's name), said on stderr. A command that writes
     (pause, drain...) would make it one, and say it did."""
+    if _known(args, queue.name, queue.get_job_counts()):  # reads write nothing
+        return False
+    print(f"jobq {args.command}: {_no_queue(args, queue.name)}", file=sys.stderr)
+    return True
+
+
+def _known(args: argparse.Namespace, name: str, counts: Mapping[str, int]) -> bool:
+    """Whether queue ``name`` is listed, has stored settings, or any job."""
     from .connection import close_client, resolve
     from .keys import QueueKeys, queues_key
 
+    if any(counts.values()):
+        return True
     client, _ = resolve(args.url)
     try:
-        known = (client.sismember(queues_key(args.prefix), args.queue)
-                 or client.exists(QueueKeys(args.prefix, args.queue).meta))
+        return bool(client.sismember(queues_key(args.prefix), name)
+                    or client.exists(QueueKeys(args.prefix, name).meta))
     finally:
         close_client(client)
-    if known or any(queue.get_job_counts().values()):  # reads write nothing
-        return False
-    print(f"jobq {args.command}: no queue {args.queue!r} under prefix {args.prefix!r}",
-          file=sys.stderr)
-    return True
+
+
+def _no_queue(args: argparse.Namespace, name: str) -> str:
+    return f"no queue {name!r} under prefix {args.prefix!r}"
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:

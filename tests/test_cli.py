@@ -510,6 +510,12 @@ def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: st
     every = jobq(redis_url, "info")
     assert every.returncode == 0
     assert any(line.split()[0] == queue.name for line in every.stdout.splitlines()[1:])
+    # a name that is no queue (a typo) was a row of zeros, exit 0
+    typo = jobq(redis_url, "info", queue.name, queue.name + "-typo", "--json")
+    assert typo.returncode == 1
+    assert [snap["queue"] for snap in json.loads(typo.stdout)] == [queue.name]
+    assert f"no queue {queue.name + '-typo'!r} under prefix 'jobq'" in typo.stderr
+    assert "-typo" not in jobq(redis_url, "info").stdout  # reading it made it no queue
 
 
 def test_info_watch_plain_when_piped(queue: Queue, redis_url: str) -> None:
