@@ -1152,10 +1152,14 @@ def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
         assert started.wait(WAIT)
         timer = threading.Timer(0.3, signal.pthread_kill,
                                 (threading.main_thread().ident, signal.SIGINT))
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            worker.close()  # waits for the job: interrupted
-        timer.join(WAIT)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's
+        try:
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                worker.close()  # waits for the job: interrupted
+        finally:
+            timer.join(WAIT)
+            signal.signal(signal.SIGINT, previous)
         assert rec.of("closing") == [()] and rec.of("closed") == [()]
         handed_out = [t for t in threads if t.is_alive()]
         assert handed_out  # the handler's thread: still in user code
