@@ -382,7 +382,8 @@ class Scripts:
             if not function_missing(exc):
                 raise
         load_library(target)  # a restarted or new server: load the library once
-        return target.execute_command(*command)
+        with _still_missing():
+            return target.execute_command(*command)
 
     def _call_coalesced(self, pool: Any, packed: bytes) -> Any:
         """A call through the coalescer. On a server without the library (a
@@ -403,7 +404,8 @@ class Scripts:
             if coalescer.loads == loads:  # not loaded since this call went out
                 load_library(self._client)
                 coalescer.loads += 1
-        return coalescer.call(packed)
+        with _still_missing():
+            return coalescer.call(packed)
 
     def run_on(
         self, connection: Any, name: str, base: str, *args: Any, deadline: float | None = None
@@ -442,7 +444,8 @@ class Scripts:
                 if "already exists" not in str(exc):  # loaded by another client
                     raise
             connection.send_command(*command)
-            return read_by(connection, deadline)
+            with _still_missing():
+                return read_by(connection, deadline)
         except ResponseError:
             raise
         except BaseException:
@@ -530,8 +533,10 @@ def _on_cluster(
             cluster.nodes_manager.initialize()
             threading.Event().wait(0.05 * 2**attempt)  # a migration or failover ends
         except ResponseError as exc:
-            if not function_missing(exc) or attempt == _CLUSTER_TRIES - 1:
+            if not function_missing(exc):
                 raise
+            if attempt == _CLUSTER_TRIES - 1:
+                raise _replaced(exc) from exc
             load_library(node.redis_connection)  # a new or restarted node
     raise AssertionError("unreachable")
 
@@ -598,6 +603,26 @@ def _said_oom(name: str) -> Iterator[None]:
 
 class FunctionsRefused(RedisOOMError):
     """The server, out of memory, refused to load jobq's functions."""
+
+
+@contextlib.contextmanager
+def _still_missing() -> Iterator[None]:
+    """A call sent again once the library was loaded: a function still
+    missing means a library of jobq's name that is not jobq's."""
+    try:
+        yield
+    except ResponseError as exc:
+        if function_missing(exc):
+            raise _replaced(exc) from exc
+        raise
+
+
+def _replaced(exc: BaseException) -> ResponseError:
+    return ResponseError(
+        f"the library {_library()[1]} on this server is not jobq's ({exc}): a library was "
+        "loaded under its name; `jobq functions load`, as a user who may load functions, "
+        "restores it"
+    )
 
 
 class FunctionsNotLoaded(redis.exceptions.NoPermissionError):

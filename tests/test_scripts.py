@@ -175,3 +175,28 @@ def test_return_codes_are_pinned() -> None:
             assert code in {int(c) for c in ScriptCode}, (script, code)
             words = returns.lower()
             assert any(w in words for w in meaning[code]), (script, code, returns)
+
+
+def test_a_library_loaded_under_jobqs_name_is_said_and_restored_by_jobq_functions_load(
+    queue: Queue, redis_url: str, redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A library someone loaded under jobq's name (FUNCTION LOAD REPLACE)
+    lacks jobq's functions, and loading jobq's is refused as existing: the
+    calls raised the bare "Function not found" for ever. They say what
+    happened now, and `jobq functions load` restores it."""
+    from jobq.cli import main as cli_main
+    from jobq.scripts import library_name
+
+    queue.add("before")
+    redis_client.function_load(f"#!lua name={library_name()}\nredis.register_function("
+                               "'other', function() return 1 end)", replace=True)
+    try:
+        with pytest.raises(redis.exceptions.ResponseError,
+                           match="is not jobq's .*`jobq functions load`"):
+            queue.add("x")
+    finally:
+        assert cli_main(["--url", redis_url, "functions", "load"]) == 0
+    assert "loaded jobq's functions" in capsys.readouterr().out
+    queue.add("after")
+    assert queue.get_job_counts("waiting") == {"waiting": 2}
