@@ -82,8 +82,10 @@ def main(url: str, name: str) -> int:
         os.close(read_fd)
         if not data:
             os.kill(pid, 9)
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(pid, 0)
         answer = json.loads(data) if data else {"error": "the child did not answer"}
+        if os.WIFSIGNALED(status):  # SIGKILL: it hung; SIGSEGV: it crashed
+            answer["child_signal"] = os.WTERMSIG(status)
         answer["parent_after"] = round_trips(url, queue, sharded, "after")
     print(json.dumps(answer))
     return 0
