@@ -49,22 +49,26 @@ class _Held:
         """Close the shared reader, give back the connections, and close the
         client if jobq created it."""
         events, self.events = self.events, None
-        if events is not None:
-            events.close()
-        self.scripts.close()
-        # cut first: a thread still in a call on them (a wait's check, with
-        # no deadline) fails at once, where a bare close could make redis-py
-        # connect again under it and wait out the socket's timeout
-        if self.bounded is not None and self.bounded is not self.client:
-            _connection.cut_client(self.bounded)
-            _connection.close_client(self.bounded)
-        if self.deadline_connections is not None:
-            self.deadline_connections.close()
-        if self.owned:
-            if self.settle:
-                _connection.let_calls_end(self.client, CLOSE_GRACE)
-            _connection.cut_client(self.client)
-            _connection.close_client(self.client)
+        try:  # interrupted in a wait (a Ctrl-C): the rest, which waits for nothing, still runs
+            if events is not None:
+                events.close()
+        finally:
+            self.scripts.close()
+            # cut first: a thread still in a call on them (a wait's check,
+            # with no deadline) fails at once, where a bare close could make
+            # redis-py connect again under it and wait out the socket's timeout
+            if self.bounded is not None and self.bounded is not self.client:
+                _connection.cut_client(self.bounded)
+                _connection.close_client(self.bounded)
+            if self.deadline_connections is not None:
+                self.deadline_connections.close()
+            if self.owned:
+                try:
+                    if self.settle:
+                        _connection.let_calls_end(self.client, CLOSE_GRACE)
+                finally:
+                    _connection.cut_client(self.client)
+                    _connection.close_client(self.client)
 
 
 def _release_unreachable(held: _Held, name: str) -> None:

@@ -28,6 +28,7 @@ from jobq import (
     ShardedQueue,
     Worker,
 )
+from tests.polling import until
 from tests.streams import stream_events
 
 WAIT = 5.0  # seconds: the bound of every wait for something that should happen
@@ -1764,6 +1765,44 @@ def test_a_queue_never_closed_lets_go_of_its_threads_and_connections_once_droppe
         gc.collect()
         until(lambda: not readers(), WAIT)
         until(lambda: len(redis_client.client_list()) <= before, WAIT)
+
+
+def test_a_close_interrupted_while_a_listener_runs_still_lets_go_of_the_connections(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A Ctrl-C while Queue.close() waited for its events' listener to
+    return: the reader closed, but the close stopped there and the queue's
+    connections stayed open."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("a SIGINT raises KeyboardInterrupt in the main thread only")
+    before = len(redis_client.client_list())
+    entered, release = threading.Event(), threading.Event()
+    queue = Queue(queue_name, connection=redis_url)
+
+    def listener(event: Any) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    queue.events.on("added", listener)
+    assert queue.events.wait_until_ready(WAIT)
+    queue.add("x")
+    assert entered.wait(WAIT)
+    timer = threading.Timer(0.3, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            queue.close()  # waits for the listener
+    finally:
+        timer.join(WAIT)
+        signal.signal(signal.SIGINT, previous)
+        release.set()
+    until(lambda: len(redis_client.client_list()) <= before, WAIT)
+    with pytest.raises(jobq.ClosedError):
+        queue.add("y")
 
 
 def test_a_record_that_may_be_delayed_carries_its_priority_for_workers_of_0_1(
