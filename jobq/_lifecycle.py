@@ -25,6 +25,10 @@ LEAVE_GRACE = 1.0
 #: Least time ``close()`` gives the listeners' thread to deliver ``closed``
 #: and end, when the close ran past its deadline.
 LISTENER_GRACE = 0.5
+#: Times a close interrupted in its waits (Ctrl-C) starts its rest again,
+#: forced (each a few seconds at most): a bound on a loop that ends only
+#: when the close does.
+CLOSE_TRIES = 10
 
 
 class Lifecycle(enum.Enum):
@@ -146,15 +150,19 @@ class WorkerState:
 def shut_down(
     roles: Roles, name: str, deadline: float | None, give_up: Callable[[], bool],
     close_channel: Callable[[float], None], context: QueueContext, run_context: QueueContext,
-    again: bool = False,
+    delivered: set[str],
 ) -> None:
     """Close a running worker: stop its roles (``Roles.stop``), close its
     event channel, leave the registry, deliver ``closed``, close its contexts.
-    Each step may run twice: ``again`` is the rest of a close that was
-    interrupted (``closing`` was delivered then)."""
-    emit = roles.dispatcher.emit
-    if not again:
-        emit("closing")
+    Each step may run again, in a close that goes on after an interruption:
+    ``delivered`` holds the events delivered already (each once)."""
+
+    def emit(name: str) -> None:
+        if name not in delivered:
+            delivered.add(name)
+            roles.dispatcher.emit(name)
+
+    emit("closing")
     until = roles.stop(name, deadline, give_up, run_context)
     close_channel(max(0.0, until - time.monotonic()))
     _leave_registry(context, name, roles.maintenance.token, until, deadline)

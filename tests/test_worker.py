@@ -1126,15 +1126,38 @@ def test_forced_close_abandons_job_and_discards_its_late_result(
     assert "failed" not in names and names.count("completed") == 1
 
 
+def _ctrl_c() -> None:
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _ctrl_c_after(*delays: float) -> Iterator[None]:
+    """Ctrl-C (SIGINT, Python's own handler) in the main thread ``delays``
+    seconds from now."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("a SIGINT raises KeyboardInterrupt in the main thread only")
+    timers = [threading.Timer(delay, _ctrl_c) for delay in delays]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for timer in timers:
+            timer.start()
+        yield
+    finally:
+        for timer in timers:
+            timer.join(WAIT)
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
 def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
-    queue: Queue, redis_url: str
+    queue: Queue, redis_url: str, redis_client: redis.Redis, interrupts: int
 ) -> None:
     """A second Ctrl-C while a `with` block's exit waits for a job: the
     close goes on at once as a forced one (no thread, lock renewal or
     heartbeat outlives it; the job is recovered as stalled), and the
-    KeyboardInterrupt goes on up."""
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("a SIGINT raises KeyboardInterrupt in the main thread only")
+    KeyboardInterrupt goes on up. A third, while that forced close waits
+    for threads stuck in calls to a paused server, starts it again: it had
+    left them running for good."""
     started, release = threading.Event(), threading.Event()
     threads: list[threading.Thread] = []
 
@@ -1144,37 +1167,51 @@ def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
         release.wait(WAIT)
         return "late"
 
-    worker = make_worker(queue.name, redis_url, handler)
+    # a short announcement: one the paused server kept from being withdrawn expires
+    worker = make_worker(queue.name, redis_url, handler, heartbeat_ttl=1.5)
     rec = Recorder().attach(worker, "closing", "closed", "completed")
     job = queue.add("slow")
     worker.start()
     try:
         assert started.wait(WAIT)
-        timer = threading.Timer(0.3, signal.pthread_kill,
-                                (threading.main_thread().ident, signal.SIGINT))
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's
-        try:
-            timer.start()
-            with pytest.raises(KeyboardInterrupt):
-                worker.close()  # waits for the job: interrupted
-        finally:
-            timer.join(WAIT)
-            signal.signal(signal.SIGINT, previous)
+        if interrupts == 2:  # the forced close then waits for its fetcher, stuck
+            redis_client.client_pause(3000)
+        with _ctrl_c_after(*[0.3, 0.6][:interrupts]), pytest.raises(KeyboardInterrupt):
+            worker.close()  # waits for the job: interrupted
         assert rec.of("closing") == [()] and rec.of("closed") == [()]
         handed_out = [t for t in threads if t.is_alive()]
         assert handed_out  # the handler's thread: still in user code
-        alive = [t.name for t in threading.enumerate()
-                 if t.name.startswith("jobq-") and t.is_alive() and t not in handed_out]
-        assert alive == []
-        assert queue.get_workers() == []
+        until(lambda: [t.name for t in threading.enumerate() if t.name.startswith("jobq-")
+                       and t.is_alive() and t not in handed_out] == [], timeout=WAIT)
+        until(lambda: queue.get_workers() == [], timeout=WAIT)  # no heartbeat
         worker.close(force=True)  # nothing left to do
     finally:
         release.set()
     _handler_thread_joined(threads)
-    assert rec.of("completed") == []
+    assert rec.of("completed") == [] and rec.of("closed") == [()]
     assert queue.get_job_state(job.id) == "active"  # abandoned, its late result discarded
     with make_worker(queue.name, redis_url, lambda job: "again"):
         assert job.wait_until_finished(timeout=WAIT) == "again"
+
+
+def test_a_close_interrupted_while_its_closed_listener_runs_delivers_closed_once(
+    queue: Queue, redis_url: str
+) -> None:
+    """A Ctrl-C while the close waits for a `closed` listener: the close
+    going on (forced) delivered `closed` again."""
+    listening, closed = threading.Event(), threading.Event()
+    worker = make_worker(queue.name, redis_url, lambda job: "done")
+    rec = Recorder().attach(worker, "closing", "closed")
+    worker.on("closed", lambda: (listening.set(), _ctrl_c(), closed.wait(WAIT)))
+    worker.start()
+    assert queue.add("x").wait_until_finished(timeout=WAIT) == "done"
+    try:
+        with _ctrl_c_after(), pytest.raises(KeyboardInterrupt):
+            worker.close()
+    finally:
+        closed.set()
+    assert listening.is_set()
+    assert rec.of("closing") == [()] and rec.of("closed") == [()]
 
 
 def test_close_is_idempotent_and_safe_from_other_threads(queue: Queue, redis_url: str) -> None:
