@@ -109,11 +109,11 @@ class ShardedReading:
         ones as they run: without a priority first, then by priority, each
         by when it became ready; the others by when they were added),
         merged across the shards; the states in the order named. ``start`` and
-        ``end`` index that list inclusively, like LRANGE. Reads up to
-        ``end + 1`` jobs of each shard and state (every job when ``end`` is
-        negative)."""
+        ``end`` index each state's jobs inclusively, like LRANGE, as a plain
+        queue's do. Reads up to ``end + 1`` jobs of each shard and state
+        (every job when ``start`` or ``end`` is negative)."""
         start, end = list_index("start", start), list_index("end", end)
-        per_shard_end = end if end >= 0 else -1
+        per_shard_end = end if end >= 0 and start >= 0 else -1
         names, asc = state_names(states), flag("asc", asc)
         jobs: list[Job] = []
         for state in names:
@@ -121,12 +121,11 @@ class ShardedReading:
             # whole needs no more than that page of each shard; sorted (not
             # merged) as a job moved by hand may sit out of it
             lists = [shard.get_jobs(state, 0, per_shard_end, asc) for shard in self._every()]
-            jobs += sorted(itertools.chain(*lists), key=_order(state), reverse=not asc)
-        if end < 0:
-            end = len(jobs) + end
-        if start < 0:
-            start = max(0, len(jobs) + start)
-        return jobs[start : end + 1]
+            ordered = sorted(itertools.chain(*lists), key=_order(state), reverse=not asc)
+            first = max(0, len(ordered) + start) if start < 0 else start
+            last = len(ordered) + end if end < 0 else end
+            jobs += ordered[first : last + 1] if last >= 0 else []
+        return jobs
 
     @property
     def event_mode(self) -> str:

@@ -457,10 +457,27 @@ def test_waiting_and_delayed_jobs_are_listed_as_a_plain_queue_lists_them(
                 j.id for j in plain.get_jobs("delayed", asc=asc)]
         assert [j.id for j in sharded.get_jobs("delayed", asc=True)] == [
             "due-in-10", "due-in-60", "moved-to-120"]
+        # every window, negative indexes too, as LRANGE takes them (as a
+        # plain queue's): a negative start was counted from the end of a
+        # list cut at end + 1, an end below -n wrapped around
+        def lrange(items: list[str], start: int, end: int) -> list[str]:
+            first = max(0, len(items) + start) if start < 0 else start
+            last = len(items) + end if end < 0 else end
+            return items[first:last + 1] if last >= 0 else []
+
         whole = [j.id for j in sharded.get_jobs("waiting", asc=True)]
-        for start, end in ((0, 2), (3, 7), (10, 11)):
-            assert [j.id for j in sharded.get_jobs("waiting", start, end, asc=True)] == whole[
-                start : end + 1]
+        both = [j.id for j in sharded.get_jobs(["waiting", "delayed"], asc=True)]
+        delayed = both[len(whole):]
+        for start in range(-16, 16, 3):
+            for end in range(-16, 16, 3):
+                assert [j.id for j in sharded.get_jobs("waiting", start, end, asc=True)] == \
+                    lrange(whole, start, end), (start, end)
+                assert len(plain.get_jobs("waiting", start, end)) == \
+                    len(lrange(whole, start, end)), (start, end)
+                # each state's own window, as a plain queue's
+                assert [j.id for j in sharded.get_jobs(["waiting", "delayed"], start, end,
+                                                       asc=True)] == \
+                    lrange(whole, start, end) + lrange(delayed, start, end), (start, end)
         plain.obliterate(force=True)
 
 
