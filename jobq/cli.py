@@ -297,14 +297,20 @@ def _snapshots(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The snapshot of each queue (opened on first use, kept in ``opened``),
     and a line for each that could not be read: one the server refused (a
-    key of the wrong type), or one on a cluster's node that is away. One
-    such queue hides none of the others; a lone server away raises."""
+    key of the wrong type), one on a cluster's node that is away, or a
+    name given that is no queue. One such queue hides none of the others;
+    a lone server away raises."""
     snapshots, refused = [], []
     names = list(names)
     opened.keep(names)
     for name in names:
         try:
-            snapshots.append(_snapshot(opened.get(name)))
+            snapshot = _snapshot(opened.get(name))
+            # a name given that is no queue (a typo): said so, not a row of zeros
+            if args.queues and not _known(args, name, snapshot["counts"]):
+                refused.append(f"jobq info: {_no_queue(args, name)}")
+                continue
+            snapshots.append(snapshot)
         except redis.exceptions.ResponseError as exc:
             if moved(exc):
                 raise  # a plain URL of a cluster's node: said once, for all
@@ -341,11 +347,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 print(f"no queues known under prefix {args.prefix!r}", file=sys.stderr)
                 return EXIT_OK
             snapshots, refused = _snapshots(args, current, opened)
-            if args.queues:  # a name given that is no queue (a typo) is said so, not a row of 0
-                unknown = {snap["queue"] for snap in snapshots
-                           if not _known(args, snap["queue"], snap["counts"])}
-                snapshots = [snap for snap in snapshots if snap["queue"] not in unknown]
-                refused += [f"jobq info: {_no_queue(args, name)}" for name in sorted(unknown)]
             if args.json:
                 print(_json(snapshots))
             else:
@@ -730,6 +731,11 @@ def _cmd_functions(args: argparse.Namespace) -> int:
     client, _ = resolve(args.url)
     try:
         load_library(client, replace=True)
+    except redis.exceptions.NoPermissionError as exc:
+        cause = exc.__cause__ or exc  # the server's own words
+        print(f"jobq functions load: this user may not load functions ({cause}): run it "
+              "as a user who may (+function|load), an admin", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         close_client(client)
     print(f"loaded jobq's functions ({library_name()})")

@@ -632,9 +632,10 @@ class FunctionsNotLoaded(redis.exceptions.NoPermissionError):
 
 def _load_not_permitted(exc: BaseException) -> FunctionsNotLoaded:
     return FunctionsNotLoaded(
-        f"jobq's functions ({_library()[1]}) are not loaded on this server, and this user "
-        f"may not load them ({exc}): an admin loads them once per jobq version, and on a "
-        "server that lost them: `jobq --url redis://ADMIN:PASSWORD@HOST:PORT functions load`"
+        f"jobq's functions ({_library()[1]}) are missing on this server (never loaded for "
+        "this jobq version, lost, or replaced by another library of that name), and this "
+        f"user may not load them ({exc}): an admin loads them: "
+        "`jobq --url redis://ADMIN:PASSWORD@HOST:PORT functions load`"
     )
 
 

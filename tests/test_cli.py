@@ -516,6 +516,12 @@ def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: st
     assert [snap["queue"] for snap in json.loads(typo.stdout)] == [queue.name]
     assert f"no queue {queue.name + '-typo'!r} under prefix 'jobq'" in typo.stderr
     assert "-typo" not in jobq(redis_url, "info").stdout  # reading it made it no queue
+    for extra in ([], ["--json"]):  # watched: said in the frame (it may come later)
+        watched = jobq(redis_url, "info", queue.name + "-typo", "--watch", "--count", "1",
+                       "--interval", "0.1", *extra)
+        assert watched.returncode == 0, watched.stderr
+        assert f"no queue {queue.name + '-typo'!r}" in watched.stdout
+        assert f"\n{queue.name}-typo " not in watched.stdout  # no row
 
 
 def test_info_watch_plain_when_piped(queue: Queue, redis_url: str) -> None:

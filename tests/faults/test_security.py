@@ -85,6 +85,9 @@ def test_acl_users_may_not_load_functions_an_admin_loads_and_restores_them(
                 pytest.raises(redis.exceptions.NoPermissionError):
             client.function_load("#!lua name=x\nredis.register_function('x', "
                                  "function() return 1 end)", replace=True)
+    # the command as a user who may not load: said so, not "not loaded"
+    assert cli_main(["--url", _url(server, "jobq-producer"), "functions", "load"]) == 1
+    assert "this user may not load functions" in capsys.readouterr().err
     with Queue(queue_name, connection=_url(server, "jobq-producer")) as q:
         with pytest.raises(FunctionsNotLoaded, match="jobq --url .* functions load"):
             q.add("x", 1)
