@@ -345,3 +345,23 @@ def test_a_flow_across_shards_is_refused_and_a_hash_tag_prefix_serves_it(
             finally:
                 for w in workers:
                     w.close()
+
+
+def test_jobq_functions_load_loads_every_primary(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The admin's step of docs/guide/security.md on a cluster: one command,
+    every primary (each serves its own slots' calls)."""
+    from jobq.cli import main as cli_main
+    from jobq.scripts import library_name
+
+    for server in cluster.masters():
+        with server.client() as node:
+            node.function_flush()
+    assert cli_main(["--url", cluster.url, "functions", "load"]) == 0
+    assert library_name() in capsys.readouterr().out
+    for server in cluster.masters():
+        with server.client() as node:
+            names = [dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"]
+                     for lib in node.function_list()]
+            assert names == [library_name().encode()], server.port
