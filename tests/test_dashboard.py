@@ -426,6 +426,7 @@ def test_pause_resume_clean_and_retry_all(client: Any, queue: Queue, redis_url: 
     queue.add("kept")  # an empty or missing grace was read as 0: every job deleted
     assert act(client, queue, "clean", state="waiting", grace="").status_code == 400
     assert act(client, queue, "clean", state="waiting").status_code == 400
+    assert act(client, queue, "clean", state="waiting", grace="\u0660").status_code == 400
     assert queue.get_job_counts("waiting") == {"waiting": 1}
     assert act(client, queue, "explode").status_code == 400
 

@@ -346,8 +346,11 @@ class Dashboard:
             return f"{queue.retry_jobs('failed')} failed job(s) moved back to waiting"
         if action == "clean":
             state = form.get("state", "completed")
+            text = form.get("grace", "")
             try:  # none or empty is refused: read as 0, it deleted every job of the state
-                grace = float(form.get("grace", ""))
+                if not text.isascii():  # float() reads other scripts' digits ("٠": 0)
+                    raise ValueError(text)
+                grace = float(text)
             except ValueError:
                 raise ValueError("grace must be a number of seconds") from None
             removed = queue.clean(grace, 0, state)
