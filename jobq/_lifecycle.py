@@ -25,10 +25,9 @@ LEAVE_GRACE = 1.0
 #: Least time ``close()`` gives the listeners' thread to deliver ``closed``
 #: and end, when the close ran past its deadline.
 LISTENER_GRACE = 0.5
-#: Times a close interrupted in its waits (Ctrl-C) starts its rest again,
-#: forced (each a few seconds at most): a bound on a loop that ends only
-#: when the close does.
-CLOSE_TRIES = 10
+#: Times a close that failed with an error (not an interruption such as a
+#: Ctrl-C, after which it always goes on) starts its rest again, forced.
+CLOSE_TRIES = 3
 
 
 class Lifecycle(enum.Enum):

@@ -175,13 +175,15 @@ class Roles:
         self.gate.wait_idle(deadline)
         if not self.table.wait_empty(deadline, give_up=give_up):
             left = self.table.abandon()
+            said = self.abandoned.is_set()  # by a try of this close that was interrupted
             self.abandoned.set()
             for attempt in left:
                 attempt.cancel()
-            logger.warning(
-                "worker %r closed with %d job(s) in flight; they will be recovered as stalled",
-                worker, len(left),
-            )
+            if not said:
+                logger.warning(
+                    "worker %r closed with %d job(s) in flight; they will be recovered as "
+                    "stalled", worker, len(left),
+                )
         # the handler of an attempt that timed out runs on: in flight as far
         # as a close goes, until its deadline
         self.runner.wait_user_code(deadline, give_up)

@@ -301,7 +301,7 @@ def _snapshots(
     name given that is no queue. One such queue hides none of the others;
     a lone server away raises."""
     snapshots, refused = [], []
-    names = list(names)
+    names = list(dict.fromkeys(names))  # a name given twice: one row
     opened.keep(names)
     for name in names:
         try:

@@ -376,8 +376,9 @@ class Worker(ListenerMethods, ClosedOnExit):
             return
         delivered: set[str] = set()  # its events, each delivered once
         interrupted: BaseException | None = None
+        failures = 0
         try:
-            for _ in range(CLOSE_TRIES):
+            while True:
                 try:
                     shut_down(roles, self.name, deadline, self._life.forced,
                               self._channel.close, self._context, self._run_context, delivered)
@@ -386,11 +387,15 @@ class Worker(ListenerMethods, ClosedOnExit):
                     # interrupted in one of its waits (a second Ctrl-C in a
                     # `with` block's exit): it goes on at once, abandoning
                     # the jobs in flight as a forced close does, so that no
-                    # thread, lock renewal or heartbeat outlives it (a
-                    # further Ctrl-C starts that again); then the first
-                    # interruption goes on up
+                    # thread, lock renewal or heartbeat outlives it; a
+                    # further Ctrl-C starts that again (each try is a few
+                    # seconds at most), an error CLOSE_TRIES times at most;
+                    # then the first goes on up
                     interrupted = interrupted or exc
                     self._life.force = True
+                    failures += isinstance(exc, Exception)
+                    if failures >= CLOSE_TRIES:
+                        break
         finally:
             self._life.closed()
         if interrupted is not None:

@@ -511,10 +511,11 @@ def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: st
     assert every.returncode == 0
     assert any(line.split()[0] == queue.name for line in every.stdout.splitlines()[1:])
     # a name that is no queue (a typo) was a row of zeros, exit 0
-    typo = jobq(redis_url, "info", queue.name, queue.name + "-typo", "--json")
+    typo = jobq(redis_url, "info", queue.name, queue.name + "-typo", queue.name,
+                queue.name + "-typo", "--json")  # each named twice: said once
     assert typo.returncode == 1
     assert [snap["queue"] for snap in json.loads(typo.stdout)] == [queue.name]
-    assert f"no queue {queue.name + '-typo'!r} under prefix 'jobq'" in typo.stderr
+    assert typo.stderr.count(f"no queue {queue.name + '-typo'!r} under prefix 'jobq'") == 1
     assert "-typo" not in jobq(redis_url, "info").stdout  # reading it made it no queue
     for extra in ([], ["--json"]):  # watched: said in the frame (it may come later)
         watched = jobq(redis_url, "info", queue.name + "-typo", "--watch", "--count", "1",

@@ -1148,16 +1148,17 @@ def _ctrl_c_after(*delays: float) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-@pytest.mark.parametrize("interrupts", [1, 2])
+@pytest.mark.parametrize("interrupts", [1, 2, 12])
 def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
-    queue: Queue, redis_url: str, redis_client: redis.Redis, interrupts: int
+    queue: Queue, redis_url: str, redis_client: redis.Redis, interrupts: int,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A second Ctrl-C while a `with` block's exit waits for a job: the
     close goes on at once as a forced one (no thread, lock renewal or
     heartbeat outlives it; the job is recovered as stalled), and the
     KeyboardInterrupt goes on up. A third, while that forced close waits
     for threads stuck in calls to a paused server, starts it again: it had
-    left them running for good."""
+    left them running for good; and so did the eleventh of a key held down."""
     started, release = threading.Event(), threading.Event()
     threads: list[threading.Thread] = []
 
@@ -1174,9 +1175,10 @@ def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
     worker.start()
     try:
         assert started.wait(WAIT)
-        if interrupts == 2:  # the forced close then waits for its fetcher, stuck
+        if interrupts > 1:  # the forced close then waits for its fetcher, stuck
             redis_client.client_pause(3000)
-        with _ctrl_c_after(*[0.3, 0.6][:interrupts]), pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_after(*[0.3 + 0.05 * i for i in range(interrupts)]), \
+                pytest.raises(KeyboardInterrupt):
             worker.close()  # waits for the job: interrupted
         assert rec.of("closing") == [()] and rec.of("closed") == [()]
         handed_out = [t for t in threads if t.is_alive()]
@@ -1185,6 +1187,8 @@ def test_a_close_interrupted_by_ctrl_c_abandons_its_jobs_and_ends_its_threads(
                        and t.is_alive() and t not in handed_out] == [], timeout=WAIT)
         until(lambda: queue.get_workers() == [], timeout=WAIT)  # no heartbeat
         worker.close(force=True)  # nothing left to do
+        assert sum("closed with 1 job(s) in flight" in r.getMessage()
+                   for r in caplog.records) == 1
     finally:
         release.set()
     _handler_thread_joined(threads)
