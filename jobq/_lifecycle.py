@@ -130,6 +130,33 @@ class WorkerState:
             self.state = Lifecycle.CLOSED
             self.cond.notify_all()
 
+    def shut_down(self, attempt: Callable[[set[str]], None]) -> None:
+        """Run ``attempt`` (``shut_down`` of the running worker, given the
+        events delivered so far) to its end, then move to CLOSED.
+        Interrupted in one of its waits (a second Ctrl-C in a `with` block's
+        exit), it goes on at once, abandoning the jobs in flight as a forced
+        close does, so that no thread, lock renewal or heartbeat outlives
+        it; a further Ctrl-C starts that again (each try is a few seconds at
+        most), an error CLOSE_TRIES times at most; then the first goes on up."""
+        delivered: set[str] = set()  # the close's events, each delivered once
+        interrupted: BaseException | None = None
+        failures = 0
+        try:
+            while True:
+                try:
+                    attempt(delivered)
+                    break
+                except BaseException as exc:
+                    interrupted = interrupted or exc
+                    self.force = True
+                    failures += isinstance(exc, Exception)
+                    if failures >= CLOSE_TRIES:
+                        break
+        finally:
+            self.closed()
+        if interrupted is not None:
+            raise interrupted
+
     def wait_closed(self) -> None:
         with self.cond:
             while self.state is not Lifecycle.CLOSED:

@@ -33,7 +33,7 @@ from . import _fork
 from ._attempt import Pausing
 from ._closing import ClosedOnExit
 from ._context import QueueContext
-from ._lifecycle import CLOSE_TRIES, CloseStep, Lifecycle, WorkerState, shut_down
+from ._lifecycle import CloseStep, Lifecycle, WorkerState, shut_down
 from ._roles import Roles, Settings, TakeTokens
 from ._runner import pool_size
 from ._shard_worker import ShardedContext, worker_context
@@ -374,32 +374,9 @@ class Worker(ListenerMethods, ClosedOnExit):
             self._context.close()
             self._listeners.emit("closed")
             return
-        delivered: set[str] = set()  # its events, each delivered once
-        interrupted: BaseException | None = None
-        failures = 0
-        try:
-            while True:
-                try:
-                    shut_down(roles, self.name, deadline, self._life.forced,
-                              self._channel.close, self._context, self._run_context, delivered)
-                    break
-                except BaseException as exc:
-                    # interrupted in one of its waits (a second Ctrl-C in a
-                    # `with` block's exit): it goes on at once, abandoning
-                    # the jobs in flight as a forced close does, so that no
-                    # thread, lock renewal or heartbeat outlives it; a
-                    # further Ctrl-C starts that again (each try is a few
-                    # seconds at most), an error CLOSE_TRIES times at most;
-                    # then the first goes on up
-                    interrupted = interrupted or exc
-                    self._life.force = True
-                    failures += isinstance(exc, Exception)
-                    if failures >= CLOSE_TRIES:
-                        break
-        finally:
-            self._life.closed()
-        if interrupted is not None:
-            raise interrupted
+        self._life.shut_down(lambda delivered: shut_down(
+            roles, self.name, deadline, self._life.forced, self._channel.close, self._context,
+            self._run_context, delivered))
 
     def __enter__(self) -> Worker:
         return self.start()
