@@ -922,11 +922,13 @@ def build_parser() -> argparse.ArgumentParser:
     schedulers = command("schedulers", _cmd_schedulers,
                          "list a queue's job schedulers, or remove one")
     schedulers.add_argument("queue", metavar="QUEUE")
-    schedulers.add_argument("--remove", metavar="ID", default=None,
-                            help="remove this scheduler and its pending job")
-    schedulers.add_argument("--json", action="store_true",
-                            help="print a JSON list, one object per scheduler (as "
-                                 "Queue.get_schedulers: times in epoch seconds)")
+    # --json with --remove printed text: the two are refused together
+    either = schedulers.add_mutually_exclusive_group()
+    either.add_argument("--remove", metavar="ID", default=None,
+                        help="remove this scheduler and its pending job")
+    either.add_argument("--json", action="store_true",
+                        help="print a JSON list, one object per scheduler (as "
+                             "Queue.get_schedulers: times in epoch seconds)")
 
     functions = command("functions", _cmd_functions,
                         "load jobq's functions (FUNCTION LOAD REPLACE) on the server, or "

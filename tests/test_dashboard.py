@@ -486,7 +486,8 @@ def test_processes_of_one_site_share_the_csrf_key(
 
 
 @pytest.mark.parametrize(("allowed", "auth", "answered"), [
-    (None, None, {"localhost", "127.0.0.1", "[::1]"}),  # loopback alone (DNS rebinding)
+    # loopback alone (DNS rebinding), "localhost." (a trailing dot) too
+    (None, None, {"localhost", "localhost.", "LocalHost", "127.0.0.1", "[::1]"}),
     (None, lambda environ: True, None),  # any: auth answers
     (["jobs.example.com"], None, {"jobs.example.com", "JOBS.example.com", "jobs.example.com."}),
     # as Django's ALLOWED_HOSTS: a leading dot, the domain and its subdomains
@@ -503,7 +504,8 @@ def test_requests_are_answered_for_the_allowed_host_names(
     site whose name was pointed at 127.0.0.1 could read it and act."""
     with create_app(redis_url, auth=auth, allowed_hosts=allowed) as app:
         client = werkzeug_test.Client(app)
-        names = {"localhost", "127.0.0.1", "[::1]", "evil.example", "jobs.example.com",
+        names = {"localhost", "localhost.", "LocalHost", "127.0.0.1", "[::1]", "evil.example",
+                 "jobs.example.com",
                  "JOBS.example.com", "jobs.example.com.", "example.com", "localhost.evil.example",
                  "badexample.com"}
         answered = names if answered is None else answered
@@ -665,6 +667,10 @@ def test_command_refuses_a_public_bind_without_auth(redis_url: str) -> None:
     from jobq.cli import main
 
     assert main(["--url", redis_url, "dashboard", "--host", "0.0.0.0"]) == 2
+    from jobq.dashboard._app import is_loopback  # what --host is checked with
+
+    assert is_loopback("LOCALHOST.") and is_loopback("127.0.0.2") and is_loopback("::1")
+    assert not is_loopback("localhost.evil.example") and not is_loopback(".")
 
 
 def test_command_refuses_an_auth_it_cannot_load_or_call(

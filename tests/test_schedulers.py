@@ -803,6 +803,12 @@ def test_cli_schedulers(queue: Queue, redis_url: str, capsys: pytest.CaptureFixt
     assert stored is not None
     assert listed["id"] == "nightly" and listed["cron"] == "0 3 * * *"
     assert listed["next_run"] == stored.next_run and listed["tz"] == "Europe/Berlin"
+    # --json with --remove printed text where a script expected JSON: refused
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        main(["--url", redis_url, "schedulers", queue.name, "--json", "--remove", "nightly"])
+    assert refused.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert queue.get_scheduler("nightly") is not None
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 0
     assert queue.get_scheduler("nightly") is None
     assert main(["--url", redis_url, "schedulers", queue.name, "--remove", "nightly"]) == 1

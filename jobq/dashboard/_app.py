@@ -420,7 +420,9 @@ def _is_address(name: str) -> bool:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine."""
+    """Whether ``host`` names only this machine (``localhost``, with or
+    without the root's trailing dot, or a loopback address)."""
+    host = host.lower().rstrip(".")
     if host == "localhost":
         return True
     try:
