@@ -809,20 +809,24 @@ def test_stalled_job_of_a_killed_worker_runs_again_once(
     assert "failed" not in names
 
 
+@pytest.mark.parametrize("guard_ms", [60_000, None])
 def test_a_dead_workers_longer_stall_guard_holds_its_replacement_back_no_longer(
-    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    queue: Queue, redis_url: str, redis_client: redis.Redis, tmp_path: Path,
+    guard_ms: int | None,
 ) -> None:
     """The guard between two stall checks is queue-wide, set for the checking
     worker's own interval: a dead worker's (30 s by default) held back a
-    replacement started with a short interval for the rest of it."""
+    replacement started with a short interval for the rest of it. A guard
+    without a TTL (a key copied without it, a PERSIST) held it back for
+    ever."""
     job = queue.add("work", "payload")
     proc = Proc(redis_url, queue.name, "block", tmp_path / "child.log")
     try:
         ledger_wait(redis_client, queue.name, "start|", proc)
         proc.popen.kill()
         assert proc.popen.wait(10) == -signal.SIGKILL
-        # the dead worker's last check, at a 60 s interval
-        redis_client.set(f"jobq:{{{queue.name}}}:stalled-check", "1", px=60_000)
+        # the dead worker's last check, at a 60 s interval (or none)
+        redis_client.set(f"jobq:{{{queue.name}}}:stalled-check", "1", px=guard_ms)
         worker = make_worker(queue.name, redis_url, lambda job: f"recovered {job.data}")
         with started(worker):
             assert job.wait_until_finished(timeout=WAIT) == "recovered payload"

@@ -15,9 +15,10 @@
 ]]
 local guard = tonumber(ARGV[2])
 if guard > 0 and not redis.call('SET', base .. 'stalled-check', '1', 'PX', guard, 'NX') then
-  -- a guard of a checker with a longer interval (a dead worker's, say)
-  -- holds this one back no longer than its own interval
-  if redis.call('PTTL', base .. 'stalled-check') > guard then
+  -- a guard of a checker with a longer interval (a dead worker's, say),
+  -- or one without a TTL (-1), holds this one back no longer than its own
+  local left = redis.call('PTTL', base .. 'stalled-check')
+  if left > guard or left == -1 then
     redis.call('PEXPIRE', base .. 'stalled-check', guard)
   end
   return {}
