@@ -269,9 +269,17 @@ class FlowProducer(ClosedOnExit):
     """
 
     def __init__(self, connection: object = None, prefix: str = "jobq") -> None:
-        self.prefix = validate_prefix(prefix)
-        self._set = QueueSet(connection, self.prefix, "FlowProducer")
-        self.client = self._set.client
+        self._set = QueueSet(connection, validate_prefix(prefix), "FlowProducer")
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of the queues this producer adds to."""
+        return self._set.prefix
+
+    @property
+    def client(self) -> Any:
+        """The client this producer's queues share."""
+        return self._set.client
 
     def queue(self, name: str) -> Queue:
         """The Queue this producer uses for queue ``name`` (made on first use)."""

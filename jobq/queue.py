@@ -140,7 +140,7 @@ class Queue(
             isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1
         ):
             raise ValueError(f"max_events must be a positive int, not {max_events!r}")
-        self.max_payload_bytes = byte_limit("max_payload_bytes", max_payload_bytes)
+        payload_limit = byte_limit("max_payload_bytes", max_payload_bytes)
         if result_ttl is not None and (
             isinstance(result_ttl, bool)
             or not isinstance(result_ttl, (int, float))
@@ -152,7 +152,7 @@ class Queue(
         self._preparer = JobPreparer(default_job_options)
         self._tasks: dict[str, Task[Any]] = {}
         self._context = QueueContext(name, connection, prefix)
-        self._context.payload_limit = self.max_payload_bytes
+        self._context.payload_limit = payload_limit
         self._settings = (event_mode, max_events, result_ttl)
         self._recorded = False
         self._owner_lost: Callable[[], None] | None = None  # a shard's ShardedQueue's
@@ -319,6 +319,17 @@ class Queue(
         self._context.sized(b"".join(value for _, value in packed), f"event {event!r}")
         self._context.calls.emit(event, packed)
         self._record()
+
+    @property
+    def max_payload_bytes(self) -> int | None:
+        """Largest msgpack-encoded ``data`` (or custom event) an add takes;
+        None: no limit but the server's. It may be changed (validated as the
+        argument is: an assignment used to be kept and never applied)."""
+        return self._context.payload_limit
+
+    @max_payload_bytes.setter
+    def max_payload_bytes(self, value: int | None) -> None:
+        self._context.payload_limit = byte_limit("max_payload_bytes", value)
 
     @property
     def events(self) -> QueueEvents:

@@ -162,6 +162,18 @@ def _settings(
 _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
+def _fixed(field: str, doc: str) -> Any:
+    """A Worker's setting, read-only: set when the worker is made (an
+    assignment was taken silently, changed nothing, and was reported by
+    the registry as if it had)."""
+
+    def refuse(worker: Worker, value: object) -> None:
+        raise AttributeError(f"a Worker's {field} is set when it is made: close this one and "
+                             f"make another with {field}={value!r}")
+
+    return property(lambda worker: getattr(worker._settings, field), refuse, doc=doc)
+
+
 class Worker(ListenerMethods, ClosedOnExit):
     """Run a queue's jobs in a pool of ``concurrency`` threads.
 
@@ -219,17 +231,13 @@ class Worker(ListenerMethods, ClosedOnExit):
         flag("autorun", autorun)
         self._shards = None if shards is None else validate_count(shards)
         self._routes, self._processor = _routes(processor)
-        self.name = _worker_name(name)
         self._given_name: str | None = name
-        self._settings = settings = _settings(
-            self.name, concurrency=concurrency, lock_duration=lock_duration,
+        self._settings = _settings(
+            _worker_name(name), concurrency=concurrency, lock_duration=lock_duration,
             stalled_interval=stalled_interval, max_stalled_count=max_stalled_count,
             drain_delay=drain_delay, heartbeat_ttl=heartbeat_ttl, limiter=limiter,
             max_result_bytes=max_result_bytes,
         )
-        self.concurrency = settings.concurrency
-        self.max_stalled_count = settings.max_stalled_count
-        self.max_result_bytes = settings.max_result_bytes
         self._context = QueueContext(
             queue_name, _own_client(connection, self.name, self.concurrency), prefix, "worker",
             owned=True,
@@ -245,6 +253,11 @@ class Worker(ListenerMethods, ClosedOnExit):
         _LIVE.add(self)
         if autorun:
             self.start()
+
+    name = _fixed("name", "This worker's name (recorded as ``processed_by``).")
+    concurrency = _fixed("concurrency", "Jobs run at once, each in a pool thread.")
+    max_stalled_count = _fixed("max_stalled_count", "Stalls a job may have before it fails.")
+    max_result_bytes = _fixed("max_result_bytes", "Largest encoded return value (None: any).")
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -384,8 +397,7 @@ class Worker(ListenerMethods, ClosedOnExit):
     def _after_fork(self) -> None:
         """In a forked child: none of the parent's run, and a worker of its
         own (see ``_child_identity``)."""
-        self.name, self._settings, self._take_args = _child_identity(self._given_name,
-                                                                      self._settings)
+        self._settings, self._take_args = _child_identity(self._given_name, self._settings)
         if self._life.after_fork():
             self._roles = None
         self._pause.cond = self._life.cond
@@ -409,19 +421,33 @@ class Worker(ListenerMethods, ClosedOnExit):
         for the caller's own (which ends when its handler returns), nor for
         those of other handlers waiting in ``pause()`` too. The wait ends
         early if the worker is resumed or closed meanwhile.
+
+        Raises:
+            ClosedError: the worker is closed.
         """
+        self._check_open("pause")
         if self._pause.pause(lambda: self._roles, flag("wait", wait), wait_timeout(timeout),
                              lambda: self._life.state is Lifecycle.CLOSED):
             self._listeners.emit("paused")  # on the caller's thread, before returning
 
     def resume(self) -> None:
-        """Take jobs again after ``pause()``. Emits ``resumed``."""
+        """Take jobs again after ``pause()``. Emits ``resumed``.
+
+        Raises:
+            ClosedError: the worker is closed.
+        """
+        self._check_open("resume")
         if self._pause.resume(lambda: self._roles):
             self._listeners.emit("resumed")
 
     def is_paused(self) -> bool:
         """Whether this worker is paused (see ``pause``)."""
         return self._pause.paused
+
+    def _check_open(self, what: str) -> None:
+        # paused / resumed listeners ran after closed, for nothing
+        if self._life.state is Lifecycle.CLOSED:
+            raise ClosedError(f"worker {self.name!r} is closed: it cannot {what}")
 
     # -- listeners (on / once / off / listener_count: ListenerMethods) -----------
 
@@ -473,13 +499,12 @@ def _handler_for(
     return handler
 
 
-def _child_identity(given: str | None, settings: Settings) -> tuple[str, Settings, TakeTokens]:
+def _child_identity(given: str | None, settings: Settings) -> tuple[Settings, TakeTokens]:
     """A forked child's worker name (a new one unless the name was given:
     its own entry in the registry) and lock tokens (never its parent's: a
     stalled parent's late finish must not pass for the child's)."""
-    name = given or _worker_name(None)
-    settings = dataclasses.replace(settings, name=name)
-    return name, settings, TakeTokens(settings)
+    settings = dataclasses.replace(settings, name=given or _worker_name(None))
+    return settings, TakeTokens(settings)
 
 
 def _own_client(connection: object, name: str, concurrency: int) -> Any:

@@ -100,6 +100,8 @@ def test_a_parent_runs_after_its_children_with_their_values(
     })
     parent = node.job
     assert parent.get_state() == "waiting-children"
+    with pytest.raises(AttributeError):  # it was taken, and changed nothing
+        flow.prefix = "other"  # type: ignore[misc]
     reports = flow.queue("reports")
     assert reports.get_job_counts("waiting-children") == {"waiting-children": 1}
     assert [j.id for j in reports.get_jobs("waiting-children")] == [parent.id]

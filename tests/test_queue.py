@@ -1218,6 +1218,15 @@ def test_every_write_of_a_value_keeps_to_max_payload_bytes(
         fresh = q.get_job(job.id)
         assert fresh is not None and fresh.data == "small" and fresh.progress == "ok"
         assert job.get_logs() == [] and q.get_schedulers() == []
+        # the limit may be changed: an assignment was kept and never applied
+        q.max_payload_bytes = 1000
+        assert q.max_payload_bytes == 1000 and q.add("x", big).data == big
+        q.max_payload_bytes = 10
+        with pytest.raises(PayloadTooLarge, match="_bytes=10;"):
+            q.add("x", "a bit more than ten")
+        with pytest.raises(ValueError, match="max_payload_bytes"):
+            q.max_payload_bytes = -1  # type: ignore[assignment]
+        assert q.max_payload_bytes == 10
 
 
 def test_settings_set_by_hand_to_no_number_count_as_unset(

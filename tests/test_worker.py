@@ -1224,7 +1224,7 @@ def test_a_close_interrupted_while_its_closed_listener_runs_delivers_closed_once
 
 def test_close_is_idempotent_and_safe_from_other_threads(queue: Queue, redis_url: str) -> None:
     worker = make_worker(queue.name, redis_url, lambda job: None)
-    rec = Recorder().attach(worker, "closing", "closed")
+    rec = Recorder().attach(worker, "closing", "closed", "paused", "resumed")
     wait_ready(worker)
     closers = [threading.Thread(target=worker.close, name=f"test-closer-{i}") for i in range(3)]
     for closer in closers:
@@ -1239,6 +1239,33 @@ def test_close_is_idempotent_and_safe_from_other_threads(queue: Queue, redis_url
     assert not worker.is_running()
     with pytest.raises(ClosedError):
         worker.start()
+    # pause() and resume() ran their listeners after `closed`, for nothing
+    for call in (worker.pause, worker.resume):
+        with pytest.raises(ClosedError, match="is closed: it cannot"):
+            call()
+    assert rec.of("paused") == rec.of("resumed") == [] and not worker.is_paused()
+
+
+def test_a_workers_settings_cannot_be_changed_once_it_is_made(
+    queue: Queue, redis_url: str
+) -> None:
+    """``worker.concurrency = 4`` (BullMQ's setter) was taken silently: the
+    pool kept its size while the registry reported 4; a value that does not
+    encode dropped the worker from the registry (every heartbeat failed)."""
+    worker = make_worker(queue.name, redis_url, lambda job: None, concurrency=2,
+                         name="fixed-w")
+    try:
+        for field, value in (("concurrency", 4), ("concurrency", {1, 2}), ("name", "other"),
+                             ("max_stalled_count", 5), ("max_result_bytes", None)):
+            with pytest.raises(AttributeError, match=f"{field} is set when it is made"):
+                setattr(worker, field, value)
+        assert (worker.concurrency, worker.name, worker.max_stalled_count) == (2, "fixed-w", 1)
+        assert worker.max_result_bytes == 1024 * 1024
+        wait_ready(worker)
+        until(lambda: [(w.name, w.concurrency) for w in queue.get_workers()]
+              == [("fixed-w", 2)], WAIT)
+    finally:
+        worker.close()
 
 
 def test_close_from_a_completed_listener(queue: Queue, redis_url: str) -> None:
