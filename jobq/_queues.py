@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 
 from . import _fork
 from . import connection as _connection
-from .errors import JobqError
+from .errors import ClosedError
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -43,7 +43,7 @@ class QueueSet:
 
         with self._lock:
             if self.closed:
-                raise JobqError(f"{self._owner} is closed")
+                raise ClosedError(f"{self._owner} is closed")
             queue = self._queues.get(name)
             if queue is None:
                 if self._stored:

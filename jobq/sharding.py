@@ -43,7 +43,7 @@ from ._shards import (
 )
 from .calls import NewJob
 from .connection import first_use_failed
-from .errors import JobqError, RedisOOMError
+from .errors import ClosedError, JobqError, RedisOOMError
 from .job import Job
 from .keys import lookup_id, validate_job_id
 from .options import FAILURE_POLICIES
@@ -337,7 +337,7 @@ class ShardedQueue(OfQueue, ShardedReading, ShardedAdmin, QueueTasks, ClosedOnEx
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._context.closed:
-                raise JobqError(f"queue {self.name!r} is closed")
+                raise ClosedError(f"queue {self.name!r} is closed")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=min(self._count, 16), thread_name_prefix=f"jobq-add-{self.name}"

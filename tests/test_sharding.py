@@ -23,6 +23,7 @@ import redis
 
 from jobq import (
     ClosedError,
+    FlowProducer,
     Job,
     JobqError,
     Queue,
@@ -626,6 +627,22 @@ def test_drained_is_heard_only_when_every_shard_is_drained(
         release[second].set()
         assert two.wait_until_finished(events, timeout=WAIT) == second
         assert heard.wait(WAIT) and local.wait(WAIT)
+
+
+def test_a_closed_sharded_queue_or_flow_producer_raises_closed_error(
+    queue_name: str, redis_url: str
+) -> None:
+    """They raised a bare JobqError where every other closed object raises
+    ClosedError (SPEC, Errors)."""
+    sharded = ShardedQueue(queue_name, shards=SHARDS, connection=redis_url)
+    sharded.close()
+    for call in (lambda: sharded.add("x"), lambda: sharded.add_bulk([{"name": "x"}] * 8)):
+        with pytest.raises(ClosedError, match="is closed"):
+            call()
+    producer = FlowProducer(connection=redis_url)
+    producer.close()
+    with pytest.raises(ClosedError, match="FlowProducer is closed"):
+        producer.add({"name": "x", "queue": queue_name})
 
 
 def test_no_listener_is_added_to_a_closed_sharded_queue_events(
