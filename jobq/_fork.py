@@ -64,9 +64,27 @@ def _reset_client(client: Any) -> None:
                 _reset_pool(node.redis_connection.connection_pool)
     else:
         _reset_pool(client.connection_pool)
+        _reset_single_connection(client)
         manager = getattr(client.connection_pool, "sentinel_manager", None)
         for sentinel in getattr(manager, "sentinels", ()):  # it asks them for the master
             _reset_pool(sentinel.connection_pool)
+
+
+def _reset_single_connection(client: Any) -> None:
+    """A client bound to one connection (``single_connection_client``) kept
+    the parent's socket: parent and child wrote on it at once and read each
+    other's replies (under gunicorn --preload, a request got another's job
+    result). Its socket is let go in the child alone (redis-py shuts a
+    socket down only in the process that opened it; here it is closed, the
+    parent's stays open) and the connection opens a new one at its next
+    call; its lock may have been held by a parent's thread."""
+    connection = getattr(client, "connection", None)
+    if connection is None:
+        return
+    if hasattr(client, "single_connection_lock"):  # redis-py >= 5.1
+        client.single_connection_lock = threading.RLock()
+    connection.disconnect()  # its pid is the parent's: no shutdown
+    connection.pid = os.getpid()
 
 
 def thread_started(thread: threading.Thread) -> None:

@@ -138,6 +138,39 @@ def test_child_of_a_preloaded_queue_waits_and_listens(
         assert queue.add("x", "after").wait_until_finished(timeout=WAIT) == "after"
 
 
+def test_a_callers_single_connection_client_has_a_connection_of_its_own_in_the_child(
+    queue_name: str, redis_url: str
+) -> None:
+    """gunicorn --preload with ``Queue(connection=redis.Redis(...,
+    single_connection_client=True))``: the children kept the master's
+    socket, and requests of two processes read each other's replies (a
+    request got another's job result)."""
+    if "+cluster" in redis_url:
+        pytest.skip("a cluster client is not bound to one connection")
+    client = redis.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        with (
+            Queue(queue_name, connection=client) as queue,
+            Worker(queue_name, echo, connection=redis_url),
+        ):
+            assert queue.add("x", "parent").wait_until_finished(timeout=WAIT) == "parent"
+            parent_id = client.client_id()
+
+            def child() -> Any:
+                got = queue.add("x", "child").wait_until_finished(timeout=5)
+                return {"id": client.client_id(), "result": got}
+
+            answer = in_child(child)
+            assert answer == {"id": answer["id"], "result": "child"}
+            assert answer["id"] != parent_id  # a connection of its own
+            # the parent's connection is the same, and open: the child let
+            # go of its copy of the socket without shutting it down
+            assert client.client_id() == parent_id
+            assert queue.add("x", "after").wait_until_finished(timeout=WAIT) == "after"
+    finally:
+        client.close()
+
+
 def test_child_of_an_unstarted_queue_starts_its_reader_on_first_use(
     queue_name: str, redis_url: str
 ) -> None:
