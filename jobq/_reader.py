@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 
 from . import _fork
@@ -437,6 +438,8 @@ class EventReader:
                     last = client.xrevrange(self._context.keys.events, "+", "-", count=1)
                     self.read_id = sid(_text(last[0][0])) if last else (0, 0)
                 self.first_id = self.read_id
+                if not self.event_mode.undecided:
+                    self.first_id = max(self.read_id, _emptied_upto(client, self._context.keys))
             else:
                 self._detect_gap(client)
         reconnect = self.ready.is_set()
@@ -683,6 +686,20 @@ def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
         logger.warning("events of %r after %s were trimmed before they were read",
                        keys.queue, start_id)
     return since
+
+
+def _emptied_upto(client: Client, keys: QueueKeys) -> StreamId:
+    """The last id of an empty stream, which had entries (trimmed, or
+    emptied by ``obliterate``; (0, 0) if it has entries or is none): a
+    reader starting on it has not seen the runs added up to it. Taken as
+    followed, their waits looked at no record and waited for events trimmed
+    already: a job removed as it finished ran out every wait's timeout."""
+    try:
+        info = client.xinfo_stream(keys.events)
+    except redis.exceptions.ResponseError:  # no stream
+        return (0, 0)
+    last = _text(info.get("last-generated-id") or "")
+    return sid(last) if not info.get("length") and valid_id(last) else (0, 0)
 
 
 def publish_wake(context: QueueContext, command: str = "SPUBLISH") -> None:

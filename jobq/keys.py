@@ -143,6 +143,8 @@ ITEM_KEYS: dict[str, str] = {
     "logs:": "list: a job's log lines",
     "lock:": "string: the lock token of an active job (expires)",
     "result:": "string: a result kept apart from its record, by run token (expires)",
+    "failure:": "string: how a run removed as it failed ended (state, exception type, "
+                "reason), by run token (expires)",
     "worker:": "hash: a live worker's announcement (expires)",
     "scheduler:": "hash: a scheduler (schedule, template, next run, count)",
     "dedup:": "string: the id of the job that owns a dedup key (may expire)",

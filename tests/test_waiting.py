@@ -23,6 +23,7 @@ import redis
 from jobq import (
     ClosedError,
     Job,
+    JobCancelledError,
     JobFailedError,
     JobNotFoundError,
     Queue,
@@ -369,6 +370,43 @@ def test_a_failed_jobs_exception_type_is_the_same_whoever_answers_the_wait(
             with pytest.raises(JobFailedError) as info:
                 job.wait_until_finished(late, timeout=WAIT)
         assert info.value.exc_type == name
+
+
+def _done_or_broken(job: Job) -> str:
+    if job.data == "fail":
+        raise ValueError("broke")
+    return f"done {job.data}"
+
+
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
+def test_a_job_removed_as_it_ended_answers_waits_once_its_events_are_trimmed(
+    mode: str, queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A small result of a job removed on completion, and the failure of
+    one removed on failure, were in their events alone (pub/sub: nowhere):
+    once trimmed (a reader that fell behind a busy queue), every wait, one
+    registered before the job ran too, raised JobNotFoundError. They are
+    kept for the queue's result TTL."""
+    with Queue(queue_name, connection=redis_url, event_mode=mode) as queue:
+        done = queue.add("x", "ok", remove_on_complete=True)
+        failed = queue.add("x", "fail", remove_on_fail=True)
+        cancelled = queue.add("x", "c", remove_on_fail=True, delay=60)
+        assert cancelled.cancel("not wanted")
+        with Worker(queue_name, _done_or_broken, connection=redis_url):
+            assert done.wait_until_finished(timeout=WAIT) == "done ok"
+            with pytest.raises(JobFailedError):
+                failed.wait_until_finished(timeout=WAIT)
+        assert all(queue.get_job(j.id) is None for j in (done, failed, cancelled))
+        redis_client.xtrim(f"jobq:{{{queue_name}}}:events", maxlen=0)
+        with QueueEvents(queue_name, connection=redis_url) as late:
+            assert done.wait_until_finished(late, timeout=WAIT) == "done ok"
+            with pytest.raises(JobFailedError) as info:
+                failed.wait_until_finished(late, timeout=WAIT)
+            assert info.value.failed_reason == "ValueError: broke"
+            assert info.value.exc_type == "ValueError"
+            with pytest.raises(JobCancelledError) as stopped:
+                cancelled.wait_until_finished(late, timeout=WAIT)
+            assert stopped.value.failed_reason == "not wanted"
 
 
 def test_reused_ids_under_load_each_wait_gets_its_own_run(

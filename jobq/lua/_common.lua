@@ -393,6 +393,10 @@ local function fail_for_good(id, reason, attempt, now, prev, cancelled, exc_type
   local keep = tonumber(f[4]) or -1
   if keep == 0 then
     delete_job(id, false, true)
+    if f[6] then  -- the outcome outlives the record a while (see getOutcome)
+      redis.call('SET', base .. 'failure:' .. f[6], (cancelled and 'cancelled' or 'failed')
+        .. '\n' .. (exc_type or '') .. '\n' .. reason, 'PX', meta()[4])
+    end
   else
     redis.call('HSET', jk, 'state', 'failed', 'fon', fmt(now), 'fr', reason)
     if not exc_type or exc_type == '' then redis.call('HDEL', jk, 'et') end

@@ -26,8 +26,10 @@
            left waiting or active
   Results  a result that may outlive its record is also written to
            result:<run> for the queue's result TTL (meta rttl, ms): one over
-           1 KiB of a job with any retention rule, and in pub/sub mode (no
-           replay) any result of a job removed on completion
+           1 KiB of a job with any retention rule, and any result of a job
+           removed on completion (its event alone was lost to a waiter once
+           trimmed, and pub/sub mode has no replay); a job failed for good
+           and removed so has failure:<run> (see fail_for_good)
   Metrics  counts the job in metrics:completed (see record_metric)
   Dedup    releases the job's simple-mode dedup key (see release_dedup)
   Flows    a child's result is copied to its parent (processed:<parent>),
@@ -70,7 +72,7 @@ else
   retain(K_COMPLETED, id, now, keep, tonumber(f[6]) or 0)
 end
 local big = string.len(result) > INLINE_RESULT
-if run and ((big and removable) or (keep == 0 and meta()[1] == 'pubsub')) then
+if run and ((big and removable) or keep == 0) then
   -- the record may be gone before a waiter looks: keep the result a while
   redis.call('SET', base .. 'result:' .. run, result, 'PX', meta()[4])
 elseif big and removable then

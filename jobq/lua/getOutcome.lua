@@ -19,7 +19,8 @@
             name}; state is
            'cancelled' for a job that failed by a cancel (cancel.lua)
            The record answers when it is of that run. Else the result kept
-           under result:<run> (see complete.lua); else, in stream mode, the
+           under result:<run> (see complete.lua), or the failure kept under
+           failure:<run> (fail_for_good); else, in stream mode, the
            run's own events from its `added` event on, SCAN entries per
            call: its completed or failed event answers, and final = 1 when
            its `removed` event was found or none of its events ended it (it
@@ -58,6 +59,14 @@ end
 if run == '' then return { false, false, false, false, last, false } end
 local kept = redis.call('GET', base .. 'result:' .. run)
 if kept then return { 'completed', kept, false, false, last, false } end
+kept = redis.call('GET', base .. 'failure:' .. run)
+if kept then  -- state, exception type, reason (the reason last: it may hold newlines)
+  local state, exc_type, reason = string.match(kept, '^(%a+)\n([^\n]*)\n(.*)$')
+  if state then
+    return { state, false, reason, false, last, false, false, false, false,
+             exc_type ~= '' and exc_type or false }
+  end
+end
 if not stream or last == '' or not string.match(first, '^%d+%-%d+$') then
   return { false, false, false, false, last, false }
 end
