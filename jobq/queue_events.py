@@ -16,8 +16,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-import redis
-
 from . import _fork
 from . import connection as _connection
 from ._closing import ClosedOnExit
@@ -27,7 +25,7 @@ from ._reader_loop import ReaderLoop
 from ._sentinel import brief
 from ._threads import BackgroundLoop, join_or_cut, start_thread, wait_event
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
-from ._waiting import ThreadWait
+from ._waiting import FIRST_LOOK, ThreadWait
 from .connection import BLOCK_CAP
 from .errors import ClosedError
 from .keys import lookup_id
@@ -139,6 +137,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         self._loop = ReaderLoop(self._context, self._reader, block, self._stop,
                                 self._dispatcher.error)
         self._table = WaiterTable(self._context, self._reader)
+        #: when the waker looks at the futures again, a future's first look
+        #: having failed for now (monotonic; None: at the periodic look)
+        self._futures_look_at: float | None = None
         self._reader.table = self._table
         self._threads = shared.threads  # filled in place: the parts of a whole share it
         self._started = False
@@ -344,10 +345,19 @@ def wake_loop(name: str, gate: WakeGate, parts: list[QueueEvents], stop: threadi
 
     def step() -> float:
         gate.work(stop)
-        if time.monotonic() >= due[0] and not stop.is_set():
-            due[0] = time.monotonic() + RECHECK_INTERVAL
+        if stop.is_set():
+            return 0.0
+        now = time.monotonic()
+        if now >= due[0]:
+            due[0] = now + RECHECK_INTERVAL
             for part in parts:
+                part._futures_look_at = None
                 part._check_threads(part._table.snapshot(), unreached=False)
+                part._recheck_futures()
+        for part in parts:
+            look_at = part._futures_look_at
+            if look_at is not None and now >= look_at:  # once: then the periodic look's
+                part._futures_look_at = None
                 part._recheck_futures()
         return 0.0
 
@@ -443,12 +453,17 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
     events.wait_until_ready(0)  # starts the reader; it checks waiters once ready
     if events._reader.ready.is_set():
         try:
-            events._table.check(waiter)
-        except redis.exceptions.ResponseError as exc:
-            if not _connection.is_transient(exc):  # BUSY, LOADING...: the re-check's
-                _fail(events, waiter, future, exc)
+            # bounded: a server that does not answer held the caller for its
+            # socket timeout
+            events._table.check(waiter, time.monotonic() + FIRST_LOOK)
         except Exception as exc:
-            _fail(events, waiter, future, exc)
+            # a server away or frozen, BUSY, LOADING...: pending still, for the
+            # periodic look and the reader's re-check after a reconnect (a
+            # lost connection failed the future for good, job done or not)
+            if not _connection.is_transient(exc):
+                _fail(events, waiter, future, exc)
+            else:  # soon, not at the periodic look's 10 s
+                events._futures_look_at = time.monotonic() + FIRST_LOOK
     return future
 
 

@@ -994,6 +994,30 @@ def test_waits_keep_their_time_on_a_server_that_stopped_answering(
         client.close()
 
 
+def test_a_future_asked_for_while_the_server_does_not_answer_stays_pending(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """``as_future()`` read the job's record on the caller's thread with no
+    deadline: on a stopped server it blocked for the socket timeout, then
+    settled the future with the TimeoutError (a ConnectionError on a server
+    away) for good, although the job then completed."""
+    with Queue(queue_name, connection=own_server.url) as queue:
+        assert queue.events.wait_until_ready(WAIT)
+        job = queue.get_job(queue.add("x", "later").id)  # not fresh: its record is read
+        assert job is not None
+        own_server.kill(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            future = job.as_future()
+            asked = time.monotonic() - start
+            assert not future.done()
+        finally:
+            own_server.kill(signal.SIGCONT)
+        assert asked < 3.0, asked  # FIRST_LOOK (1 s), not the socket timeout
+        with Worker(queue_name, echo, connection=own_server.url):
+            assert future.result(timeout=30) == "later"  # looked at again in a second
+
+
 def test_a_queue_closed_on_a_server_that_does_not_answer_cuts_its_reader_early(
     own_server: RedisServer, queue_name: str
 ) -> None:
