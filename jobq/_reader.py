@@ -207,12 +207,14 @@ class EventMode:
         #: cluster, else PUBLISH (which 0.1 processes subscribe to)
         self.publish = "SPUBLISH"
         self.undecided = False
+        self.undecided_from: StreamId = (0, 0)
         self.gap_batch = 1000  # a read this long may follow a trimmed gap
         self._next_look = 0.0  # the next timed look for a gap (monotonic)
         self._unlooked = 0  # the longest read since that no look followed
         self.standby: Any = None
         self._standby_client: Any = None  # its client (a cluster's has more connections)
         self._standby_publish = ""  # how it subscribed
+        self._standby_until: float | None = None  # kept until then once decided (monotonic)
 
     def read(self, client: Client) -> str:
         """Read the queue's event mode (returned) and stream length."""
@@ -227,7 +229,15 @@ class EventMode:
                 self._context.name, shards.decode(),
             )
         self.mode = "pubsub" if mode == b"pubsub" else "stream"
-        self.undecided = mode is None and not client.exists(keys.events)
+        #: where an undecided reader starts: after an obliterate's event, if
+        #: that is all its stream holds
+        self.undecided_from = (0, 0)
+        self.undecided = False
+        if mode is None:
+            last = client.xrevrange(keys.events, "+", "-", count=1)
+            if not last or _first_is_obliterated(last[0]):
+                self.undecided = True  # obliterated: it may yet be used in pub/sub mode
+                self.undecided_from = sid(_text(last[0][0])) if last else (0, 0)
         # as the scripts publish (sp: stored by a writer on a cluster's
         # node); a cluster client's reader subscribes on the queue's node
         # even before a 0.2 writer stored sp there (a queue of 0.1's: its
@@ -308,13 +318,25 @@ class EventMode:
         return pubsub
 
     def decided(self) -> None:
-        """An event came by the stream: the subscription kept aside goes."""
-        self.close()
+        """An event came by the stream: the queue uses it. The subscription
+        kept aside goes MODE_CHECK_INTERVAL later (``expire``): the add of
+        a Queue that found its settings gone (the server lost its data)
+        writes to the stream, then the Queue stores pub/sub mode again; the
+        subscription closed at once, its reader lost what was published
+        until it subscribed again."""
         self.undecided = False
+        if self.standby is not None and self._standby_until is None:
+            self._standby_until = time.monotonic() + MODE_CHECK_INTERVAL
+
+    def expire(self, now: float) -> None:
+        """Close the subscription kept aside once its time after ``decided`` is up."""
+        if self._standby_until is not None and now >= self._standby_until and not self.undecided:
+            self.close()
 
     def close(self) -> None:
         _connection.close_subscription(self._standby_client, self.standby)
         self.standby = self._standby_client = None
+        self._standby_until = None
 
 
 class EventReader:
@@ -433,7 +455,7 @@ class EventReader:
                 if self._start_id != "$":
                     self.read_id = _since(client, self._context.keys, self._start_id)
                 elif self.event_mode.undecided:  # no stream when it looked: all of it
-                    self.read_id = (0, 0)
+                    self.read_id = self.event_mode.undecided_from
                 else:
                     last = client.xrevrange(self._context.keys.events, "+", "-", count=1)
                     self.read_id = sid(_text(last[0][0])) if last else (0, 0)

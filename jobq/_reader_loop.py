@@ -147,6 +147,8 @@ class ReaderLoop:
             if now >= self._next_mode_check:
                 self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
                 reader.look_for_mode(client)
+            if reader.pubsub is None:
+                reader.event_mode.expire(now)
 
     def _drain_pubsub(self) -> None:
         """Read what the subscription holds already (the server wrote it
