@@ -219,6 +219,11 @@ class Task(Generic[R]):
                 they do not fit the function's signature.
             SerializationError: an argument is not msgpack-encodable.
         """
+        return self.queue.add(self.name, self._enqueued(args, kwargs, options),
+                              **{**self.options, **options})
+
+    def _enqueued(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``enqueue``'s job data, its arguments checked."""
         if not isinstance(args, (list, tuple)):
             raise TypeError(f"args must be a list or tuple, not {type(args).__name__} "
                             "(one argument: args=(value,))")
@@ -227,17 +232,37 @@ class Task(Generic[R]):
         if "data" in options:  # the job's data is the task's arguments
             raise TypeError("a task's job data is its arguments: pass args= and kwargs=, "
                             "not data=")
-        data = self._data(args, kwargs or {})
-        return self.queue.add(self.name, data, **{**self.options, **options})
+        return self._data(args, kwargs or {})
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
-        """As ``delay``, once the current Django transaction commits (nothing
-        is added when it rolls back). The arguments are checked now: against
-        the signature, and encoded, so that bad data fails here and not after
-        the commit, when the job would be lost; the job gets them as they are
-        now (a list changed after the call is not)."""
+        """As ``delay``, once the current transaction of Django's default
+        database commits (nothing is added when it rolls back; for another
+        database, ``enqueue_on_commit(..., using=alias)``). The arguments are
+        checked now: against the signature, and encoded, so that bad data
+        fails here and not after the commit, when the job would be lost; the
+        job gets them as they are now (a list changed after the call is
+        not)."""
         data = _frozen(self.queue, self.name, self._data(args, kwargs), self.options)
         _on_commit(lambda: self.queue.add(self.name, data, **self.options), None)
+
+    def enqueue_on_commit(
+        self,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        using: str | None = None,
+        **options: Any,
+    ) -> None:
+        """As ``enqueue``, once the current transaction of Django's database
+        ``using`` commits (None: the default database; nothing is added when
+        it rolls back); checked now, as ``delay_on_commit`` is.
+
+        Raises:
+            TypeError, SerializationError: as ``enqueue``.
+        """
+        options = copy.deepcopy({**self.options, **options})  # as they are now
+        data = _frozen(self.queue, self.name, self._enqueued(args, kwargs, options), options)
+        _on_commit(lambda: self.queue.add(self.name, data, **options), using)
 
     def process(self, job: Job) -> R:
         """Run the task for a job added by ``delay`` / ``enqueue`` (the
@@ -315,10 +340,14 @@ class QueueTasks:
         """The registered tasks: job name to processor, for a ``Worker``."""
         return {name: task.process for name, task in self._tasks.items()}
 
-    def add_on_commit(self, name: str, data: Any = None, **options: Any) -> None:
-        """``add`` once the current Django transaction commits (nothing when
-        it rolls back). Data and options are checked now, and taken as they
-        are now."""
+    def add_on_commit(
+        self, name: str, data: Any = None, *, using: str | None = None, **options: Any
+    ) -> None:
+        """``add`` once the current transaction of Django's database
+        ``using`` commits (None: the default database; nothing when it rolls
+        back: a job added in a transaction on another database without
+        ``using`` was added at once, and kept on its rollback). Data and
+        options are checked now, and taken as they are now."""
         queue: Any = self
         depends_on = options.pop("depends_on", None)
         if depends_on is not None:  # checked now, as (queue, id) pairs (a Job is not copied)
@@ -332,4 +361,4 @@ class QueueTasks:
         options = copy.deepcopy(options)  # a dedup dict changed later is not this add's
         if depends_on is not None:
             options["depends_on"] = depends_on
-        _on_commit(lambda: queue.add(name, data, **options), None)
+        _on_commit(lambda: queue.add(name, data, **options), using)

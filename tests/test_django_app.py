@@ -120,6 +120,39 @@ def test_an_add_on_commit_takes_its_data_as_it_was_at_the_call(shop: Any) -> Non
                                       {"args": [["c"]], "kwargs": {}}, {"who": "a"}]
 
 
+def test_an_add_on_commit_follows_the_transaction_of_the_database_it_names(
+    shop: Any, tmp_path: Path
+) -> None:
+    """In a transaction on another database than the default, the job was
+    added at once and kept on its rollback (on_commit followed the default
+    database alone, and there was no way to name another)."""
+    from django.db import connections, transaction
+
+    connections.settings["orders"] = {**connections.settings["default"],
+                                      "NAME": str(tmp_path / "orders.sqlite3")}
+    queue = shop.queue
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic(using="orders"):
+            shop.send_welcome.enqueue_on_commit(("x@example.com",), using="orders")
+            queue.add_on_commit("audit", {"who": "x"}, using="orders")
+            assert queue.get_job_counts("waiting") == {"waiting": 0}
+            raise RuntimeError("payment failed: rolled back")
+        assert queue.get_job_counts("waiting") == {"waiting": 0}
+        with transaction.atomic(using="orders"):
+            shop.send_welcome.enqueue_on_commit(kwargs={"email": "y@example.com"},
+                                                using="orders", attempts=5)
+            queue.add_on_commit("audit", {"who": "y"}, using="orders")
+            with pytest.raises(TypeError, match="args must be a list or tuple"):
+                shop.send_welcome.enqueue_on_commit("y@example.com", using="orders")
+            assert queue.get_job_counts("waiting") == {"waiting": 0}  # not yet
+        sent, audit = queue.get_jobs("waiting", asc=True)
+        assert sent.data == {"args": [], "kwargs": {"email": "y@example.com"}}
+        assert sent.opts["attempts"] == 5 and audit.data == {"who": "y"}
+    finally:
+        connections["orders"].close()
+        del connections.settings["orders"]
+
+
 def test_an_add_on_commit_may_depend_on_jobs(shop: Any) -> None:
     """``add_on_commit(..., depends_on=...)`` raised "unknown job options"
     (and a Job in it cannot be copied): it is checked now, and added with
