@@ -131,7 +131,11 @@ def _frozen(
 def _module_name(func: Callable[..., Any]) -> str:
     """The module part of a task's default name. A script run as
     ``python nightly.py`` (or ``python -m pkg.nightly``) names its module
-    ``__main__``, while a worker imports it as ``nightly``: both must agree."""
+    ``__main__``, while a worker imports it as ``nightly``: both must agree.
+    A script in a package (``python app/nightly.py``, ``app/__init__.py``
+    beside it) is ``app.nightly``, as ``python -m app.nightly`` names it and
+    a worker imports it (it was ``nightly``: every job failed with "no
+    processor")."""
     module = str(func.__module__)
     if module != "__main__":
         return module
@@ -140,7 +144,16 @@ def _module_name(func: Callable[..., Any]) -> str:
     if spec is not None and spec.name:
         return str(spec.name).removesuffix(".__main__")
     path = getattr(main, "__file__", None)
-    return os.path.splitext(os.path.basename(path))[0] if path else module
+    if not path:
+        return module
+    folder, file = os.path.split(os.path.abspath(path))
+    parts = [os.path.splitext(file)[0]]
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, package = os.path.split(folder)
+        if not package.isidentifier():
+            break
+        parts.insert(0, package)
+    return ".".join(parts)
 
 
 def task_name_of(func: Callable[..., Any], name: str | None) -> str:
@@ -296,7 +309,8 @@ class QueueTasks:
         Args:
             name: the job name (default ``"<module>.<qualname>"``; in a
                 script run as ``python nightly.py``, the module is
-                ``nightly``, as a worker that imports it names it).
+                ``nightly``, as a worker that imports it names it; run as
+                ``python app/nightly.py`` in package ``app``, ``app.nightly``).
             default_options: job options of every job of the task (those of
                 ``Queue.add``); ``enqueue`` may override them.
 

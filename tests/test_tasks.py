@@ -245,6 +245,17 @@ def test_a_script_names_its_tasks_as_a_worker_importing_it_does(tmp_path: Any) -
                               text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "nightly.build", argv
+    # in a package, run by its path: named as `jobq worker app.nightly:queue`
+    # imports it (it was "nightly.build": no worker had a processor for it)
+    package = tmp_path / "app"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    script.rename(package / "nightly.py")
+    for argv in (["app/nightly.py"], ["-m", "app.nightly"]):
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "app.nightly.build", argv
 
 
 def test_async_handlers_are_refused_up_front_and_an_awaitable_result_fails_the_job(
