@@ -196,7 +196,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads
         for ``timeout`` at most (see ``close_threads``: on a server that does
-        not answer, about two seconds)."""
+        not answer, about two seconds). A listener still running then (user
+        code, which nothing can stop) keeps its thread until it returns, as
+        a Worker's handler does."""
         timeout = wait_timeout(timeout)
         _fork.check()
         if self._shared.close is not None:
@@ -472,14 +474,20 @@ def close_threads(threads: list[threading.Thread], timeout: float | None,
     """Join a closing QueueEvents' threads, its reader first in ``threads``,
     for ``timeout`` at most. A reader still in a read past READ_GRACE has
     its connection cut then (a server that does not answer would hold it
-    for the whole timeout); the threads left at the timeout have the
-    bounded calls' connections cut too (``cuts``)."""
+    for the whole timeout); the threads left CUT_GRACE before the timeout
+    have the bounded calls' connections cut too (``cuts``), and the rest of
+    it to end (the grace came on top of the timeout). A thread running a
+    listener that outlasts it ends when the listener returns."""
     deadline = None if timeout is None else time.monotonic() + timeout
     if threads:
         join_or_cut(threads[:1], READ_GRACE if timeout is None else min(timeout, READ_GRACE),
                     0, cut_reader)
-    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-    join_or_cut(threads, left, CUT_GRACE, cut_reader, *cuts)
+    if deadline is None:
+        join_or_cut(threads, None, CUT_GRACE, cut_reader, *cuts)
+        return
+    left = max(0.0, deadline - time.monotonic())
+    grace = min(CUT_GRACE, left)
+    join_or_cut(threads, left - grace, grace, cut_reader, *cuts)
 
 
 def _fail(events: QueueEvents, waiter: Waiter, future: _JobFuture, exc: Exception) -> None:

@@ -30,12 +30,13 @@ from jobq import (
     UnrecoverableError,
     WaitUntilFinishedTimeoutError,
     Worker,
+    queue_events,
 )
 from jobq.events import to_netstrings
 from jobq.keys import QueueKeys
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
-from tests.polling import until
+from tests.polling import jobq_threads, until
 
 WAIT = 10.0  # the bound of every wait that should succeed quickly
 BIG = 16 * 1024 + 100  # a result encoding to more than the 1 KiB an event carries
@@ -1873,6 +1874,30 @@ def test_close_from_inside_a_listener(queue: Queue, redis_url: str) -> None:
         assert qe.closed
     finally:
         qe.close()
+
+
+def test_close_keeps_its_timeout_while_a_listener_runs_on(
+    queue: Queue, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close(timeout=1) took the timeout plus the grace of cut connections
+    (CUT_GRACE, made longer here): the grace is now part of the timeout.
+    The listener's thread ends when the listener returns."""
+    monkeypatch.setattr(queue_events, "CUT_GRACE", 5.0)
+    release, entered = threading.Event(), threading.Event()
+    qe = QueueEvents(queue.name, connection=redis_url, blocking_timeout=0.1)
+    try:
+        assert qe.wait_until_ready(WAIT)
+        qe.on("hold", lambda event: (entered.set(), release.wait(WAIT)))
+        queue.emit("hold")
+        assert entered.wait(WAIT)
+        start = time.monotonic()
+        qe.close(timeout=1.0)
+        took = time.monotonic() - start
+        assert took < 3.0, took  # 6 s with the grace on top
+    finally:
+        release.set()
+        qe.close()
+    assert until(lambda: not jobq_threads(queue.name))
 
 
 def test_close_fails_pending_futures(queue: Queue, redis_url: str) -> None:
