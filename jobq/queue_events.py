@@ -478,16 +478,17 @@ def close_threads(threads: list[threading.Thread], timeout: float | None,
     have the bounded calls' connections cut too (``cuts``), and the rest of
     it to end (the grace came on top of the timeout). A thread running a
     listener that outlasts it ends when the listener returns."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    if threads:
-        join_or_cut(threads[:1], READ_GRACE if timeout is None else min(timeout, READ_GRACE),
-                    0, cut_reader)
-    if deadline is None:
+    if timeout is None:
+        if threads:
+            join_or_cut(threads[:1], READ_GRACE, 0, cut_reader)
         join_or_cut(threads, None, CUT_GRACE, cut_reader, *cuts)
         return
-    left = max(0.0, deadline - time.monotonic())
-    grace = min(CUT_GRACE, left)
-    join_or_cut(threads, left - grace, grace, cut_reader, *cuts)
+    # the grace of the threads whose connections are cut is part of the timeout
+    grace = min(CUT_GRACE, timeout / 2)
+    until = time.monotonic() + timeout - grace
+    if threads:
+        join_or_cut(threads[:1], min(timeout - grace, READ_GRACE), 0, cut_reader)
+    join_or_cut(threads, max(0.0, until - time.monotonic()), grace, cut_reader, *cuts)
 
 
 def _fail(events: QueueEvents, waiter: Waiter, future: _JobFuture, exc: Exception) -> None:
