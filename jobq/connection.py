@@ -462,6 +462,39 @@ def read_by(connection: Any, deadline: float | None) -> Any:
     return connection.read_response()
 
 
+class _ConnectWatch:
+    """Cut a connection whose connect outlasts ``seconds``: each round trip
+    of its handshake (the login, CLIENT SETNAME, SETINFO, SELECT) is bounded
+    by the socket timeout, not all of them together; on a slow link a check
+    with one second left took two."""
+
+    def __init__(self, connection: Any, seconds: float) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._cut = False
+        self._thread = threading.Thread(target=self._watch, args=(seconds,),
+                                        name="jobq-connect-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self, seconds: float) -> None:
+        if self._ended.wait(seconds):
+            return
+        with self._lock:
+            if self._ended.is_set():
+                return
+            self._cut = True
+        cut_connection(self._connection)  # never disconnect(): see there
+
+    def end(self) -> bool:
+        """Stop watching; whether the connection was cut."""
+        with self._lock:
+            self._ended.set()
+            cut = self._cut
+        self._thread.join()
+        return cut
+
+
 class DeadlineConnections:
     """Connections of ``pool``'s server for calls that must end by a caller's
     deadline (a wait's record checks): each is connected, handshake
@@ -523,8 +556,16 @@ class DeadlineConnections:
         connection.socket_timeout = min(saved[0] or left, left)
         connection.socket_connect_timeout = min(saved[1] or left, left)
         self._lent(connection)  # from now on: close() cuts its connect short too
+        watch = _ConnectWatch(connection, left)
         try:
-            connection.connect()
+            try:
+                connection.connect()
+            except BaseException as exc:
+                if watch.end():
+                    raise redis.exceptions.TimeoutError("no time left to connect") from exc
+                raise
+            if watch.end():  # connected as the deadline cut it: of no use now
+                raise redis.exceptions.TimeoutError("no time left to connect")
             with self._lock:
                 if self._closed:  # cut before it had a socket to shut down
                     raise redis.exceptions.ConnectionError("the connections were closed")

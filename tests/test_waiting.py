@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgpack
 import pytest
@@ -1439,6 +1440,30 @@ def test_deadline_connections_cut_a_handshake_between_its_pipelined_commands(
     finally:
         pool.disconnect()
         thread.join(60)
+
+
+def test_a_connect_for_a_deadline_keeps_to_it_over_a_slow_handshake(redis_url: str) -> None:
+    """Each round trip of a record check's connect (HELLO, CLIENT SETNAME,
+    SETINFO...: two at least) was bounded by the time left, not all of them
+    together: on a slow link, waits with a second to go took two."""
+    from jobq.connection import DeadlineConnections
+    from tests.proxy import Proxy
+
+    parts = urlsplit(redis_url)
+    with Proxy((parts.hostname or "127.0.0.1", parts.port or 6379)) as proxy:
+        pool = redis.ConnectionPool.from_url(proxy.url, client_name="jobq-slow-link")
+        connections = DeadlineConnections(pool)
+        try:
+            for _ in range(8):  # every write of the client held back 0.6 s
+                proxy.delay(lambda chunk: True, 0.6)
+            start = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError, match="no time left to connect"):
+                connections.take(time.monotonic() + 1.0)
+            # before: connected after 1.2 s at least (0.6 s a round trip)
+            assert time.monotonic() - start < 2.0
+        finally:
+            connections.close()
+            pool.disconnect()
 
 
 def test_close_cuts_a_wait_without_timeout_whose_check_is_connecting(redis_url: str,
