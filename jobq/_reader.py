@@ -459,9 +459,7 @@ class EventReader:
                 else:
                     last = client.xrevrange(self._context.keys.events, "+", "-", count=1)
                     self.read_id = sid(_text(last[0][0])) if last else (0, 0)
-                self.first_id = self.read_id
-                if not self.event_mode.undecided:
-                    self.first_id = max(self.read_id, _emptied_upto(client, self._context.keys))
+                self.first_id = max(self.read_id, _emptied_upto(client, self._context.keys))
             else:
                 self._detect_gap(client)
         reconnect = self.ready.is_set()

@@ -132,10 +132,11 @@ def _module_name(func: Callable[..., Any]) -> str:
     """The module part of a task's default name. A script run as
     ``python nightly.py`` (or ``python -m pkg.nightly``) names its module
     ``__main__``, while a worker imports it as ``nightly``: both must agree.
-    A script in a package (``python app/nightly.py``, ``app/__init__.py``
-    beside it) is ``app.nightly``, as ``python -m app.nightly`` names it and
-    a worker imports it (it was ``nightly``: every job failed with "no
-    processor")."""
+    A script in a package below the working directory (``python
+    app/nightly.py``, ``app/__init__.py`` beside it) is ``app.nightly``, as
+    ``python -m app.nightly`` names it and a worker started there imports it
+    (it was ``nightly``: every job failed with "no processor"); one run
+    from its own folder is ``nightly``, whatever packages hold it."""
     module = str(func.__module__)
     if module != "__main__":
         return module
@@ -146,14 +147,18 @@ def _module_name(func: Callable[..., Any]) -> str:
     path = getattr(main, "__file__", None)
     if not path:
         return module
-    folder, file = os.path.split(os.path.abspath(path))
-    parts = [os.path.splitext(file)[0]]
-    while os.path.isfile(os.path.join(folder, "__init__.py")):
-        folder, package = os.path.split(folder)
-        if not package.isidentifier():
-            break
-        parts.insert(0, package)
-    return ".".join(parts)
+    name: str = os.path.splitext(os.path.basename(path))[0]
+    try:
+        here = os.getcwd()
+        parts = os.path.relpath(os.path.abspath(path), here).split(os.sep)
+    except (OSError, ValueError):  # no working directory, another drive
+        return name
+    packages = parts[:-1]
+    if packages and all(p.isidentifier() for p in packages) and all(
+            os.path.isfile(os.path.join(here, *packages[:i], "__init__.py"))
+            for i in range(1, len(packages) + 1)):
+        return ".".join([*packages, name])
+    return name
 
 
 def task_name_of(func: Callable[..., Any], name: str | None) -> str:

@@ -256,6 +256,11 @@ def test_a_script_names_its_tasks_as_a_worker_importing_it_does(tmp_path: Any) -
                               text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "app.nightly.build", argv
+    # run from its own folder, as `jobq worker nightly:queue` there imports it
+    done = subprocess.run([sys.executable, "nightly.py"], cwd=package, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "nightly.build"
 
 
 def test_async_handlers_are_refused_up_front_and_an_awaitable_result_fails_the_job(
