@@ -278,9 +278,8 @@ class Task(Generic[R]):
         Raises:
             TypeError, SerializationError: as ``enqueue``.
         """
-        options = copy.deepcopy({**self.options, **options})  # as they are now
-        data = _frozen(self.queue, self.name, self._enqueued(args, kwargs, options), options)
-        _on_commit(lambda: self.queue.add(self.name, data, **options), using)
+        data = self._enqueued(args, kwargs, options)
+        self.queue.add_on_commit(self.name, data, using=using, **{**self.options, **options})
 
     def process(self, job: Job) -> R:
         """Run the task for a job added by ``delay`` / ``enqueue`` (the

@@ -144,10 +144,20 @@ def test_an_add_on_commit_follows_the_transaction_of_the_database_it_names(
             queue.add_on_commit("audit", {"who": "y"}, using="orders")
             with pytest.raises(TypeError, match="args must be a list or tuple"):
                 shop.send_welcome.enqueue_on_commit("y@example.com", using="orders")
-            assert queue.get_job_counts("waiting") == {"waiting": 0}  # not yet
-        sent, audit = queue.get_jobs("waiting", asc=True)
+            # as add_on_commit: dependencies taken as ids now (a Job is not copied)
+            first = queue.add("audit", {"who": "first"})
+            shop.send_welcome.enqueue_on_commit(("z@example.com",), using="orders",
+                                                depends_on=[first])
+            with pytest.raises(ValueError, match="dedup cannot be combined"):
+                shop.send_welcome.enqueue_on_commit(("z@example.com",), using="orders",
+                                                    depends_on=[first], dedup={"id": "d"})
+            assert queue.get_job_counts("waiting") == {"waiting": 1}  # the first alone
+        first_again, sent, audit = queue.get_jobs("waiting", asc=True)
+        assert first_again == first
         assert sent.data == {"args": [], "kwargs": {"email": "y@example.com"}}
         assert sent.opts["attempts"] == 5 and audit.data == {"who": "y"}
+        (after,) = queue.get_jobs("waiting-children")
+        assert after.data == {"args": ["z@example.com"], "kwargs": {}}
     finally:
         connections["orders"].close()
         del connections.settings["orders"]
