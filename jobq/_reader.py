@@ -722,12 +722,13 @@ def _emptied_upto(client: Client, keys: QueueKeys) -> StreamId:
     return sid(last) if not info.get("length") and valid_id(last) else (0, 0)
 
 
-def publish_wake(context: QueueContext, command: str = "SPUBLISH") -> None:
+def publish_wake(context: QueueContext, command: str = "SPUBLISH",
+                 timeout: float = _connection.UNBLOCK_TIMEOUT) -> None:
     """Publish a checkpoint on a queue's events channel (with ``command``, as
     its reader subscribed): it ends a reader's wait for a message there."""
     try:
         message = _events.to_netstrings(["ev", CHECKPOINT, "jid", "wake"])
-        deadline = time.monotonic() + _connection.UNBLOCK_TIMEOUT
+        deadline = time.monotonic() + timeout
         context.command_by(deadline, command, context.keys.events, message)
     except Exception:  # the wait ends by itself within a second
         pass

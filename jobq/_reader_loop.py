@@ -48,12 +48,13 @@ class ReaderLoop:
     def name(self) -> str:
         return self._context.name
 
-    def wake(self) -> None:
-        """Cut the reader's current block short, so that close is prompt."""
+    def wake(self, timeout: float = _connection.UNBLOCK_TIMEOUT) -> None:
+        """Cut the reader's current block short, so that close is prompt
+        (trying for ``timeout`` at most)."""
         if self._reader.mode == "pubsub":
-            publish_wake(self._context, self._reader.publish)
+            publish_wake(self._context, self._reader.publish, timeout)
         else:
-            _connection.unblock(self._context.bounded, self._blocked)
+            _connection.unblock(self._context.bounded, self._blocked, timeout)
 
     def interrupt(self) -> None:
         """Cut the connections under a read or connect that does not return (close's last)."""

@@ -97,12 +97,18 @@ class ShardReader:
         (one on a single server)."""
         return 1 if self._multi is not None else len(self._nodes)
 
-    def wake(self) -> None:
-        """Cut the current wait short, so that close is prompt."""
+    def wake(self, timeout: float = _connection.UNBLOCK_TIMEOUT) -> None:
+        """Cut the current wait short, so that close is prompt (trying for
+        ``timeout`` at most, in all)."""
+        deadline = time.monotonic() + timeout
         if self._multi is not None:
-            _connection.unblock(self._client, self._blocked)
+            _connection.unblock(self._client, self._blocked, timeout)
         for node in list(self._nodes):
-            publish_wake(self._readers[next(iter(node.channels.values()))]._context)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            publish_wake(self._readers[next(iter(node.channels.values()))]._context,
+                         timeout=left)
 
     def interrupt(self) -> None:
         """Cut the reader's connections under a read (or connect) that does

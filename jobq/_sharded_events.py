@@ -46,7 +46,9 @@ from .queue_events import (
     QueueEvents,
     Shared,
     close_threads,
+    left_of,
     logger,
+    wake_bound,
     wake_loop,
 )
 
@@ -197,11 +199,13 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop reading, fail pending waits with ClosedError, join the threads
         for ``timeout`` at most; a thread then still in a call to a server
-        that does not answer has its connection cut, and half a second more.
-        The reader, whose reads last about a second at most, is cut after
-        1.5 s (READ_GRACE) if still reading: a close on a server that stopped
-        answering is over in about two seconds."""
+        that does not answer has its connection cut, half a second (at most
+        half the timeout) before it. The reader, whose reads last about a
+        second at most, is cut after 1.5 s (READ_GRACE) if still reading: a
+        close on a server that stopped answering is over in about two
+        seconds."""
         timeout = wait_timeout(timeout)
+        start = time.monotonic()
         _fork.check()
         with self._lock:
             if self._stop.is_set():
@@ -213,8 +217,8 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
                 waiter.resolve(CLOSED)
         self._gate.stop()
         self._dispatcher.wake()
-        self._reader.wake()
-        close_threads(self._threads, timeout, self._reader.interrupt,
+        self._reader.wake(wake_bound(timeout))
+        close_threads(self._threads, left_of(timeout, start), self._reader.interrupt,
                       *(part._context.close for part in self._readers))
         self._gate.flush()  # futures the reader answered as the waker stopped
         self._dispatcher.run_left()  # and their done-callbacks not run yet

@@ -706,10 +706,10 @@ def client_id(client: Client, key: str) -> Blocked | None:
 UNBLOCK_TIMEOUT = 0.5
 
 
-def unblock(client: Client, blocked: Blocked | None) -> None:
+def unblock(client: Client, blocked: Blocked | None, timeout: float = UNBLOCK_TIMEOUT) -> None:
     """Wake a connection blocked in BZPOPMIN / XREAD (it returns as if timed
     out), so that a close need not wait for the block to end. Best effort,
-    on a connection of its own that waits at most ``UNBLOCK_TIMEOUT``."""
+    on a connection of its own that waits at most ``timeout``."""
     if blocked is None:
         return
     host, port, blocked_id = blocked
@@ -720,7 +720,7 @@ def unblock(client: Client, blocked: Blocked | None) -> None:
                 return
             client = node.redis_connection
         kwargs = dict(client.connection_pool.connection_kwargs)
-        kwargs.update(socket_timeout=UNBLOCK_TIMEOUT, socket_connect_timeout=UNBLOCK_TIMEOUT,
+        kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout,
                       retry=Retry(NoBackoff(), 0), client_name=None)
         kwargs.pop("retry_on_timeout", None)
         kwargs.pop("retry_on_error", None)

@@ -26,7 +26,7 @@ from ._sentinel import brief
 from ._threads import BackgroundLoop, join_or_cut, start_thread, wait_event
 from ._waiters import CLOSED, Outcome, Waiter, WaiterTable, WakeGate, valid_id, waited_result
 from ._waiting import FIRST_LOOK, ThreadWait
-from .connection import BLOCK_CAP
+from .connection import BLOCK_CAP, UNBLOCK_TIMEOUT
 from .errors import ClosedError
 from .keys import lookup_id
 from .listeners import Listener, ListenerMethods, ListenerRegistry
@@ -200,6 +200,7 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
         code, which nothing can stop) keeps its thread until it returns, as
         a Worker's handler does."""
         timeout = wait_timeout(timeout)
+        start = time.monotonic()
         _fork.check()
         if self._shared.close is not None:
             self._shared.close(timeout)
@@ -213,8 +214,9 @@ class QueueEvents(ListenerMethods, ClosedOnExit):
             waiter.resolve(CLOSED)
         self._table.gate.stop()
         self._dispatcher.wake()
-        self._loop.wake()
-        close_threads(self._threads, timeout, self._loop.interrupt, self._context.close)
+        self._loop.wake(wake_bound(timeout))
+        close_threads(self._threads, left_of(timeout, start), self._loop.interrupt,
+                      self._context.close)
         self._table.gate.flush()  # futures the reader answered as the waker stopped
         self._dispatcher.run_left()  # and their done-callbacks not run yet
         self._context.close()
@@ -453,7 +455,9 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
     future._forget = functools.partial(events._table.unregister, waiter)
     events._table.register(waiter)
     events.wait_until_ready(0)  # starts the reader; it checks waiters once ready
-    if events._reader.ready.is_set():
+    # a look that failed just now (the server away): the waker's, soon (ten
+    # futures asked for in a row on a stopped server took ten seconds)
+    if events._reader.ready.is_set() and events._futures_look_at is None:
         try:
             # bounded: a server that does not answer held the caller for its
             # socket timeout
@@ -467,6 +471,17 @@ def _future(events: QueueEvents, job_id: str, run: str | None) -> Future[Any]:
             else:  # soon, not at the periodic look's 10 s
                 events._futures_look_at = time.monotonic() + FIRST_LOOK
     return future
+
+
+def wake_bound(timeout: float | None) -> float:
+    """How long a close with ``timeout`` tries to wake its reader: its wake
+    (CLIENT UNBLOCK, or a publish) came on top of the timeout."""
+    return UNBLOCK_TIMEOUT if timeout is None else max(0.01, min(UNBLOCK_TIMEOUT, timeout / 4))
+
+
+def left_of(timeout: float | None, start: float) -> float | None:
+    """What is left at this moment of ``timeout`` seconds from ``start``."""
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
 
 def close_threads(threads: list[threading.Thread], timeout: float | None,

@@ -1008,19 +1008,21 @@ def test_a_future_asked_for_while_the_server_does_not_answer_stays_pending(
     away) for good, although the job then completed."""
     with Queue(queue_name, connection=own_server.url) as queue:
         assert queue.events.wait_until_ready(WAIT)
-        job = queue.get_job(queue.add("x", "later").id)  # not fresh: its record is read
-        assert job is not None
+        jobs = [queue.get_job(queue.add("x", i).id) for i in range(10)]  # not fresh
         own_server.kill(signal.SIGSTOP)
         try:
             start = time.monotonic()
-            future = job.as_future()
+            futures = [job.as_future() for job in jobs]  # type: ignore[union-attr]
             asked = time.monotonic() - start
-            assert not future.done()
+            assert not any(future.done() for future in futures)
         finally:
             own_server.kill(signal.SIGCONT)
-        assert asked < 3.0, asked  # FIRST_LOOK (1 s), not the socket timeout
+        # FIRST_LOOK (1 s) for the first, not the socket timeout; the others
+        # leave their look to the waker (ten took ten seconds)
+        assert asked < 3.0, asked
         with Worker(queue_name, echo, connection=own_server.url):
-            assert future.result(timeout=30) == "later"  # looked at again in a second
+            # looked at again within a second or two
+            assert [future.result(timeout=30) for future in futures] == list(range(10))
 
 
 def test_a_queue_closed_on_a_server_that_does_not_answer_cuts_its_reader_early(
@@ -1092,6 +1094,29 @@ def test_close_leaves_no_reader_behind_on_a_server_that_stopped_answering(
         assert qe.wait_until_ready(WAIT)
         left, closing = close_while_stopped(own_server, lambda: qe.close(timeout=0.5), queue_name)
         assert left == [] and closing < 3.0, (left, closing)
+    finally:
+        queue.close()
+        client.close()
+
+
+@pytest.mark.parametrize("shards", [0, 2])
+def test_a_close_on_a_server_that_stopped_answering_keeps_its_timeout(
+    own_server: RedisServer, queue_name: str, shards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wake-up of the reader (CLIENT UNBLOCK, on a connection of its
+    own that waits UNBLOCK_TIMEOUT, made longer here) came before the
+    close's timeout began: close(timeout=0.3) took 0.65-0.8 s."""
+    from jobq import connection
+
+    monkeypatch.setattr(connection, "UNBLOCK_TIMEOUT", 3.0)
+    client = redis.Redis("127.0.0.1", own_server.port)
+    queue: Any = (ShardedQueue(queue_name, shards=shards, connection=client)
+                  if shards else Queue(queue_name, connection=client))
+    try:
+        assert queue.events.wait_until_ready(WAIT)
+        _, closing = close_while_stopped(own_server, lambda: queue.events.close(timeout=0.3),
+                                         queue_name)
+        assert closing < 2.0, closing  # 3.3 s before
     finally:
         queue.close()
         client.close()
