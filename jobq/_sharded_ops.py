@@ -17,7 +17,7 @@ from .errors import JobqError
 from .job import STATES, Job
 from .keys import lookup_id, lookup_key, queues_key
 from .metrics import Metrics
-from .options import flag, list_index
+from .options import byte_limit, flag, list_index
 from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
@@ -131,6 +131,18 @@ class ShardedReading:
     def event_mode(self) -> str:
         """The shards' event mode, ``"stream"`` or ``"pubsub"``."""
         return self._every()[0].event_mode
+
+    @property
+    def max_payload_bytes(self) -> int | None:
+        """Largest encoded ``data`` an add takes (as ``Queue``'s); may be
+        changed, for every shard (an assignment was kept and never applied)."""
+        return self._every()[0].max_payload_bytes
+
+    @max_payload_bytes.setter
+    def max_payload_bytes(self, value: int | None) -> None:
+        limit = byte_limit("max_payload_bytes", value)
+        for shard in self._every():
+            shard.max_payload_bytes = limit
 
     def get_schedulers(self) -> list[Scheduler]:
         """None: job schedulers are not supported on a sharded queue."""

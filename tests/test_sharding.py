@@ -629,6 +629,25 @@ def test_drained_is_heard_only_when_every_shard_is_drained(
         assert heard.wait(WAIT) and local.wait(WAIT)
 
 
+def test_a_sharded_queues_payload_limit_may_be_changed_for_every_shard(
+    sharded: ShardedQueue,
+) -> None:
+    """``sharded.max_payload_bytes = n`` was a plain attribute, kept and
+    never applied (the shards kept theirs)."""
+    from jobq import PayloadTooLarge
+
+    sharded.max_payload_bytes = 20
+    assert sharded.max_payload_bytes == 20
+    assert [s.max_payload_bytes for s in sharded.shards] == [20] * SHARDS
+    for i in range(SHARDS * 2):  # whichever shard takes the add
+        with pytest.raises(PayloadTooLarge):
+            sharded.add("x", "y" * 100, job_id=f"big-{i}")
+    with pytest.raises(ValueError, match="max_payload_bytes"):
+        sharded.max_payload_bytes = 0
+    sharded.max_payload_bytes = None
+    assert sharded.add("x", "y" * 100).data == "y" * 100
+
+
 def test_a_closed_sharded_queue_or_flow_producer_raises_closed_error(
     queue_name: str, redis_url: str
 ) -> None:
