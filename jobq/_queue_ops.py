@@ -5,8 +5,12 @@ remove, drain, clean, obliterate, retries, workers, metrics, the stream)."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.cluster import RedisCluster
 
 from . import serializer
 from .errors import ACTIVE_JOBS, LOCK_LOST, JobqError, script_error
@@ -18,6 +22,9 @@ from .registry import WorkerInfo, live_workers
 
 if TYPE_CHECKING:
     from ._context import QueueContext
+
+#: Characters a SCAN pattern gives a meaning to (escaped in a key prefix).
+_GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +234,10 @@ class QueueAdmin:
         counter stay, so the name keeps its mode and never reuses an id; the
         paused flag is cleared. The queue is held paused while the jobs go
         (a call per 1000), so that no worker takes one meanwhile. Emits
-        ``obliterated`` once everything is gone.
+        ``obliterated`` once everything is gone; then the outcomes kept for
+        waiters apart from their records (a job removed as it finished, a
+        big result) go too, found by SCAN (a user that may not SCAN leaves
+        them to expire within the queue's ``result_ttl``).
 
         Raises:
             JobqError: the queue has active jobs and ``force`` is False
@@ -241,7 +251,32 @@ class QueueAdmin:
             if deleted < BATCH:
                 self._context.redis.srem(queues_key(self._context.prefix), self.name)
                 self._recorded = False  # listed again by the next add
+                self._drop_kept_outcomes()
                 return
+
+    def _drop_kept_outcomes(self) -> None:
+        """Delete the queue's ``result:<run>`` and ``failure:<run>`` keys
+        (obliterate left them for as long as ``result_ttl``, up to 30 days)."""
+        client = self._context.redis
+        if isinstance(client, RedisCluster):  # on the node of the queue's slot
+            node = client.get_node_from_key(self._context.keys.base)  # type: ignore[no-untyped-call]
+            client = client.get_redis_connection(node)
+        base = _GLOB_SPECIAL.sub(r"\\\g<0>", self._context.keys.base)
+        try:
+            for kind in ("result:", "failure:"):
+                found: list[Any] = []
+                for key in client.scan_iter(match=f"{base}{kind}*", count=1000):
+                    found.append(key)
+                    if len(found) == 500:
+                        client.unlink(*found)
+                        found.clear()
+                if found:
+                    client.unlink(*found)
+        except redis.exceptions.NoPermissionError:
+            logger.info("queue %r: its kept outcomes expire by themselves (this user may not "
+                        "SCAN or UNLINK)", self.name)
+        except redis.exceptions.ResponseError as exc:  # a slot moving: they expire
+            logger.info("queue %r: its kept outcomes expire by themselves (%s)", self.name, exc)
 
     def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
         """Move every failed (or completed) job back to waiting (or, as

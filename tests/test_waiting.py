@@ -412,6 +412,11 @@ def test_a_job_removed_as_it_ended_answers_waits_once_its_events_are_trimmed(
             with pytest.raises(JobCancelledError) as stopped:
                 cancelled.wait_until_finished(late, timeout=WAIT)
             assert stopped.value.failed_reason == "not wanted"
+        # an obliterate left them for the whole result_ttl (up to 30 days)
+        assert redis_client.keys(f"jobq:{{{queue_name}}}:result:*")
+        queue.obliterate(force=True)
+        for kind in ("result", "failure"):
+            assert not redis_client.keys(f"jobq:{{{queue_name}}}:{kind}:*")
 
 
 def test_reused_ids_under_load_each_wait_gets_its_own_run(

@@ -9,7 +9,9 @@
   mode, max_events; only the paused flag is cleared), the generated-id
   counter (ids stay unique for the life of the queue's name), and the event
   stream itself, emptied but not deleted (its last id stays, so a reader
-  blocked on it reads the `obliterated` event that follows).
+  blocked on it reads the `obliterated` event that follows). The outcomes
+  kept apart for waiters (result:<run>, failure:<run>) are not found here:
+  Queue.obliterate deletes them after its last call, by SCAN.
 
   KEYS[1]  queue base prefix
   ARGV[1]  '1' to proceed even with active jobs
