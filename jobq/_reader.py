@@ -314,7 +314,7 @@ class EventMode:
             if self.always_listened:  # what is published comes by that subscription
                 return None
             raise ModeChanged(f"queue {self._context.name!r} uses pub/sub events now")
-        pubsub, self.standby = self.standby, None
+        pubsub, self.standby, self._standby_until = self.standby, None, None
         return pubsub
 
     def decided(self) -> None:
