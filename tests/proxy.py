@@ -109,10 +109,12 @@ class Proxy:
                         then = self._then.pop(hit, None)
                         if then is not None:
                             then()
+                        # Set before the client can see its connection lost,
+                        # so that whoever it tells finds the Event set.
+                        hit.set()
                         client.shutdown(socket.SHUT_RDWR)  # the reply never reaches it
                         client.close()
                         dropped = True  # the server's side stays open: it runs the command
-                        hit.set()
                         return
                 upstream.sendall(chunk)
         except OSError:
