@@ -46,7 +46,9 @@ class CrossSlotFlowError(JobqError, ValueError):
 
 
 class JobNode(NamedTuple):
-    """A job of a flow and the nodes of its children."""
+    """A job of a flow and the nodes of its children that the add wrote
+    (none under a node whose ``job_id`` named an existing job: nothing is
+    written there; ``job.get_dependencies()`` names its children)."""
 
     job: Job
     children: list[JobNode]
