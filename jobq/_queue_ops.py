@@ -301,6 +301,26 @@ class QueueAdmin:
             remaining -= moved
         return total
 
+    def promote_jobs(self, count: int | None = None) -> int:
+        """Make every delayed job (or the ``count`` due soonest) wait now,
+        as ``Job.promote`` does each (BullMQ's promoteJobs); return how many.
+
+        Jobs delayed meanwhile (a retry's backoff, a scheduler's next
+        tick) are left for a later call: the count is bounded by the
+        delayed jobs there are when it starts.
+        """
+        remaining = int(self._context.redis.zcard(self._context.keys.delayed))
+        if count is not None:
+            remaining = min(remaining, list_index("count", count, minimum=0))
+        total = 0
+        while remaining > 0:
+            moved = self._context.calls.promote_due_first(min(BATCH, remaining))
+            if moved <= 0:
+                break
+            total += moved
+            remaining -= moved
+        return total
+
     # -- operating --------------------------------------------------------
 
     def get_workers(self) -> list[WorkerInfo]:

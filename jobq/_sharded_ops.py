@@ -285,6 +285,19 @@ class ShardedAdmin:
         return sum(on_every_shard(
             self._every(), lambda shard: shard.retry_jobs(state, reset_attempts=reset_attempts)))
 
+    def promote_jobs(self, count: int | None = None) -> int:
+        """Make every delayed job of every shard wait now, or ``count`` of
+        them in all (the soonest due of one shard, then of the next: not
+        the soonest of the whole queue); return how many."""
+        if count is None:
+            return sum(on_every_shard(self._every(), lambda shard: shard.promote_jobs()))
+        left = list_index("count", count, minimum=0)
+        for shard in self._every():
+            if left <= 0:
+                break
+            left -= shard.promote_jobs(left)
+        return count - left
+
     def get_workers(self) -> list[WorkerInfo]:
         """The live workers of this queue."""
         self._context.ensure_ready()

@@ -521,44 +521,42 @@ def _no_queue(args: argparse.Namespace, name: str) -> str:
     return f"no queue {name!r} under prefix {args.prefix!r}"
 
 
-def _cmd_retry(args: argparse.Namespace) -> int:
+def _on_queue(args: argparse.Namespace, act: Callable[[Any], object], said: str) -> int:
+    """Run ``act(queue)`` on the command's queue (exit 1 when it is unknown)
+    and print ``said``, formatted with what it returned and the queue's name."""
     with _queue(args, args.queue) as queue:
         if _unknown(args, queue):
             return EXIT_FAILED
-        moved = queue.retry_jobs(args.state)
-    print(f"retried {moved} {args.state} job(s) of {args.queue}")
+        done = act(queue)
+    print(said.format(done=done, queue=args.queue))
     return EXIT_OK
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    return _on_queue(args, lambda queue: queue.retry_jobs(args.state),
+                     f"retried {{done}} {args.state} job(s) of {{queue}}")
+
+
+def _cmd_promote(args: argparse.Namespace) -> int:
+    return _on_queue(args, lambda queue: queue.promote_jobs(args.count),
+                     "promoted {done} delayed job(s) of {queue}")
 
 
 def _cmd_clean(args: argparse.Namespace) -> int:
-    with _queue(args, args.queue) as queue:
-        if _unknown(args, queue):
-            return EXIT_FAILED
-        removed = queue.clean(args.grace, args.limit, args.state)
-    print(f"removed {len(removed)} {args.state} job(s) of {args.queue}")
-    return EXIT_OK
+    return _on_queue(args, lambda queue: len(queue.clean(args.grace, args.limit, args.state)),
+                     f"removed {{done}} {args.state} job(s) of {{queue}}")
 
 
 def _cmd_pause(args: argparse.Namespace) -> int:
-    with _queue(args, args.queue) as queue:
-        if _unknown(args, queue):
-            return EXIT_FAILED
-        if args.command == "pause":
-            queue.pause()
-        else:
-            queue.resume()
-    print(f"{args.command}d {args.queue}")  # paused / resumed
-    return EXIT_OK
+    pause = args.command == "pause"
+    return _on_queue(args, lambda queue: queue.pause() if pause else queue.resume(),
+                     f"{args.command}d {{queue}}")  # paused / resumed
 
 
 def _cmd_drain(args: argparse.Namespace) -> int:
-    with _queue(args, args.queue) as queue:
-        if _unknown(args, queue):
-            return EXIT_FAILED
-        removed = queue.drain(delayed=args.delayed)
     what = "waiting and delayed" if args.delayed else "waiting"
-    print(f"removed {removed} {what} job(s) of {args.queue}")
-    return EXIT_OK
+    return _on_queue(args, lambda queue: queue.drain(delayed=args.delayed),
+                     f"removed {{done}} {what} job(s) of {{queue}}")
 
 
 def _cmd_obliterate(args: argparse.Namespace) -> int:
@@ -889,6 +887,11 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("queue", metavar="QUEUE")
     retry.add_argument("--state", choices=("failed", "completed"), default="failed")
 
+    promote = command("promote", _cmd_promote, "make delayed jobs wait now, due soonest first")
+    promote.add_argument("queue", metavar="QUEUE")
+    promote.add_argument("--count", type=int, default=None,
+                         help="promote at most this many (default: all)")
+
     clean = command("clean", _cmd_clean, "remove old finished (or waiting, delayed) jobs")
     clean.add_argument("queue", metavar="QUEUE")
     clean.add_argument("--state", choices=("completed", "failed", "delayed", "waiting",
@@ -1008,6 +1011,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_REDIS
         reason = re.sub(r"^cannot reach the Redis server at \S+: ", "", str(exc))
         print(f"jobq: cannot reach Redis at {where}: {reason}", file=sys.stderr)
+        return EXIT_REDIS
+    except redis.exceptions.InvalidResponse as exc:  # another service on that port
+        where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
+        print(f"jobq: cannot reach Redis at {where}: what answered there is not a Redis "
+              f"server ({exc})", file=sys.stderr)
         return EXIT_REDIS
     except redis.exceptions.RedisError as exc:  # reached, and refused: NOPERM, WRONGTYPE...
         if moved(exc):  # a plain URL of a cluster's node

@@ -164,7 +164,7 @@ def test_help_everywhere_and_usage_errors(
 ) -> None:
     done = jobq(redis_url, "--help")  # the real entry point, once
     assert done.returncode == 0
-    commands = ("worker", "info", "events", "job", "retry", "clean", "pause", "resume",
+    commands = ("worker", "info", "events", "job", "retry", "promote", "clean", "pause", "resume",
                 "drain", "obliterate", "wait", "server", "metrics", "functions")
     for command in commands:
         assert command in done.stdout
@@ -201,6 +201,39 @@ def test_unreachable_redis_exits_3(queue_name: str, url: str) -> None:
     done = jobq(url, "info", queue_name, timeout=30)
     assert done.returncode == 3, done.stderr
     assert f"cannot reach Redis at {url}" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [["info"], ["worker", "tests.tasks:double", "-q", "q"]])
+def test_another_service_at_the_url_is_said_as_such_and_exits_3(command: list[str]) -> None:
+    """A URL naming a port where an HTTP server answers: redis-py's protocol
+    error exited 1 as a Redis error, where scripts look for 3 (Redis
+    unreachable)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def answer() -> None:  # as a web server does to what it cannot parse
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"<html>400 Bad Request</html>\r\n")
+
+    thread = threading.Thread(target=answer, name="test-http", daemon=True)
+    thread.start()
+    try:
+        url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+        done = jobq(url, *command, timeout=30)
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.startswith(f"jobq: cannot reach Redis at {url}: what answered "
+                                      "there is not a Redis server"), done.stderr
+        assert "Traceback" not in done.stderr
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
 
 
 @pytest.mark.parametrize("command", [["info"], ["worker", "tests.tasks:double", "-q", "q"]])
@@ -699,6 +732,10 @@ def test_admin_commands(queue: Queue, redis_url: str) -> None:
     queue.add("parent", depends_on=[queue.get_jobs("delayed")[0]])
     cleaned = jobq(redis_url, "clean", name, "--state", "waiting-children")
     assert cleaned.stdout.startswith("removed 1 waiting-children job(s)"), cleaned.stderr
+    assert jobq(redis_url, "promote", name, "--count", "0").stdout.startswith("promoted 0 ")
+    promoted = jobq(redis_url, "promote", name)
+    assert promoted.stdout.strip() == f"promoted 1 delayed job(s) of {name}", promoted.stderr
+    assert queue.get_job_counts("waiting", "delayed") == {"waiting": 1, "delayed": 0}
     refused = jobq(redis_url, "obliterate", name)
     assert refused.returncode == 2 and "--yes" in refused.stderr
     assert queue.count() == 1
@@ -712,7 +749,7 @@ def test_admin_commands(queue: Queue, redis_url: str) -> None:
     assert f"no queue {name + '-typo'!r} under prefix 'jobq'" in typo.stderr
     # the others that write said "paused", and made the typo a queue (listed, in info)
     for command in (["pause"], ["resume"], ["drain"], ["clean", "--grace", "0"],
-                    ["retry"]):
+                    ["retry"], ["promote"]):
         typo = jobq(redis_url, command[0], name + "-typo", *command[1:])
         assert typo.returncode == 1 and typo.stdout == "", (command, typo.stderr)
         assert f"jobq {command[0]}: no queue {name + '-typo'!r}" in typo.stderr

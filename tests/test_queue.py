@@ -689,6 +689,35 @@ def test_promote_runs_delayed_job_now(queue: Queue, redis_url: str) -> None:
         assert job.wait_until_finished(timeout=WAIT) == "ran"
 
 
+def test_promote_jobs_makes_the_delayed_jobs_wait_soonest_first(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """BullMQ's promoteJobs: every delayed job (or the ``count`` due
+    soonest) waits now, keeping its priority; none to promote is 0."""
+    assert queue.promote_jobs() == 0
+    later = [queue.add("later", i, delay=60 + i) for i in range(3)]
+    soon = queue.add("soon", delay=30)
+    urgent = queue.add("urgent", delay=90, priority=1)
+    kept = queue.add("now")
+    assert queue.promote_jobs(count=2) == 2  # due in 30 s and 60 s
+    assert [queue.get_job_state(j.id) for j in (soon, later[0], later[1])] == [
+        "waiting", "waiting", "delayed"]
+    assert queue.promote_jobs() == 3
+    assert queue.get_job_counts("delayed", "waiting") == {"delayed": 0, "waiting": 6}
+    assert [e[2]["prev"] for e in stream(redis_client, queue.name, later[2].id)
+            if e[0] == "waiting"] == [b"delayed"]
+    # in run order; a priority kept (jobs without one run first, as in BullMQ)
+    assert [j.id for j in queue.get_jobs("waiting", asc=True)] == [
+        kept.id, soon.id, *(j.id for j in later), urgent.id]
+    assert queue.get_job(later[2].id).delay == 0  # type: ignore[union-attr]
+    with worker(queue.name, redis_url, lambda j: j.name):
+        assert [j.wait_until_finished(timeout=WAIT) for j in (kept, urgent, later[2])] == [
+            "now", "urgent", "later"]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="count must be"):
+            queue.promote_jobs(count=bad)  # type: ignore[arg-type]
+
+
 def test_change_delay_reschedules(queue: Queue, redis_url: str) -> None:
     job = queue.add("later", delay=60)
     with worker(queue.name, redis_url, lambda j: "ran"):

@@ -120,6 +120,15 @@ def test_adds_route_by_id_and_spread_generated_ids(sharded: ShardedQueue) -> Non
     assert sharded.count() == 61
 
 
+def test_promote_jobs_promotes_the_delayed_jobs_of_every_shard(sharded: ShardedQueue) -> None:
+    sharded.add_bulk([{"name": "x", "data": i, "delay": 60} for i in range(12)])
+    assert sharded.promote_jobs(count=5) == 5
+    assert sharded.get_job_counts("delayed", "waiting") == {"delayed": 7, "waiting": 5}
+    assert sharded.promote_jobs() == 7
+    assert [c["waiting"] for c in sharded.shard_counts("waiting")] == [3] * SHARDS
+    assert sharded.promote_jobs() == 0
+
+
 def test_the_shard_count_is_stored_and_checked(
     sharded: ShardedQueue, redis_url: str, redis_client: redis.Redis
 ) -> None:
