@@ -82,7 +82,10 @@ class ReaderLoop:
                     OSError) as exc:
                 raise reader.connect_failed(exc) from exc
             except redis.exceptions.ResponseError as exc:
-                if not _connection.moved(exc):
+                # a cluster's node, or a user without a command the reader
+                # needs: a wait raises it, as an unreachable server's error
+                if not (_connection.moved(exc)
+                        or isinstance(exc, redis.exceptions.NoPermissionError)):
                     raise
                 raise reader.connect_failed(exc) from exc
             reached()

@@ -137,7 +137,7 @@ class ShardReader:
             try:
                 self._connect()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    OSError) as exc:
+                    redis.exceptions.NoPermissionError, OSError) as exc:
                 errors = [reader.connect_failed(exc) for reader in self._readers]
                 raise errors[0] from exc
             reached()

@@ -212,6 +212,10 @@ def unreachable(exc: Exception, client: Client) -> Exception:
     if login_refused(exc):  # reached: it refused the login
         return redis.exceptions.AuthenticationError(
             f"the Redis server at {describe(client)} refused the login: {_sentinel.brief(exc)}")
+    if isinstance(exc, redis.exceptions.NoPermissionError):  # reached: it refused a command
+        return redis.exceptions.NoPermissionError(
+            f"the Redis server at {describe(client)} refused a command: {exc} (give the "
+            "user the ACL lines of its role: docs/guide/security.md)")
     cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \
         else redis.exceptions.ConnectionError
     return cls(f"cannot reach the Redis server at {describe(client)}: {_sentinel.brief(exc)}")

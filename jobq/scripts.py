@@ -286,6 +286,8 @@ class Scripts:
             with _said_oom(name):
                 return self._run(name, base, *args, client=client, once=once)
         except ResponseError as exc:
+            if _script_not_permitted(exc):
+                raise _not_permitted(name, exc) from exc
             if isinstance(exc, redis.exceptions.NoScriptError) or not is_transient(exc):
                 raise
             raise redis.exceptions.ConnectionError(
@@ -628,6 +630,25 @@ def _replaced(exc: BaseException) -> ResponseError:
 class FunctionsNotLoaded(redis.exceptions.NoPermissionError):
     """jobq's functions are not on the server, and the user may not load
     them (no ``+function|load``): an admin loads them."""
+
+
+def _script_not_permitted(exc: BaseException) -> bool:
+    """Whether a script's call failed on a command its user may not run
+    (Redis: "The user executing the script can't run this command...";
+    Valkey: "ACL failure in script: ...")."""
+    text = str(exc)
+    return isinstance(exc, ResponseError) and (
+        text.startswith("ACL failure in script")
+        or "user executing the script can't run this command" in text)
+
+
+def _not_permitted(name: str, exc: BaseException) -> redis.exceptions.NoPermissionError:
+    """A script's refused command said as a NoPermissionError (the server
+    replies a bare error, which ``except NoPermissionError`` missed)."""
+    return redis.exceptions.NoPermissionError(
+        f"this user may not run a command of jobq's {name!r} call ({exc}); the script may "
+        "have written part of its work. Give the user the ACL lines of its role "
+        "(docs/guide/security.md)")
 
 
 def _load_not_permitted(exc: BaseException) -> FunctionsNotLoaded:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobq import Queue, QueueEvents, Worker
+from jobq import Queue, QueueEvents, ShardedQueue, Worker
 from tests.polling import until
 
 WAIT = 20.0
@@ -110,6 +110,55 @@ def test_a_read_refused_after_connecting_still_backs_off(
         assert counts and _in_a_row(caplog.records, who)[:3] == [1, 2, 3]
     finally:
         admin.acl_deluser("jobq-no-xread")
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_wait_whose_reader_may_not_run_a_command_raises_it(
+    queue: Queue, redis_server: Any, redis_url: str, admin: redis.Redis, sharded: bool
+) -> None:
+    """A user one permission short of the guide's lines (no XREVRANGE, which
+    the reader's start needs): a wait timed out, or without a timeout
+    blocked for ever, the reader's NoPermissionError only logged. It is
+    raised as an unreachable server's error is."""
+    if "+cluster://" in redis_url:
+        pytest.skip("one node's ACL")
+    admin.acl_setuser("jobq-no-xrevrange", enabled=True, nopass=True, keys=["*"],
+                      channels=["*"], commands=["+@all", "-xrevrange"])
+    try:
+        url = f"redis://jobq-no-xrevrange@127.0.0.1:{redis_server.port}/0"
+        with (ShardedQueue(queue.name + "-s", shards=2, connection=url) if sharded
+              else Queue(queue.name, connection=url)) as producer:
+            job = producer.add("x")  # the stream is there: the reader looks at its end
+            with pytest.raises(redis.exceptions.NoPermissionError,
+                               match=r"refused a command: .*xrevrange.*security\.md"):
+                job.wait_until_finished(timeout=WAIT)
+            if sharded:
+                producer.obliterate(force=True)
+    finally:
+        admin.acl_deluser("jobq-no-xrevrange")
+
+
+def test_a_command_a_script_may_not_run_is_a_no_permission_error(
+    queue: Queue, redis_server: Any, redis_url: str, admin: redis.Redis
+) -> None:
+    """A script's command refused by the user's ACL came back as a bare
+    ResponseError ("The user executing the script can't run this
+    command..."), which ``except NoPermissionError`` missed, naming neither
+    what to do nor, on Redis, the command."""
+    if "+cluster://" in redis_url:
+        pytest.skip("one node's ACL")
+    queue.add("x")  # the functions loaded by a user who may
+    admin.acl_setuser("jobq-no-hset", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all", "-hset"])
+    try:
+        url = f"redis://jobq-no-hset@127.0.0.1:{redis_server.port}/0"
+        with Queue(queue.name, connection=url) as producer, \
+                pytest.raises(redis.exceptions.NoPermissionError,
+                              match=r"^this user may not run a command of jobq's 'add' call "
+                                    r".*docs/guide/security\.md"):
+            producer.add("y")
+    finally:
+        admin.acl_deluser("jobq-no-hset")
 
 
 def test_the_end_of_an_outage_is_logged_as_its_start_was(
