@@ -307,7 +307,9 @@ class QueueAdmin:
 
         Jobs delayed meanwhile (a retry's backoff, a scheduler's next
         tick) are left for a later call: the count is bounded by the
-        delayed jobs there are when it starts.
+        delayed jobs there are when it starts. A scheduler's pending job
+        promoted runs now, and the scheduler's next job is the one of the
+        schedule's following time: each promote moves a schedule on a run.
         """
         remaining = int(self._context.redis.zcard(self._context.keys.delayed))
         if count is not None:

@@ -239,8 +239,8 @@ class Worker(ListenerMethods, ClosedOnExit):
             max_result_bytes=max_result_bytes,
         )
         self._context = QueueContext(
-            queue_name, _own_client(connection, self.name, self.concurrency), prefix, "worker",
-            owned=True,
+            queue_name, _own_client(connection, self.name, self.concurrency), prefix,
+            "the worker of queue", owned=True,
         )
         self._announced_queues: tuple[str, ...] = (queue_name,)  # the CLI names all it serves
         self._listeners = ListenerRegistry()

@@ -1062,6 +1062,17 @@ def test_close_from_another_thread_ends_a_start_waiting_for_the_server(listener:
     assert jobq_threads("away") == []
 
 
+def test_a_closed_workers_job_says_whose_worker_is_closed(queue: Queue, redis_url: str) -> None:
+    """A handler's thread writing progress after its worker closed got
+    "worker '<queue name>' is closed": the queue's name said as a worker's."""
+    jobs: list[Job] = []
+    worker = Worker(queue.name, jobs.append, connection=redis_url, name="w-1")
+    with worker:
+        queue.add("x").wait_until_finished(timeout=WAIT)
+    with pytest.raises(ClosedError, match=rf"^the worker of queue {queue.name!r} is closed$"):
+        jobs[0].update_progress(99)
+
+
 def test_a_worker_closed_by_its_own_listener_closes_fully(
     queue: Queue, redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
