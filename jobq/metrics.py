@@ -200,6 +200,12 @@ class _Handler(BaseHTTPRequestHandler):
     render: Callable[[], str]
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802 (a health check's HEAD: the GET's headers)
+        self._answer(with_body=False)
+
+    def _answer(self, with_body: bool) -> None:
         if self.path.split("?", 1)[0] not in ("/metrics", "/metrics/"):
             self.send_error(404, "only /metrics is served here")
             return
@@ -219,7 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if with_body:
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s - " + format, self.address_string(), *args)
@@ -230,7 +237,8 @@ def serve(
     port: int = 9090,
     host: str = "127.0.0.1",
 ) -> ThreadingHTTPServer:
-    """Return an HTTP server answering ``GET /metrics`` with :func:`prometheus_text`.
+    """Return an HTTP server answering ``GET /metrics`` (and ``HEAD``) with
+    :func:`prometheus_text`.
 
     Call ``serve_forever()`` on it (and ``shutdown()`` / ``server_close()``
     to stop it). ``queues`` is a list of queues, or a callable returning the

@@ -49,10 +49,14 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError as exc:  # the extra not installed: say which
+    raise ImportError(f"jobq.telemetry needs OpenTelemetry's API ({exc}): "
+                      'pip install "jobq[otel]"') from exc
 
 from . import __version__, _tracing
 
@@ -85,6 +89,15 @@ def _from_field(value: bytes) -> otel_context.Context:
     return _PROPAGATOR.extract(carrier, context=otel_context.Context())
 
 
+def _error_type(exc: BaseException) -> str:
+    """``error.type``: the exception's class as its ``exception.type`` names
+    it (the module and the qualified name; a builtin's name alone)."""
+    cls = type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if not module or module == "builtins" else \
+        f"{module}.{cls.__qualname__}"
+
+
 class _AttemptSpan:
     """An attempt's span, attached to the pool thread that runs it."""
 
@@ -96,7 +109,7 @@ class _AttemptSpan:
         self._ended = False
 
     def failed(self, exc: BaseException, reason: str) -> None:
-        kind = type(exc).__name__
+        kind = _error_type(exc)
         try:
             try:
                 self._span.record_exception(exc)
@@ -157,8 +170,12 @@ class _Hook:
         span = self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER,
                                        attributes=attributes)
         try:
-            with trace.use_span(span, end_on_exit=False):
-                jobs = write(self.carrier())
+            with trace.use_span(span, end_on_exit=False):  # it records an error raised
+                try:
+                    jobs = write(self.carrier())
+                except BaseException as exc:
+                    span.set_attribute("error.type", _error_type(exc))
+                    raise
                 if len(jobs) == 1 and span.is_recording():
                     span.set_attribute("messaging.message.id", jobs[0].id)
                 return jobs

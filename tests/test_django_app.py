@@ -263,6 +263,12 @@ def test_system_checks_report_missing_malformed_and_unreachable(shop: Any) -> No
     with override_settings(JOBQ={"QUEUES": {"q": {"event_mode": "carrier pigeon"}}}):
         [bad] = check_configuration()
         assert bad.id == "jobq.E001" and "event_mode" in bad.msg
+    # a prefix with no QUEUES to build a Queue from; an empty one was taken for 'jobq'
+    for prefix in ("a b", "", 5):
+        with override_settings(JOBQ={"PREFIX": prefix}):
+            [bad] = check_configuration()
+            assert bad.id == "jobq.E001", prefix
+            assert bad.msg.startswith('settings.JOBQ["PREFIX"]: invalid prefix'), bad.msg
     with override_settings(JOBQ={"CONNECTION": "redis://:hunter2@127.0.0.1:1/0"}):
         [down] = check_configuration()
         assert down.id == "jobq.W002"

@@ -347,6 +347,12 @@ def test_a_scrape_while_the_server_is_away_logs_one_line(
             url = f"http://127.0.0.1:{http.server_port}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 assert response.status == 200
+                length = response.headers["Content-Length"]
+            # a health check's HEAD: the GET's headers, no body (it was 501)
+            head = urllib.request.Request(url, method="HEAD")
+            with urllib.request.urlopen(head, timeout=10) as response:
+                assert response.status == 200 and response.read() == b""
+                assert response.headers["Content-Length"] == length
             server.shutdown()
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="jobq.metrics"), \

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -173,7 +174,10 @@ def test_a_timed_out_attempt_is_recorded_as_failed(queue: Queue, traced: Traced)
         until(lambda: job.get_state() == "failed", WAIT)
         (process,) = traced.wait_spans(f"process {queue.name}", 1)
     assert process.status.status_code is StatusCode.ERROR
-    assert process.attributes["error.type"] == "JobTimeoutError"  # type: ignore[index]
+    # named as the exception event names it (a class's module too)
+    assert process.attributes["error.type"] == "jobq.errors.JobTimeoutError"  # type: ignore[index]
+    assert [e.attributes["exception.type"] for e in process.events] == [  # type: ignore[index]
+        "jobq.errors.JobTimeoutError"]
 
 
 class _BrokenStr(Exception):
@@ -199,7 +203,7 @@ def test_an_exception_whose_str_raises_fails_its_job_traced_too(
     assert job.refresh().attempts_made == 1
     assert process.status.status_code is StatusCode.ERROR
     assert process.status.description == "_BrokenStr (its message could not be read)"
-    assert process.attributes["error.type"] == "_BrokenStr"  # type: ignore[index]
+    assert process.attributes["error.type"] == "tests.test_telemetry._BrokenStr"  # type: ignore[index]
 
 
 class _RaisingOnEnd(SimpleSpanProcessor):
@@ -207,6 +211,17 @@ class _RaisingOnEnd(SimpleSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         raise RuntimeError("on_end broke")
+
+
+def test_a_failed_add_is_an_error_span_with_its_error_type(traced: Traced) -> None:
+    """An add that raised (the server away) had error status and the
+    exception, but no ``error.type``, which the conventions ask for."""
+    with Queue("away", connection="redis://127.0.0.1:1/0") as queue, \
+            pytest.raises(redis.exceptions.ConnectionError):
+        queue.add("x")
+    (send,) = traced.wait_spans("send away", 1)
+    assert send.status.status_code is StatusCode.ERROR
+    assert send.attributes["error.type"] == "redis.exceptions.ConnectionError"  # type: ignore[index]
 
 
 def test_a_span_processor_that_raises_costs_neither_an_add_nor_a_worker(
@@ -426,8 +441,8 @@ def test_without_opentelemetry_every_module_but_telemetry_imports() -> None:
         + _IMPORT_ALL +
         "try:\n"
         "    import jobq.telemetry\n"
-        "except ImportError:\n"
-        "    pass\n"
+        "except ImportError as exc:\n"
+        "    assert 'pip install \"jobq[otel]\"' in str(exc), exc\n"
         "else:\n"
         "    raise AssertionError('jobq.telemetry imported without opentelemetry')\n"
     )

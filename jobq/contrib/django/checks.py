@@ -35,7 +35,9 @@ def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         for name in conf["QUEUES"]:
             Queue(name, **queue_options(name)).close()  # no I/O: checks the options
     except (ImproperlyConfigured, ValueError, TypeError) as exc:
-        return [checks.Error(f"settings.JOBQ: {exc}", id="jobq.E001")]
+        said = str(exc)  # the settings' own errors name what they found wrong
+        return [checks.Error(said if said.startswith("settings.JOBQ") else
+                             f"settings.JOBQ: {said}", id="jobq.E001")]
     connection = conf["CONNECTION"]
     try:
         client, owned = resolve(connection)

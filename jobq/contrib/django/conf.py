@@ -8,6 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from jobq.keys import validate_prefix
+
 KEYS = ("CONNECTION", "PREFIX", "QUEUES")
 
 
@@ -15,8 +17,9 @@ def jobq_settings() -> dict[str, Any]:
     """``settings.JOBQ`` with its defaults.
 
     Raises:
-        ImproperlyConfigured: it is not a dict, has unknown keys, or QUEUES
-            is not a dict of dicts.
+        ImproperlyConfigured: it is not a dict, has unknown keys, a PREFIX
+            that is not one (an empty one too), or QUEUES is not a dict of
+            dicts.
     """
     raw = getattr(settings, "JOBQ", None)
     if raw is None:
@@ -35,9 +38,14 @@ def jobq_settings() -> dict[str, Any]:
         raise ImproperlyConfigured(
             'settings.JOBQ["QUEUES"] must map queue names to dicts of Queue options'
         )
+    prefix = raw.get("PREFIX")
+    try:  # checked here: with no QUEUES, no Queue of the check's would
+        prefix = "jobq" if prefix is None else validate_prefix(prefix)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f'settings.JOBQ["PREFIX"]: {exc}') from None
     return {
         "CONNECTION": raw.get("CONNECTION"),
-        "PREFIX": raw.get("PREFIX") or "jobq",
+        "PREFIX": prefix,
         "QUEUES": {k: dict(v) for k, v in queues.items()},
     }
 
