@@ -316,11 +316,11 @@ class QueueAdmin:
             remaining = min(remaining, list_index("count", count, minimum=0))
         total = 0
         while remaining > 0:
-            moved = self._context.calls.promote_due_first(min(BATCH, remaining))
-            if moved <= 0:
+            moved, looked = self._context.calls.promote_due_first(min(BATCH, remaining))
+            if looked <= 0:
                 break
             total += moved
-            remaining -= moved
+            remaining -= moved if count is not None else looked
         return total
 
     # -- operating --------------------------------------------------------

@@ -93,7 +93,8 @@ class ShardedContext(QueueContext):
     """
 
     def __init__(self, context: QueueContext, count: int) -> None:
-        super().__init__(context.name, context.client, context.prefix, "worker", owned=False)
+        super().__init__(context.name, context.client, context.prefix, "the worker of queue",
+                         owned=False)
         self.count = count
         self.shard_keys = shard_keys(context.prefix, context.name, count)
         self.routed = RoutedKeys(context.prefix, context.name, self.shard_keys)

@@ -291,12 +291,14 @@ class ShardedAdmin:
         the soonest of the whole queue); return how many."""
         if count is None:
             return sum(on_every_shard(self._every(), lambda shard: shard.promote_jobs()))
-        left = list_index("count", count, minimum=0)
-        for shard in self._every():
-            if left <= 0:
-                break
-            left -= shard.promote_jobs(left)
-        return count - left
+        left = [list_index("count", count, minimum=0)]
+
+        def promote(shard: Queue) -> None:
+            if left[0] > 0:
+                left[0] -= shard.promote_jobs(left[0])
+
+        on_every_shard(self._every(), promote)  # one that fails is passed over, then raised
+        return count - left[0]
 
     def get_workers(self) -> list[WorkerInfo]:
         """The live workers of this queue."""

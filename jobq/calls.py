@@ -394,10 +394,12 @@ class QueueScripts:
         """promote.lua: 1, -1 no such job, -3 not delayed."""
         return int(self._run("promote", job_id))
 
-    def promote_due_first(self, count: int) -> int:
+    def promote_due_first(self, count: int) -> tuple[int, int]:
         """promote.lua for up to ``count`` delayed jobs, the soonest due
-        first: how many it promoted."""
-        return int(self._run("promote", "", count))
+        first: (how many it promoted, how many ids it took: records gone
+        are dropped)."""
+        moved, looked = self._run("promote", "", count)
+        return int(moved), int(looked)
 
     def change_delay(self, job_id: str, delay_ms: int) -> int:
         """changeDelay.lua: 1, -1 no such job, -3 not delayed."""

@@ -283,11 +283,9 @@ class Scripts:
                 raise ClosedError("closed while the call began: nothing of it was sent")
             self._calls += 1
         try:
-            with _said_oom(name):
+            with _said_plainly(name):
                 return self._run(name, base, *args, client=client, once=once)
         except ResponseError as exc:
-            if _script_not_permitted(exc):
-                raise _not_permitted(name, exc) from exc
             if isinstance(exc, redis.exceptions.NoScriptError) or not is_transient(exc):
                 raise
             raise redis.exceptions.ConnectionError(
@@ -422,7 +420,7 @@ class Scripts:
         """
         self._check_open()
         command = ("FCALL", function_name(name), 2, base, base + "slot-guard", *args)
-        with _said_oom(name):
+        with _said_plainly(name):
             return self._run_on(connection, command, deadline)
 
     def _run_on(self, connection: Any, command: tuple[Any, ...], deadline: float | None) -> Any:
@@ -467,7 +465,7 @@ class Scripts:
         ``run_on``); any other failure drops it and is raised.
         """
         self._check_open()
-        with _said_oom(name):
+        with _said_plainly(name):
             return self._run_after(connection, first, name, base, *args)
 
     def _run_after(
@@ -590,11 +588,17 @@ def library_name() -> str:
 
 
 @contextlib.contextmanager
-def _said_oom(name: str) -> Iterator[None]:
-    """redis-py's OutOfMemoryError of script ``name``'s call as RedisOOMError."""
+def _said_plainly(name: str) -> Iterator[None]:
+    """Script ``name``'s call refused for lack of memory, raised as
+    RedisOOMError, or by the user's ACL (inside the script), as a
+    NoPermissionError (see ``_not_permitted``)."""
     try:
         yield
-    except redis.exceptions.OutOfMemoryError as exc:
+    except ResponseError as exc:
+        if _script_not_permitted(exc):
+            raise _not_permitted(name, exc) from exc
+        if not isinstance(exc, redis.exceptions.OutOfMemoryError):
+            raise
         if isinstance(exc, RedisOOMError):
             raise
         raise RedisOOMError(
@@ -633,22 +637,22 @@ class FunctionsNotLoaded(redis.exceptions.NoPermissionError):
 
 
 def _script_not_permitted(exc: BaseException) -> bool:
-    """Whether a script's call failed on a command its user may not run
-    (Redis: "The user executing the script can't run this command...";
-    Valkey: "ACL failure in script: ...")."""
+    """Whether a script's call failed on a command, key or channel its
+    user may not use (Redis: "The user executing the script can't run this
+    command...", "... can't access at least one of the keys...", "... can't
+    publish to the channel..."; Valkey: "ACL failure in script: ...")."""
     text = str(exc)
     return isinstance(exc, ResponseError) and (
-        text.startswith("ACL failure in script")
-        or "user executing the script can't run this command" in text)
+        text.startswith(("ACL failure in script", "The user executing the script can't")))
 
 
 def _not_permitted(name: str, exc: BaseException) -> redis.exceptions.NoPermissionError:
     """A script's refused command said as a NoPermissionError (the server
     replies a bare error, which ``except NoPermissionError`` missed)."""
     return redis.exceptions.NoPermissionError(
-        f"this user may not run a command of jobq's {name!r} call ({exc}); the script may "
-        "have written part of its work. Give the user the ACL lines of its role "
-        "(docs/guide/security.md)")
+        f"this user's ACL refused jobq's {name!r} call a command, key or channel ({exc}); "
+        "the script may have written part of its work. Give the user the ACL lines of "
+        "its role (docs/guide/security.md)")
 
 
 def _load_not_permitted(exc: BaseException) -> FunctionsNotLoaded:

@@ -718,6 +718,19 @@ def test_promote_jobs_makes_the_delayed_jobs_wait_soonest_first(
             queue.promote_jobs(count=bad)  # type: ignore[arg-type]
 
 
+def test_promote_jobs_goes_past_delayed_ids_whose_records_are_gone(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A batch of ids whose records were gone (deleted by hand) promoted
+    nothing, and the call stopped there, the jobs due after them left
+    delayed."""
+    jobs = queue.add_bulk([{"name": "x", "data": i, "delay": 60 + i} for i in range(1200)])
+    redis_client.delete(*(f"jobq:{{{queue.name}}}:job:{j.id}" for j in jobs[:1000]))
+    assert queue.promote_jobs(count=100) == 100  # past the thousand gone
+    assert queue.promote_jobs() == 100
+    assert queue.get_job_counts("delayed", "waiting") == {"delayed": 0, "waiting": 200}
+
+
 def test_change_delay_reschedules(queue: Queue, redis_url: str) -> None:
     job = queue.add("later", delay=60)
     with worker(queue.name, redis_url, lambda j: "ran"):

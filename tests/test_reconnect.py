@@ -139,7 +139,8 @@ def test_a_wait_whose_reader_may_not_run_a_command_raises_it(
 
 
 def test_a_command_a_script_may_not_run_is_a_no_permission_error(
-    queue: Queue, redis_server: Any, redis_url: str, admin: redis.Redis
+    queue: Queue, redis_server: Any, redis_url: str, admin: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A script's command refused by the user's ACL came back as a bare
     ResponseError ("The user executing the script can't run this
@@ -154,11 +155,33 @@ def test_a_command_a_script_may_not_run_is_a_no_permission_error(
         url = f"redis://jobq-no-hset@127.0.0.1:{redis_server.port}/0"
         with Queue(queue.name, connection=url) as producer, \
                 pytest.raises(redis.exceptions.NoPermissionError,
-                              match=r"^this user may not run a command of jobq's 'add' call "
+                              match=r"^this user's ACL refused jobq's 'add' call a command"
                                     r".*docs/guide/security\.md"):
             producer.add("y")
     finally:
         admin.acl_deluser("jobq-no-hset")
+    # a worker's take (its own connection, past Scripts.run), and a key refused
+    admin.acl_setuser("jobq-no-rpop", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all", "-rpop"])  # only its take's script pops
+    base = f"jobq:{{{queue.name}}}:"  # all keys but the job id counter, which add's script bumps
+    admin.acl_setuser("jobq-no-id-key", enabled=True, nopass=True, channels=["*"],
+                      keys=["~jobq:[^{]*", f"~{base}", f"~{base}[^i]*", f"~{base}i[^d]*"],
+                      commands=["+@all"])
+    try:
+        url = f"redis://jobq-no-rpop@127.0.0.1:{redis_server.port}/0"
+        with caplog.at_level(logging.WARNING, logger="jobq"), \
+                Worker(queue.name, lambda job: None, connection=url):
+            said = until(lambda: [r.getMessage() for r in caplog.records
+                                  if "ACL refused jobq's 'moveToActive' call" in r.getMessage()],
+                         WAIT)
+        assert said and "NoPermissionError" in said[0], said
+        url = f"redis://jobq-no-id-key@127.0.0.1:{redis_server.port}/0"
+        with Queue(queue.name, connection=url) as producer, \
+                pytest.raises(redis.exceptions.NoPermissionError,
+                              match=r"^this user's ACL refused jobq's 'add' call .*key"):
+            producer.add("y")
+    finally:
+        admin.acl_deluser("jobq-no-rpop", "jobq-no-id-key")
 
 
 def test_the_end_of_an_outage_is_logged_as_its_start_was(

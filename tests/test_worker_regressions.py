@@ -1071,6 +1071,13 @@ def test_a_closed_workers_job_says_whose_worker_is_closed(queue: Queue, redis_ur
         queue.add("x").wait_until_finished(timeout=WAIT)
     with pytest.raises(ClosedError, match=rf"^the worker of queue {queue.name!r} is closed$"):
         jobs[0].update_progress(99)
+    with ShardedQueue(queue.name + "-s", shards=2, connection=redis_url) as sharded:
+        sharded.count()  # the shard count stored, for the worker
+        with Worker(sharded.name, jobs.append, connection=redis_url, name="w-2"):
+            sharded.add("x").wait_until_finished(timeout=WAIT)
+        with pytest.raises(ClosedError, match=rf"^the worker of queue {sharded.name!r} is closed"):
+            jobs[1].update_progress(99)
+        sharded.obliterate(force=True)
 
 
 def test_a_worker_closed_by_its_own_listener_closes_fully(

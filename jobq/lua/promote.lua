@@ -6,7 +6,8 @@
   ARGV[1]  job id; '' for the delayed jobs due soonest
   ARGV[2]  with no id: how many of them at most
   Returns  with an id: 1; -1 no such job; -3 not delayed.
-           With none: how many jobs were promoted
+           With none: {how many jobs were promoted, how many ids it took
+           from the delayed set} (an id whose record is gone is dropped)
   Events   waiting (prev delayed), per job
 ]]
 local function promote(id, f)
@@ -26,7 +27,8 @@ if id ~= '' then
   return 1
 end
 local moved = 0
-for _, due in ipairs(redis.call('ZRANGE', K_DELAYED, 0, tonumber(ARGV[2]) - 1)) do
+local due_ids = redis.call('ZRANGE', K_DELAYED, 0, tonumber(ARGV[2]) - 1)
+for _, due in ipairs(due_ids) do
   local f = redis.call('HMGET', job_key(due), 'state', 'priority', 'lifo')
   if f[1] then  -- as promote_due does
     promote(due, f)
@@ -35,4 +37,4 @@ for _, due in ipairs(redis.call('ZRANGE', K_DELAYED, 0, tonumber(ARGV[2]) - 1)) 
     redis.call('ZREM', K_DELAYED, due)  -- its record gone: nothing to run
   end
 end
-return moved
+return { moved, #due_ids }
