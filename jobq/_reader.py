@@ -490,6 +490,11 @@ class EventReader:
         if missed or trimmed(client, self._context.keys.events, since or self.read_id):
             logger.warning("events of %r were trimmed before they were read%s; re-checking "
                            "waiters", self.name, " (max_events was lowered)" if missed else "")
+            # an emptied stream (trim_events(0)): nothing is left to read up
+            # to its last id, and no run added by then is followed
+            emptied = _emptied_upto(client, self._context.keys)
+            if self.read_id is not None and emptied > self.read_id:
+                self.read_id = emptied
             self._forget()
 
     def position(self) -> str:
@@ -764,6 +769,8 @@ def trimmed(client: Client, key: str, since: StreamId | None) -> bool:
     # `since` and it (one right after `since` follows it with nothing lost)
     marks = [(info.get("max-deleted-entry-id"), since),
              (first[0] if first else None, _after(since))]
+    if not info.get("length") and since != (0, 0):  # emptied (trim_events(0)) past it
+        marks.append((info.get("last-generated-id"), since))
     texts = [(_text(m), bound) for m, bound in marks if m]
     return any(sid(t) > bound for t, bound in texts if valid_id(t))
 

@@ -616,7 +616,12 @@ class WaiterTable:
         (or add it to ``answered``, for the caller to resolve); a checkpoint
         it publishes keeps to ``deadline``."""
         with self._lock:
-            if reply.run is not None and reply.state not in ("completed", "failed", "cancelled"):
+            if reply.run is not None and waiter.run is None:
+                # a wait for the job whatever its run (``wait_for(id)``, a Job
+                # built by hand): the run its record holds now. Left open, a
+                # later run of the id (removed, then added again) answered it.
+                waiter.run = reply.run
+            elif reply.run is not None and reply.state not in ("completed", "failed", "cancelled"):
                 # the record is of a later generation (the job was retried
                 # since this waiter's Job was made): wait for that one, not
                 # an earlier outcome the reader has yet to read

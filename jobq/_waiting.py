@@ -79,7 +79,8 @@ class ThreadWait:
         """Wait for the outcome of ``run`` (see ``wait_for``); its result."""
         self.ready()
         events, table = self._events, self._events._table
-        waiter = Waiter(self.job_id, run, stale=not fresh)
+        # no run: the reader answers it once a look at the record named its run
+        waiter = Waiter(self.job_id, run, stale=not fresh or run is None)
         unseen = table.register(waiter, fresh and events._reader.follows(run))
         try:
             # a run the reader has not yet seen end needs no look at its

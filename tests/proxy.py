@@ -13,8 +13,9 @@ Match = Callable[[bytes], bool]
 
 
 class Proxy:
-    """Forward 127.0.0.1:<port> to ``upstream``; ``drop_reply`` / ``delay``
-    arm one-shot rules matched against each chunk a client sends."""
+    """Forward 127.0.0.1:<port> to ``upstream``; ``drop_reply`` / ``delay`` /
+    ``hold`` / ``replace_reply`` arm one-shot rules matched against each
+    chunk a client sends."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self._upstream = upstream
@@ -27,6 +28,7 @@ class Proxy:
         self._sockets: list[socket.socket] = []
         self._replace: dict[socket.socket, bytes] = {}  # client -> its next reply
         self._then: dict[threading.Event, Callable[[], None]] = {}  # drop_reply's
+        self._released: dict[threading.Event, threading.Event] = {}  # hold's
         self._dropping: set[socket.socket] = set()  # clients whose replies are dropped
         self._threads: list[threading.Thread] = []
         self._start(self._accept)
@@ -55,6 +57,14 @@ class Proxy:
         """The next chunk that matches is held back ``seconds`` (bounded)
         before it goes on; the Event is set when it was caught."""
         return self._arm(match, "delay", seconds)
+
+    def hold(self, match: Match, release: threading.Event, bound: float) -> threading.Event:
+        """The next chunk that matches is held back until ``release`` is set
+        (``bound`` seconds at most) before it goes on; the Event returned is
+        set when it was caught."""
+        hit = self._arm(match, "hold", bound)
+        self._released[hit] = release
+        return hit
 
     def _arm(self, match: Match, kind: str, seconds: float) -> threading.Event:
         hit = threading.Event()
@@ -100,6 +110,9 @@ class Proxy:
                     if kind == "delay":
                         hit.set()
                         self._stop.wait(seconds)
+                    elif kind == "hold":
+                        hit.set()
+                        self._released.pop(hit).wait(seconds)
                     elif kind.startswith("replace:"):
                         self._replace[client] = kind.removeprefix("replace:").encode()
                         hit.set()

@@ -8,6 +8,7 @@ Real server, bounded waits, no sleep as synchronisation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -39,7 +40,7 @@ from jobq import (
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
 from tests.polling import close_while_stopped, until
-from tests.test_events import kill_readers
+from tests.test_events import kill_readers, reader_clients
 
 WAIT = 10.0
 #: Longest encoded result a `completed` event carries itself (INLINE_RESULT
@@ -1608,3 +1609,84 @@ def test_a_wait_of_no_time_before_the_reader_is_ready_still_looks(
             pending = fresh.add("x", "later", delay=60_000)
             with pytest.raises(WaitUntilFinishedTimeoutError):
                 pending.wait_until_finished(timeout=timeout)
+
+
+@contextlib.contextmanager
+def _reader_through_proxy(queue_name: str) -> Iterator[tuple[Any, ...]]:
+    """A private server, a Queue on it, a ready QueueEvents whose reader goes
+    through a Proxy (to hold its reconnect), and an admin client."""
+    from tests.proxy import Proxy
+
+    with RedisServer(find_server_binary()) as server, \
+            Proxy(("127.0.0.1", server.port)) as proxy, \
+            Queue(queue_name, connection=server.url) as queue, \
+            QueueEvents(queue_name, connection=proxy.url) as events, \
+            server.client() as admin:
+        assert events.wait_until_ready(WAIT)
+        yield server, proxy, queue, events, admin
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_wait_for_an_id_is_not_answered_by_a_later_run_of_it_after_a_gap(
+    queue_name: str, kept: bool
+) -> None:
+    """``wait_for(id)`` (no run) registered during a run; the id removed and
+    added again, the new run finished, and the events trimmed while the
+    reader was away: the record's check answered it with the new run's
+    result (the new run kept) or, the stream emptied, only the 10 s look
+    did (the reader found no gap in an empty stream). It raises
+    JobNotFoundError, as a wait that read the removal does."""
+    with _reader_through_proxy(queue_name) as (server, proxy, queue, events, admin):
+        queue.add("x", "run 1", job_id="k", delay=60)
+        outcome: list[Any] = []
+
+        def wait() -> None:
+            try:
+                outcome.append(events.wait_for("k", timeout=WAIT / 2))
+            except Exception as exc:
+                outcome.append(exc)
+
+        waiting = threading.Thread(target=wait, name="test-wait-for")
+        waiting.start()
+        release = threading.Event()
+        try:  # its first look done: it follows the run the record held
+            until(lambda: [w for w in events._table.snapshot() if w.run], WAIT)
+            proxy.hold(lambda chunk: b"jobq-events-" in chunk, release, WAIT)
+            assert kill_readers(admin, queue_name)
+            queue.remove("k")
+            second = queue.add("x", "run 2", job_id="k", remove_on_complete=not kept)
+            with Worker(queue_name, echo, connection=server.url):
+                assert second.wait_until_finished(timeout=WAIT) == "run 2"
+            queue.trim_events(0)
+            release.set()  # the reader connects again
+        finally:
+            release.set()
+            waiting.join(WAIT)
+        assert len(outcome) == 1 and isinstance(outcome[0], JobNotFoundError), outcome
+
+
+def test_a_run_whose_events_were_trimmed_away_while_the_reader_was_away_is_looked_at(
+    queue_name: str,
+) -> None:
+    """The reader away while a job ran and the stream was emptied
+    (``trim_events(0)``): it found no gap in an empty stream, took the run
+    for one it follows, and a wait started then looked at no record and
+    waited for events gone (until the 10 s look)."""
+    with _reader_through_proxy(queue_name) as (server, proxy, queue, events, admin):
+        queue.add("before")  # the reader has read an event: it resumes after it
+        until(lambda: events._reader.read_id != (0, 0), WAIT)
+        release = threading.Event()
+        try:
+            reconnected = proxy.hold(lambda chunk: b"jobq-events-" in chunk, release, WAIT)
+            assert kill_readers(admin, queue_name)
+            assert reconnected.wait(WAIT)
+            job = queue.add("x", "done")  # a handle not waited on yet: its run is new
+            with Worker(queue_name, echo, connection=server.url):
+                until(lambda: queue.get_job_state(job.id) == "completed", WAIT)
+            queue.trim_events(0)
+        finally:
+            release.set()  # the reader connects again
+        # connected again, its start done: it reads
+        until(lambda: [e for e in reader_clients(admin, queue_name) if e["cmd"] == "xread"],
+              WAIT)
+        assert job.wait_until_finished(events, timeout=WAIT / 2) == "done"
