@@ -40,7 +40,7 @@ from jobq import (
 from jobq.testing import RedisServer, find_server_binary
 from tests.conftest import echo
 from tests.polling import close_while_stopped, until
-from tests.test_events import kill_readers, reader_clients
+from tests.test_events import kill_readers
 
 WAIT = 10.0
 #: Longest encoded result a `completed` event carries itself (INLINE_RESULT
@@ -1686,7 +1686,9 @@ def test_a_run_whose_events_were_trimmed_away_while_the_reader_was_away_is_looke
             queue.trim_events(0)
         finally:
             release.set()  # the reader connects again
-        # connected again, its start done: it reads
-        until(lambda: [e for e in reader_clients(admin, queue_name) if e["cmd"] == "xread"],
-              WAIT)
+        # connected again and past the stream's last id (nothing is left to read)
+        info = admin.xinfo_stream(f"jobq:{{{queue_name}}}:events")
+        assert info["length"] == 0
+        last = tuple(int(part) for part in info["last-generated-id"].split(b"-"))
+        until(lambda: (events._reader.read_id or (0, 0)) >= last, WAIT)
         assert job.wait_until_finished(events, timeout=WAIT / 2) == "done"
