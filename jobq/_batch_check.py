@@ -62,9 +62,11 @@ class BatchCheck:
         """One pipelined round trip of ``run``; the waiters left."""
         keys, scripts = self._context.keys, self._context.scripts
         # Sent again once when a restarted server (the first call after a
-        # reconnect) left the pool's connections dead or lacks the library:
-        # else every thread of the batch would check on its own.
-        for attempt in range(2):
+        # reconnect) left the pool's connections dead, and once more when it
+        # lacks the library (a try lost to the one does not spend the
+        # other's): else every thread of the batch would check on its own.
+        retried = loaded = False
+        while True:
             try:
                 with client.pipeline(transaction=False) as pipe:
                     for waiter in chunk:
@@ -72,12 +74,14 @@ class BatchCheck:
                         scripts.run("getOutcome", keys.base, *args, client=pipe)
                     replies = pipe.execute(raise_on_error=False)
             except TRANSIENT_ERRORS:
-                if attempt:
+                if retried:
                     raise
+                retried = True
                 continue
-            if attempt or not any(map(function_missing, replies)):
+            if loaded or not any(map(function_missing, replies)):
                 break
             load_library(client)
+            loaded = True
         left = []
         for waiter, raw in zip(chunk, replies, strict=True):
             reply = None if isinstance(raw, Exception) else outcome_reply(raw)

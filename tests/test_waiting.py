@@ -1255,6 +1255,16 @@ def start_waits(qe: QueueEvents, jobs: list[Job]) -> tuple[list[threading.Thread
     return threads, failures
 
 
+def waits_on_delayed_jobs(q: Queue, qe: QueueEvents) -> tuple[
+        CountedChecks, list[Job], list[threading.Thread], dict[str, BaseException]]:
+    """Ten delayed jobs, a thread waiting on each, once ``qe`` is ready,
+    its checks counted from the start: see CountedChecks, start_waits."""
+    assert qe.wait_until_ready(WAIT)
+    checks = CountedChecks(qe)
+    jobs = q.add_bulk({"name": "x", "data": i, "delay": 600_000} for i in range(10))
+    return (checks, jobs, *start_waits(qe, jobs))
+
+
 def test_the_periodic_look_at_waited_records_is_batched_not_one_wake_up_per_thread(
     queue_name: str, redis_url: str, redis_client: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
@@ -1312,10 +1322,7 @@ def test_the_periodic_look_leaves_threads_alone_while_the_server_is_away(
     with Queue(queue_name, connection=url) as q, QueueEvents(
         queue_name, connection=url, blocking_timeout=0.1
     ) as qe:
-        assert qe.wait_until_ready(WAIT)
-        checks = CountedChecks(qe)
-        jobs = q.add_bulk({"name": "x", "data": i, "delay": 600_000} for i in range(10))
-        threads, failures = start_waits(qe, jobs)
+        checks, jobs, threads, failures = waits_on_delayed_jobs(q, qe)
         try:
             assert until(lambda: qe._table.jobs() == len(jobs), WAIT)
             own_server.shutdown(nosave=True)  # the records go with it
@@ -1326,6 +1333,40 @@ def test_the_periodic_look_leaves_threads_alone_while_the_server_is_away(
         finally:
             if not own_server.is_running():
                 own_server.restart()
+            for thread in threads:
+                thread.join(WAIT * 3)
+        assert sorted(failures) == sorted(job.id for job in jobs)
+        assert all(isinstance(exc, JobNotFoundError) for exc in failures.values()), failures
+        assert checks.own == []
+
+
+def test_a_batched_look_cut_once_on_a_server_without_the_functions_still_answers_the_waits(
+    queue_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The periodic look's first try lost its connection and the server had
+    lost jobq's functions meanwhile (a restart): the second try found them
+    missing and, being the last, did not load them, so every waiting thread
+    was sent to check its own record (seen once after a restart)."""
+    from tests.proxy import Proxy
+
+    monkeypatch.setattr(queue_events, "RECHECK_INTERVAL", 0.3)
+    with RedisServer(find_server_binary()) as server, \
+            Proxy(("127.0.0.1", server.port)) as proxy, \
+            Queue(queue_name, connection=server.url) as q, \
+            QueueEvents(queue_name, connection=proxy.url, blocking_timeout=0.1) as qe, \
+            server.client() as admin:
+        checks, jobs, threads, failures = waits_on_delayed_jobs(q, qe)
+        try:
+            assert until(lambda: qe._table.jobs() == len(jobs), WAIT)
+
+            def lose_everything() -> None:  # after the look's first try reached the server
+                admin.function_flush()
+                admin.delete(*(f"jobq:{{{queue_name}}}:job:{job.id}" for job in jobs))
+
+            cut = proxy.drop_reply(lambda chunk: b"FCALL" in chunk and b"getOutcome" in chunk,
+                                   then=lose_everything)
+            assert cut.wait(WAIT)
+        finally:
             for thread in threads:
                 thread.join(WAIT * 3)
         assert sorted(failures) == sorted(job.id for job in jobs)
