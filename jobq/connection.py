@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -231,14 +232,17 @@ def client_name(name: str) -> str:
 
 
 def clone_client(
-    client: Client, name: str, *, socket_timeout: Any = _KEEP, max_connections: int = 2
+    client: Client, name: str, *, socket_timeout: Any = _KEEP, max_connections: int = 2,
+    connect_once: bool = False,
 ) -> Client:
     """Return a new client of the same server with a pool of its own.
 
     It has no client-level retries (the calling loop owns reconnection and
     backoff), at most ``max_connections`` connections (per node on a
     cluster), connections named ``name`` (made fit for CLIENT SETNAME), and
-    the given socket timeout (the original's by default).
+    the given socket timeout (the original's by default). With
+    ``connect_once`` (not on a cluster), each of its connections connects
+    once (see ``ConnectOnce``).
     """
     name = client_name(name)
     if isinstance(client, RedisCluster):
@@ -259,6 +263,8 @@ def clone_client(
         return _fork.track_client(RedisCluster(startup_nodes=nodes, **options))
     kwargs = dict(client.connection_pool.connection_kwargs)
     kwargs.update(retry=Retry(NoBackoff(), 0), client_name=name)
+    if connect_once:
+        kwargs["redis_connect_func"] = ConnectOnce(kwargs.get("redis_connect_func"))
     if socket_timeout is not _KEEP:
         kwargs["socket_timeout"] = socket_timeout
     kwargs.pop("retry_on_timeout", None)
@@ -274,13 +280,41 @@ def clone_client(
     return _fork.track_client(redis.Redis(connection_pool=pool))
 
 
+class ConnectOnce:
+    """``redis_connect_func`` of a loop's own client: each connection
+    connects once; connecting it again raises ConnectionError.
+
+    A connection the server closed while it sat in the pool is connected
+    again, silently, when the pool lends it next. The loop never learns
+    that its connection was lost, and skips what it does on a reconnect:
+    the events reader's look for events trimmed meanwhile and its re-check
+    of the waiters (a wait then ran out its timeout), the fetcher's new
+    connection id for CLIENT UNBLOCK (``close()`` then waited for the
+    block to end). Refused, the loss reaches the loop, which reconnects
+    with a new client."""
+
+    def __init__(self, then: Callable[[Any], None] | None = None) -> None:
+        self._then = then  # a connect function of the caller's client
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def __call__(self, connection: Any) -> None:
+        if connection in self._made:
+            raise redis.exceptions.ConnectionError("Connection lost while idle.")
+        if self._then is not None:
+            self._then(connection)
+        else:
+            connection.on_connect()
+        self._made.add(connection)
+
+
 def blocking_client(client: Client, name: str) -> Client:
     """Return a new client for one thread's blocking reads.
 
     It has its own connection, a socket timeout longer than any block and no
-    client-level retries: the calling loop owns reconnection and backoff.
+    client-level retries: the calling loop owns reconnection and backoff,
+    and learns of every lost connection (see ``ConnectOnce``).
     """
-    return clone_client(client, name, socket_timeout=BLOCKING_SOCKET_TIMEOUT)
+    return clone_client(client, name, socket_timeout=BLOCKING_SOCKET_TIMEOUT, connect_once=True)
 
 
 #: First words of error replies that say "try again": the server is busy

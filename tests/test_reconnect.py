@@ -210,3 +210,40 @@ def test_the_end_of_an_outage_is_logged_as_its_start_was(
                 assert queue.add("x", 7).wait_until_finished(timeout=WAIT) == 7
         finally:
             worker.close()
+
+
+def test_a_loops_connection_lost_while_idle_is_reported_not_made_again() -> None:
+    """A blocking loop's connection closed by the server while it sat in
+    its pool (between the events reader's look at the stream and its next
+    read) was connected again, silently, when the pool lent it next: the
+    reader never looked for the events trimmed meanwhile nor re-checked its
+    waiters (a wait ran out its timeout). The loss is an error now, which
+    the loop answers by connecting again with a new client."""
+    from jobq.connection import blocking_client, take_connection
+    from jobq.testing import RedisServer, find_server_binary
+
+    name = "jobq-test-loop"
+    with RedisServer(find_server_binary()) as server, \
+            server.client(decode_responses=True) as admin, server.client() as client:
+        blocking = blocking_client(client, name)
+        try:
+            assert blocking.ping()
+            pool = blocking.connection_pool
+            connection = take_connection(pool)  # taken, as the reader holds it
+            (entry,) = [c for c in admin.client_list() if c.get("name") == name]
+            admin.client_kill_filter(_id=entry["id"])
+
+            def closed() -> bool:
+                try:
+                    return bool(connection.can_read(timeout=0))
+                except (redis.ConnectionError, OSError):
+                    return True
+
+            assert until(closed, 10.0)
+            pool.release(connection)  # given back for a look at the stream: idle, lost
+            with pytest.raises(redis.ConnectionError):
+                blocking.ping()
+            assert [c for c in admin.client_list() if c.get("name") == name] == []
+        finally:
+            blocking.close()
+            blocking.connection_pool.disconnect()
