@@ -241,8 +241,11 @@ def clone_client(
     backoff), at most ``max_connections`` connections (per node on a
     cluster), connections named ``name`` (made fit for CLIENT SETNAME), and
     the given socket timeout (the original's by default). With
-    ``connect_once`` (not on a cluster), each of its connections connects
-    once (see ``ConnectOnce``).
+    ``connect_once`` the caller learns of a lost connection: each
+    connection connects once (see ``ConnectOnce``); a cluster client does
+    not send a command again on a new connection (its pools still connect
+    again a connection lost while idle: the cluster closes connections of
+    its own, which must connect again).
     """
     name = client_name(name)
     if isinstance(client, RedisCluster):
@@ -260,7 +263,11 @@ def clone_client(
             ClusterNode(node.host, node.port)  # type: ignore[no-untyped-call]
             for node in client.get_nodes()  # type: ignore[no-untyped-call]
         ]
-        return _fork.track_client(RedisCluster(startup_nodes=nodes, **options))
+        cluster = RedisCluster(startup_nodes=nodes, **options)
+        if connect_once:  # a command cut by a lost connection is not sent again
+            cluster.retry = Retry(NoBackoff(), 0)  # redis-py 6 and later
+            cluster.cluster_error_retry_attempts = 0  # type: ignore[attr-defined]  # before 6
+        return _fork.track_client(cluster)
     kwargs = dict(client.connection_pool.connection_kwargs)
     kwargs.update(retry=Retry(NoBackoff(), 0), client_name=name)
     if connect_once:

@@ -23,6 +23,7 @@ import redis
 from jobq import Job, Queue, QueueEvents, Worker
 from jobq.connection import TRANSIENT_ERRORS
 from jobq.testing import LocalCluster, RedisServer
+from tests.polling import until
 
 pytestmark = pytest.mark.cluster
 
@@ -123,6 +124,38 @@ def test_a_worker_given_a_cluster_client_has_room_for_its_handlers(
                     for n in own.get_nodes()} == {pool_size(4)}
             jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(40)])
             assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == list(range(40))
+        queue.obliterate(force=True)
+
+
+def test_a_loops_connection_lost_in_a_block_on_a_cluster_is_reported_not_sent_again(
+    cluster: LocalCluster,
+) -> None:
+    """A cluster client sends a command cut by a lost connection again on a
+    new connection. A worker's fetcher, blocked when its connection was
+    killed, never learnt of the loss: it reported nothing and kept the dead
+    connection's id for close()'s CLIENT UNBLOCK (close then waited out the
+    block). The loss is the loop's now: an error, and a new connection."""
+    errors: list[BaseException] = []
+    with cluster.client() as client, Queue("cut", connection=client) as queue:
+        node = cluster.server_of_slot(slot_of(client, queue.name))
+        with node.client(decode_responses=True) as admin, \
+                Worker(queue.name, lambda job: job.data, connection=client) as worker:
+            worker.on("error", errors.append)
+
+            def blocked() -> list[dict[str, str]]:
+                return [c for c in admin.client_list()
+                        if c["name"].startswith("jobq-fetch-") and c["cmd"] == "bzpopmin"]
+
+            (entry,) = until(blocked, WAIT)
+            admin.client_kill_filter(_id=entry["id"])
+            assert until(lambda: errors, WAIT)
+            assert isinstance(errors[0], redis.ConnectionError)
+            (again,) = until(blocked, WAIT)
+            assert again["id"] != entry["id"]
+            roles = worker._roles
+            assert roles is not None and roles.fetcher._blocked_id is not None
+            assert roles.fetcher._blocked_id[2] == int(again["id"])  # close() unblocks it
+            assert queue.add("x", 7).wait_until_finished(timeout=WAIT) == 7
         queue.obliterate(force=True)
 
 
