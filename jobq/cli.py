@@ -968,6 +968,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _where(args: argparse.Namespace) -> str:
+    """The server a command talked to, for its error message (no password)."""
+    return redact(args.url or "redis://localhost:6379/0")  # args.url: --url, or JOBQ_REDIS_URL
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``jobq`` command; return its exit code."""
     args = build_parser().parse_args(argv)
@@ -996,7 +1001,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
             redis.exceptions.RedisClusterException) as exc:  # a cluster none of whose nodes answers
-        where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
+        where = _where(args)
         if login_refused(exc):  # no password, or a wrong one
             cause = exc
             while not isinstance(cause, redis.exceptions.AuthenticationError):
@@ -1013,7 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jobq: cannot reach Redis at {where}: {reason}", file=sys.stderr)
         return EXIT_REDIS
     except redis.exceptions.InvalidResponse as exc:  # another service on that port
-        where = redact(args.url or os.environ.get("JOBQ_REDIS_URL") or "redis://localhost:6379/0")
+        where = _where(args)
         print(f"jobq: cannot reach Redis at {where}: what answered there is not a Redis "
               f"server ({exc})", file=sys.stderr)
         return EXIT_REDIS
