@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -241,11 +240,9 @@ def clone_client(
     backoff), at most ``max_connections`` connections (per node on a
     cluster), connections named ``name`` (made fit for CLIENT SETNAME), and
     the given socket timeout (the original's by default). With
-    ``connect_once`` the caller learns of a lost connection: each
-    connection connects once (see ``ConnectOnce``); a cluster client does
-    not send a command again on a new connection (its pools still connect
-    again a connection lost while idle: the cluster closes connections of
-    its own, which must connect again).
+    ``connect_once`` the caller learns of every lost connection: a pool
+    does not connect again one lost while idle (see ``ConnectOnce``), nor
+    does a cluster client send a command again on a new connection.
     """
     name = client_name(name)
     if isinstance(client, RedisCluster):
@@ -263,6 +260,8 @@ def clone_client(
             ClusterNode(node.host, node.port)  # type: ignore[no-untyped-call]
             for node in client.get_nodes()  # type: ignore[no-untyped-call]
         ]
+        if connect_once:
+            options["redis_connect_func"] = ConnectOnce(_handshaken)
         cluster = RedisCluster(startup_nodes=nodes, **options)
         if connect_once:  # a command cut by a lost connection is not sent again
             cluster.retry = Retry(NoBackoff(), 0)  # redis-py 6 and later
@@ -288,30 +287,49 @@ def clone_client(
 
 
 class ConnectOnce:
-    """``redis_connect_func`` of a loop's own client: each connection
-    connects once; connecting it again raises ConnectionError.
+    """``redis_connect_func`` of a loop's own client: a connection found
+    closed by the server is not connected again (ConnectionError).
 
     A connection the server closed while it sat in the pool is connected
-    again, silently, when the pool lends it next. The loop never learns
-    that its connection was lost, and skips what it does on a reconnect:
-    the events reader's look for events trimmed meanwhile and its re-check
-    of the waiters (a wait then ran out its timeout), the fetcher's new
-    connection id for CLIENT UNBLOCK (``close()`` then waited for the
-    block to end). Refused, the loss reaches the loop, which reconnects
-    with a new client."""
+    again, silently, when the pool lends it next (the pool's check, which
+    reads from the socket, finds it closed). The loop never learns that its
+    connection was lost, and skips what it does on a reconnect: the events
+    reader's look for events trimmed meanwhile and its re-check of the
+    waiters (a wait then ran out its timeout), the fetcher's new connection
+    id for CLIENT UNBLOCK (``close()`` then waited for the block to end).
+    Refused, the loss reaches the loop, which reconnects with a new client.
+    A connection closed on purpose (a cluster client closes the ones it
+    asked for the cluster's layout) connects again."""
 
     def __init__(self, then: Callable[[Any], None] | None = None) -> None:
         self._then = then  # a connect function of the caller's client
-        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def __call__(self, connection: Any) -> None:
-        if connection in self._made:
+        if getattr(connection, "_jobq_lost", False):
             raise redis.exceptions.ConnectionError("Connection lost while idle.")
         if self._then is not None:
             self._then(connection)
         else:
             connection.on_connect()
-        self._made.add(connection)
+        if "can_read" not in vars(connection):  # its first connect
+            connection.can_read = _noting_loss(connection, connection.can_read)
+
+
+def _noting_loss(connection: Any, can_read: Callable[..., bool]) -> Callable[..., bool]:
+    """``can_read`` of ``connection`` that marks it lost when its socket is
+    found closed."""
+    def checked(timeout: float | None = 0) -> bool:
+        try:
+            return can_read(timeout)
+        except (redis.exceptions.ConnectionError, OSError):
+            connection._jobq_lost = True
+            raise
+    return checked
+
+
+def _handshaken(connection: Any) -> None:
+    """The connect function after a cluster client's own, which did the
+    handshake: nothing more to do."""
 
 
 def blocking_client(client: Client, name: str) -> Client:

@@ -127,31 +127,42 @@ def test_a_worker_given_a_cluster_client_has_room_for_its_handlers(
         queue.obliterate(force=True)
 
 
-def test_a_loops_connection_lost_in_a_block_on_a_cluster_is_reported_not_sent_again(
-    cluster: LocalCluster,
+@pytest.mark.parametrize("while_", ["blocked", "idle"])
+def test_a_loops_connection_lost_on_a_cluster_is_reported_not_made_again(
+    cluster: LocalCluster, while_: str,
 ) -> None:
     """A cluster client sends a command cut by a lost connection again on a
-    new connection. A worker's fetcher, blocked when its connection was
-    killed, never learnt of the loss: it reported nothing and kept the dead
-    connection's id for close()'s CLIENT UNBLOCK (close then waited out the
-    block). The loss is the loop's now: an error, and a new connection."""
+    new connection, and its pools connect again, silently, a connection
+    lost while idle (a worker's fetcher while the worker is paused, with
+    the server's idle timeout). The fetcher never learnt of the loss: it
+    reported nothing and kept the dead connection's id for close()'s CLIENT
+    UNBLOCK (close then waited out the block). The loss is the loop's now:
+    an error, and a new connection."""
     errors: list[BaseException] = []
-    with cluster.client() as client, Queue("cut", connection=client) as queue:
+    with cluster.client() as client, Queue(f"cut-{while_}", connection=client) as queue:
         node = cluster.server_of_slot(slot_of(client, queue.name))
         with node.client(decode_responses=True) as admin, \
                 Worker(queue.name, lambda job: job.data, connection=client) as worker:
             worker.on("error", errors.append)
 
-            def blocked() -> list[dict[str, str]]:
-                return [c for c in admin.client_list()
-                        if c["name"].startswith("jobq-fetch-") and c["cmd"] == "bzpopmin"]
+            def fetchers(cmd: str | None = None) -> list[dict[str, str]]:
+                return [c for c in admin.client_list() if c["name"].startswith("jobq-fetch-")
+                        and cmd in (None, c["cmd"])]
 
-            (entry,) = until(blocked, WAIT)
-            admin.client_kill_filter(_id=entry["id"])
+            entries = until(lambda: fetchers("bzpopmin"), WAIT)
+            if while_ == "idle":  # the fetcher's connections back in its pool, its block over
+                worker.pause()
+                entries = until(lambda: [c for c in fetchers() if "b" not in c["flags"]], WAIT)
+            for entry in entries:
+                admin.client_kill_filter(_id=entry["id"])
+            assert until(lambda: not fetchers(), WAIT)
+            if while_ == "idle":
+                assert not errors
+                worker.resume()
             assert until(lambda: errors, WAIT)
             assert isinstance(errors[0], redis.ConnectionError)
-            (again,) = until(blocked, WAIT)
-            assert again["id"] != entry["id"]
+            (again,) = until(lambda: fetchers("bzpopmin"), WAIT)
+            assert again["id"] not in {entry["id"] for entry in entries}
             roles = worker._roles
             assert roles is not None and roles.fetcher._blocked_id is not None
             assert roles.fetcher._blocked_id[2] == int(again["id"])  # close() unblocks it
