@@ -238,8 +238,8 @@ def sync_scheduler(context: QueueContext, sid: str) -> int:
         first_ms = next_cron_slot(cron, tz, max(int(pending), _server_ms(context)))
         first, after_first = str(first_ms), str(next_cron_slot(cron, tz, first_ms))
     code = context.calls.scheduler_sync(sid, pending, after_pending, first, after_first)
-    error = _text(context.redis.hget(context.keys.scheduler(sid), "err"))
-    if code == _COLLISION or error:
+    if code == _COLLISION:
+        error = _text(context.redis.hget(context.keys.scheduler(sid), "err"))
         raise JobqError(error or f"scheduler {sid!r}: its next tick collides with a job")
     return code
 
@@ -376,10 +376,9 @@ class QueueSchedulers:
             sid, schedule, spec, first, after, template)
         if code == _COLLISION:
             raise JobqError(
-                f"the first tick of scheduler {sid!r} would be job {tick!r}, "
-                "which exists (a job of an earlier scheduler of that id, still waiting or "
-                "running, or kept): remove it, upsert again a millisecond later, or use "
-                "another scheduler id"
+                f"the first tick of scheduler {sid!r} would be job {tick!r}, which exists "
+                "(waiting, running or kept): remove it and upsert again, or use another "
+                "scheduler id"
             )
         self._record()  # listed with the known queues (jobq info, the dashboard)
         # as the upsert stored it (a remove just after it is another call's)

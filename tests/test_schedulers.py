@@ -697,11 +697,45 @@ def test_a_changed_schedule_after_a_cancelled_run_starts_after_that_run(queue: Q
     queue.remove_scheduler("cu")
 
 
-def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(queue: Queue) -> None:
+def test_a_changed_schedule_after_a_promoted_run_starts_after_that_run(
+    queue: Queue, redis_url: str,
+) -> None:
+    """A nightly tick promoted ("run it now") and run: the changed
+    schedule's first slot was that run's, whose kept record made it a
+    collision: an error, and the scheduler left with no tick for good (an
+    upsert of the same schedule then did nothing)."""
+    s = queue.upsert_scheduler("nightly", cron="30 2 * * *", tz="Europe/Berlin")
+    assert s.next_run is not None
+    tonight = round(s.next_run * 1000)
+    job = queue.get_job(f"repeat:nightly:{tonight}")
+    assert job is not None
+    job.promote()
+    with make_worker(queue.name, redis_url, lambda j: "ran"):
+        assert job.wait_until_finished(timeout=WAIT) == "ran"
+    changed = queue.upsert_scheduler("nightly", cron="30 2 * * *", tz="Europe/Berlin", limit=100)
+    assert changed.next_run is not None and round(changed.next_run * 1000) > tonight
+    assert [j.id for j in queue.get_jobs("delayed")] == [
+        f"repeat:nightly:{round(changed.next_run * 1000)}"]
+    queue.remove_scheduler("nightly")
+
+
+def test_a_tick_colliding_with_a_kept_job_is_a_loud_error(
+    queue: Queue, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The scheduler stays listed, with no next run; once the job is
+    removed, an upsert of the same schedule makes its first tick (it did
+    nothing: no tick, and no worker's check ever made one)."""
     start = 4_102_444_800  # 2100-01-01 00:00 UTC: the first daily tick
-    queue.add("kept", job_id=f"repeat:c:{start * 1000}")
+    kept = queue.add("kept", job_id=f"repeat:c:{start * 1000}")
     with pytest.raises(JobqError, match="collides|exists"):
         queue.upsert_scheduler("c", cron="0 0 * * *", start=start)
+    assert [(s.id, s.next_run) for s in queue.get_schedulers()] == [("c", None)]
+    assert kept.remove()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # no longer collides
+    s = queue.upsert_scheduler("c", cron="0 0 * * *", start=start)
+    assert s.next_run == start
+    assert [j.id for j in queue.get_jobs("delayed")] == [f"repeat:c:{start * 1000}"]
+    queue.remove_scheduler("c")
 
 
 def _second_tick_failed_into_backoff(queue: Queue) -> str:

@@ -30,24 +30,31 @@
                       job removed (no longer counted against the limit),
                       the first tick produced at next ('' when
                       start/end/limit allow none)
-           {-5, id}   the first tick's id collides with an existing job:
-                      nothing produced (the scheduler is stored, with err)
+           {-5, id}   the first tick's id collides with an existing job
+                      that is not a run of this scheduler: nothing produced
+                      (the scheduler is stored and listed, with err; an
+                      upsert of the same schedule tries again)
   Events   removed (prev delayed) for a replaced pending tick; added, then
            delayed or waiting, for the new tick; none for a pending tick
            given the new template (as changePriority and updateJob)
   Slots    every: the first tick at once (or at start), as in BullMQ; when
            an existing schedule changes, one interval from now unless
-           immediately. cron: ARGV[10] (now when immediately).
+           immediately. cron: ARGV[10] (now when immediately). A slot
+           whose run of this scheduler exists (cancelled before its time,
+           promoted and run, under way) is not made twice: the first tick
+           is the slot after it.
 ]]
 local sid = ARGV[1]
 local skey = base .. 'scheduler:' .. sid
 local now = math.floor(now_ms())
-local old = redis.call('HMGET', skey, 'spec', 'next')
+local old = redis.call('HMGET', skey, 'spec', 'next', 'err')
+-- the same schedule again after its first tick collided (no tick, err): as a new one
+local again = old[1] == ARGV[9] and (old[2] or '') == '' and old[3]
 for i, name in ipairs(TEMPLATE) do
   local value = ARGV[11 + i]
   if value == '' then redis.call('HDEL', skey, name) else redis.call('HSET', skey, name, value) end
 end
-if old[1] == ARGV[9] then
+if old[1] == ARGV[9] and not again then
   -- the same schedule: the pending tick keeps its id and slot and takes the
   -- new template, unless a worker took it already (a yearly cron would
   -- otherwise run a year later with the old data)
@@ -95,17 +102,17 @@ local slot, after
 local every = tonumber(ARGV[2])
 if every then
   slot = now
-  if old[1] and ARGV[8] ~= '1' then slot = now + every end
+  if old[1] and not again and ARGV[8] ~= '1' then slot = now + every end
   local start = tonumber(ARGV[5])
   if start and start > slot then slot = start end
   after = ''
 else
   slot, after = tonumber(ARGV[10]), ARGV[11]
 end
--- a run of this schedule cancelled before its time (its record kept): it
--- stays skipped, the first tick is the one after it
-local gone = redis.call('HMGET', job_key(tick_id(sid, math.floor(slot))), 'sch', 'cx')
-if gone[1] == sid and gone[2] then
+-- a run of this schedule at that slot (its record kept: cancelled before
+-- its time, promoted and run, under way) is not made twice: the first
+-- tick is the one after it
+if redis.call('HGET', job_key(tick_id(sid, math.floor(slot))), 'sch') == sid then
   if every then
     slot = slot + every
   elseif tonumber(after) then
@@ -113,6 +120,9 @@ if gone[1] == sid and gone[2] then
   end
 end
 local id = schedule_tick(sid, math.floor(slot), after, now)
-if id == false then return { -5, tick_id(sid, slot) } end
+if id == false then
+  redis.call('ZADD', K_SCHEDULERS, '+inf', sid)  -- listed, with no next run
+  return { -5, tick_id(sid, slot) }
+end
 if not id then return { 1, '', redis.call('HGETALL', skey) } end
 return { 1, string.format('%d', slot), redis.call('HGETALL', skey) }
