@@ -61,6 +61,8 @@ __all__ = ["Scheduler", "next_cron_slot"]
 _NOT_IN_TEMPLATE = frozenset({"job_id", "delay", "dedup"})
 #: Return code of the scheduler scripts: a tick's id collides with a kept job.
 _COLLISION = ScriptCode.COLLISION
+#: The largest ``limit``: the server's scripts count in doubles, exact to 2**53.
+_MAX_LIMIT = 2**53 - 1
 
 
 @dataclass(frozen=True)
@@ -324,8 +326,8 @@ class QueueSchedulers:
         if start_s is not None and end_s is not None and end_s < start_s:
             raise ValueError(f"end ({end!r}) is before start ({start!r})")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or limit < 1):
-            raise ValueError(f"limit must be an int >= 1, not {limit!r}")
+                                  or not 1 <= limit <= _MAX_LIMIT):
+            raise ValueError(f"limit must be an int from 1 to 2**53 - 1, not {limit!r}")
         if not isinstance(immediately, bool):
             raise ValueError(f"immediately must be a bool, not {immediately!r}")
         refused = _NOT_IN_TEMPLATE & set(job_options)

@@ -419,6 +419,10 @@ def test_bad_scheduler_arguments(queue: Queue) -> None:
                           ({"start": 2e9, "end": 1e9}, "end .* is before start")):
         with pytest.raises(ValueError, match=match):
             queue.upsert_scheduler("bad", cron="* * * * *", **kwargs)  # type: ignore[arg-type]
+    # a limit past 2**53 was stored rounded (10**30 read back as 1000...019884624838656)
+    with pytest.raises(ValueError, match=r"limit must be an int from 1 to 2\*\*53 - 1"):
+        queue.upsert_scheduler("bad", every=60, limit=10**30)
+    assert queue.upsert_scheduler("big", every=60, limit=2**53 - 1).limit == 2**53 - 1
     assert queue.upsert_scheduler("2024", every=60).id == "2024"  # digits alone: no job id
     assert queue.upsert_scheduler("x" * 150, every=60).id == "x" * 150
 
