@@ -189,7 +189,8 @@ class Queue(
         ``duplicated``; an add whose ``dedup`` key holds returns the job that
         owns it and emits ``deduplicated`` (a debounce returns the replaced
         delayed job; of a throttle key whose job retention removed, a Job
-        of its id without data, whose wait raises JobNotFoundError).
+        of its id without data, whose wait raises JobNotFoundError, or
+        returns its result when this process's events reader saw it finish).
 
         ``depends_on`` (a list of job ids of this queue, ``(queue, id)``
         pairs or Jobs) makes the job wait in state ``waiting-children``

@@ -248,6 +248,26 @@ def test_throttle_extend_restarts_the_ttl(queue: Queue, redis_client: redis.Redi
     assert redis_client.pttl(key) > 20_000
 
 
+def test_replace_restarts_the_ttl_only_when_it_replaces(
+    queue: Queue, redis_client: redis.Redis,
+) -> None:
+    """`replace` without `extend` restarted the window on every ignored
+    add, a job that could not be replaced (waiting, or finished) too, so
+    later adds were dropped for as long as they kept coming."""
+    key = f"jobq:{{{queue.name}}}:dedup:t"
+    mode = {"id": "t", "ttl": 30, "replace": True}
+    job = queue.add("d", 1, dedup=mode)  # waiting: not replaceable
+    redis_client.pexpire(key, 10_000)
+    assert queue.add("d", 2, delay=5, dedup=mode).id == job.id
+    assert redis_client.pttl(key) <= 10_000
+    assert job.remove()
+    delayed = queue.add("d", 3, delay=5, dedup=mode)
+    redis_client.pexpire(key, 10_000)
+    replaced = queue.add("d", 4, delay=5, dedup=mode)
+    assert replaced.id == delayed.id and replaced.data == 4
+    assert redis_client.pttl(key) > 20_000  # the key's job is new: its window too
+
+
 def test_debounce_keeps_only_the_last_data(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:

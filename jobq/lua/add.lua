@@ -69,16 +69,17 @@ local function dedup_hit(a, s, now)
   if not throttled and (not state or state == 'completed' or state == 'failed') then
     return nil  -- a simple key whose owner is finished or gone: stale
   end
-  if throttled and ttl > 0 and (ARGV[s + 11] == '1' or ARGV[s + 12] == '1') then
-    redis.call('PEXPIRE', key, ttl)
-  end
-  emit('deduplicated', owner, { 'dedup_id', ddk, 'existing_job_id', owner })
   local delay = tonumber(ARGV[s + 1])
   -- a debounce replaces a job that has not run yet: one delayed for a retry
   -- (attempts made) has been active, and is deduplicated as an active one
-  if ARGV[s + 12] ~= '1' or state ~= 'delayed' or delay <= 0 or (tonumber(rec[2]) or 0) > 0 then
-    return owner, 2
+  local replace = ARGV[s + 12] == '1' and state == 'delayed' and delay > 0
+    and (tonumber(rec[2]) or 0) == 0
+  -- the ttl restarts on extend, and on a replace (the key's job is new)
+  if throttled and ttl > 0 and (ARGV[s + 11] == '1' or replace) then
+    redis.call('PEXPIRE', key, ttl)
   end
+  emit('deduplicated', owner, { 'dedup_id', ddk, 'existing_job_id', owner })
+  if not replace then return owner, 2 end
   local run_at = now + delay
   local jk = job_key(owner)
   redis.call('HDEL', jk, unpack(REPLACED))
