@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -261,7 +262,7 @@ def clone_client(
             for node in client.get_nodes()  # type: ignore[no-untyped-call]
         ]
         if connect_once:
-            options["redis_connect_func"] = ConnectOnce(_handshaken)
+            options["redis_connect_func"] = ConnectOnce(_handshaken, cluster=True)
         cluster = RedisCluster(startup_nodes=nodes, **options)
         if connect_once:  # a command cut by a lost connection is not sent again
             cluster.retry = Retry(NoBackoff(), 0)  # redis-py 6 and later
@@ -287,31 +288,36 @@ def clone_client(
 
 
 class ConnectOnce:
-    """``redis_connect_func`` of a loop's own client: a connection found
-    closed by the server is not connected again (ConnectionError).
+    """``redis_connect_func`` of a loop's own client: each connection
+    connects once; connecting it again raises ConnectionError. On a cluster
+    (whose client closes connections on purpose, the ones it asked for the
+    cluster's layout, and connects them again) only a connection its pool
+    found closed by the server is refused.
 
     A connection the server closed while it sat in the pool is connected
-    again, silently, when the pool lends it next (the pool's check, which
-    reads from the socket, finds it closed). The loop never learns that its
-    connection was lost, and skips what it does on a reconnect: the events
-    reader's look for events trimmed meanwhile and its re-check of the
-    waiters (a wait then ran out its timeout), the fetcher's new connection
-    id for CLIENT UNBLOCK (``close()`` then waited for the block to end).
-    Refused, the loss reaches the loop, which reconnects with a new client.
-    A connection closed on purpose (a cluster client closes the ones it
-    asked for the cluster's layout) connects again."""
+    again, silently, when the pool lends it next. The loop never learns
+    that its connection was lost, and skips what it does on a reconnect:
+    the events reader's look for events trimmed meanwhile and its re-check
+    of the waiters (a wait then ran out its timeout), the fetcher's new
+    connection id for CLIENT UNBLOCK (``close()`` then waited for the
+    block to end). Refused, the loss reaches the loop, which reconnects
+    with a new client."""
 
-    def __init__(self, then: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, then: Callable[[Any], None] | None = None, *, cluster: bool = False) -> None:
         self._then = then  # a connect function of the caller's client
+        self._cluster = cluster
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def __call__(self, connection: Any) -> None:
-        if getattr(connection, "_jobq_lost", False):
+        if connection in self._made or getattr(connection, "_jobq_lost", False):
             raise redis.exceptions.ConnectionError("Connection lost while idle.")
         if self._then is not None:
             self._then(connection)
         else:
             connection.on_connect()
-        if "can_read" not in vars(connection):  # its first connect
+        if not self._cluster:
+            self._made.add(connection)
+        elif "can_read" not in vars(connection):  # its first connect
             connection.can_read = _noting_loss(connection, connection.can_read)
 
 
