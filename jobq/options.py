@@ -223,6 +223,8 @@ class Dedup:
         for name, flag in flags.items():
             if not isinstance(flag, bool):
                 raise ValueError(f"dedup {name} must be a bool, not {flag!r}")
+        if flags["extend"] and ttl is None:
+            raise ValueError("dedup extend restarts a ttl: give the key a ttl too")
         return cls(key, None if ttl is None else _positive("dedup ttl", ttl), **flags)
 
     def to_script(self) -> tuple[str, int, str, str]:

@@ -59,6 +59,24 @@ def test_a_dedup_key_to_look_up_is_a_str(queue: Queue) -> None:
     assert queue.remove_dedup_key("None") and queue.get_dedup_job_id("None") is None
 
 
+@pytest.mark.parametrize(("dedup", "message"), [
+    ({"id": ""}, "dedup id must be a non-empty str"),
+    ({"key": "k"}, "unknown dedup keys"),
+    ({"id": "k", "ttl": 0}, "dedup ttl"),
+    ({"id": "k", "ttl": 5, "replace": 1}, "dedup replace must be a bool"),
+    # extend restarts a ttl; with none it did nothing, silently
+    ({"id": "k", "extend": True}, "dedup extend restarts a ttl"),
+])
+def test_a_bad_dedup_is_refused_before_anything_is_written(
+    queue: Queue, dedup: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        queue.add("x", 1, dedup=dedup)
+    with pytest.raises(ValueError, match=message):
+        queue.add_bulk([{"name": "x", "dedup": dedup}])
+    assert queue.get_job_counts() == dict.fromkeys(queue.get_job_counts(), 0)
+
+
 def test_add_bulk_deduplicates(queue: Queue) -> None:
     jobs = queue.add_bulk([
         {"name": "a", "data": 1, "dedup": {"id": "x"}},
