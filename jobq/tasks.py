@@ -191,7 +191,8 @@ class Task(Generic[R]):
         self._queue = queue
         self.func = func
         self.name = name
-        self.options = dict(options)
+        # deep: a backoff dict the caller changes later is not the task's
+        self.options = copy.deepcopy(dict(options))
         # the signature of what the worker calls: a decorator's wrapper, not
         # the function under it (its __wrapped__), whose arguments may differ
         self._signature = inspect.signature(func, follow_wrapped=False)

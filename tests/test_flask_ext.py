@@ -234,7 +234,7 @@ def test_extension_tasks_follow_the_current_app(redis_url: str, queue_name: str)
 
     assert shout("here") == "HERE"  # a plain call runs here
     assert whisper("HERE") == "here" and whisper.queue_name == "default"
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="no Flask app: use the task or queue in an app"):
         shout.delay("x")  # no app yet
     apps = []
     for n in range(2):
@@ -272,6 +272,32 @@ def test_extension_tasks_follow_the_current_app(redis_url: str, queue_name: str)
             with app.app_context():
                 ext.queue("mail").obliterate(force=True)
                 ext.close()
+
+
+def test_a_name_taken_by_a_task_of_a_built_queue_is_refused_at_declaration(
+    app: flask.Flask,
+) -> None:
+    """``@ext.queue().task(name=...)`` and then ``@ext.task(name=...)`` of
+    another function: the second was accepted (web processes added its
+    jobs), and ``flask jobq worker`` died on it at start."""
+    ext = JobQ(app)
+
+    @ext.queue().task(name="send")
+    def send_a(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="queue 'default' has a task named 'send' already"):
+        @ext.task(name="send")
+        def send_b(x: int) -> int:
+            return -x
+
+    @ext.task(name="send", queue="mail")  # another queue: free
+    def send_mail(x: int) -> int:
+        return x
+
+    assert ext.task(name="send")(send_a.func).func is send_a.func  # the same function: fine
+    result = app.test_cli_runner().invoke(args=["jobq", "worker", "--burst"])
+    assert result.exit_code == 0, result.output
 
 
 def test_a_second_app_set_up_by_init_app_gets_its_own_queues(

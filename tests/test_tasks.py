@@ -162,6 +162,19 @@ def test_bad_default_options_and_a_taken_name_fail_at_decoration(queue: Queue) -
         def second() -> None: ...
 
 
+def test_a_tasks_options_are_taken_as_they_were_at_declaration(queue: Queue) -> None:
+    """The options were copied shallowly: a backoff dict the caller changed
+    later changed the task's, past the declaration's check."""
+    backoff = {"type": "exponential", "delay": 1}
+
+    @queue.task(attempts=3, backoff=backoff)
+    def flaky() -> None: ...
+
+    backoff["type"] = "bogus"
+    job = flaky.delay()
+    assert job.opts["backoff"]["type"] == "exponential"
+
+
 def test_current_job_is_the_running_job_inside_a_task_and_none_outside(queue: Queue) -> None:
     seen: list[Any] = []
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
@@ -111,6 +112,15 @@ class _AppQueues:
             if task.queue_name == queue.name:
                 queue.task(task.name, **task.options)(task.func)
 
+    def refuse_taken(self, queue_name: str, task_name: str, func: Callable[..., Any]) -> None:
+        """Raise ValueError when this app's queue ``queue_name``, already
+        built, has a task ``task_name`` of another function."""
+        with self.lock:
+            queue = self.queues.get(queue_name)
+        existing = None if queue is None else queue._tasks.get(task_name)
+        if existing is not None and existing.func is not func:
+            raise ValueError(f"queue {queue_name!r} has a task named {task_name!r} already")
+
     def with_tasks(self) -> dict[str, Queue]:
         """The app's queues that have tasks, those of the extension's
         declared tasks included (built now if need be)."""
@@ -134,6 +144,7 @@ class JobQ:
     def __init__(self, app: Flask | None = None) -> None:
         self.app = app
         self._declared: list[AppTask[Any]] = []
+        self._states: weakref.WeakSet[_AppQueues] = weakref.WeakSet()  # of init_app's apps
         if app is not None:
             self.init_app(app)
 
@@ -150,12 +161,16 @@ class JobQ:
         app.config.setdefault("JOBQ_PREFIX", "jobq")
         app.config.setdefault("JOBQ_QUEUES", {})
         _check_config(app.config)
-        app.extensions[_EXTENSION] = _AppQueues(app, self._declared)
+        state = app.extensions[_EXTENSION] = _AppQueues(app, self._declared)
+        self._states.add(state)
         app.cli.add_command(jobq_cli)
 
     def _state(self) -> _AppQueues:
         # the current app's (set up by init_app), else the app of JobQ(app)
-        app: Any = current_app if has_app_context() or self.app is None else self.app
+        if not has_app_context() and self.app is None:
+            raise RuntimeError("no Flask app: use the task or queue in an app context (a "
+                               "factory's app), or give the app to JobQ(app)")
+        app: Any = current_app if has_app_context() else self.app
         state: _AppQueues | None = app.extensions.get(_EXTENSION)
         if state is None:
             raise RuntimeError("JobQ is not initialised on this app: call init_app(app)")
@@ -198,6 +213,8 @@ class JobQ:
             for task in self._declared:
                 if task.queue_name == queue and task.name == task_name and task.func is not func:
                     raise ValueError(f"queue {queue!r} has a task named {task_name!r} already")
+            for state in list(self._states):  # ``queue(name).task`` ones of a built queue
+                state.refuse_taken(queue, task_name, func)
             declared = AppTask(self, queue, func, task_name, default_options)
             self._declared.append(declared)
             return declared
