@@ -469,6 +469,13 @@ class QueueScripts:
         """getWorkers.lua: (name, flat record) of each live worker."""
         return [(_text(name) or "", flat) for name, flat in self._run("getWorkers")[1:]]
 
+    def get_logs(self, job_id: str, lines: int, line_bytes: int,
+                 budget: int) -> tuple[int, list[tuple[int, bytes]]]:
+        """getLogs.lua: (lines in the log, (length, first bytes) of the
+        newest lines, newest first, within ``budget`` bytes)."""
+        reply = self._run("getLogs", job_id, lines, line_bytes, budget)
+        return int(reply[0]), [(int(length), bytes(head)) for length, head in reply[1:]]
+
     def get_outcome(self, job_id: str, run: str, cursor: str, anchored: bool) -> OutcomeReply:
         """getOutcome.lua: what a waiter needs of one run, with the checkpoint."""
         return outcome_reply(self._run("getOutcome", *outcome_args(job_id, run, cursor, anchored)))
@@ -518,6 +525,7 @@ SCRIPT_METHODS: dict[str, tuple[type, str]] = {
     "updateJob": (QueueScripts, "update_job"),
     "getMetrics": (QueueScripts, "get_metrics"),
     "getWorkers": (QueueScripts, "get_workers"),
+    "getLogs": (QueueScripts, "get_logs"),
     "getOutcome": (QueueScripts, "get_outcome"),
     "cancel": (QueueScripts, "cancel"),
     "upsertScheduler": (QueueScripts, "upsert_scheduler"),

@@ -47,6 +47,7 @@ _SCRIPT_NAMES = (
     "extendLocks",
     "fail",
     "getCounts",
+    "getLogs",
     "getMetrics",
     "getOutcome",
     "getWorkers",

@@ -190,6 +190,56 @@ def test_job_page_shows_everything_escaped(client: Any, queue: Queue, redis_url:
     assert XSS not in body and "&lt;script&gt;alert(1)&lt;/script&gt;fail" in body
 
 
+def test_a_job_page_reads_and_shows_its_log_within_a_budget(
+    client: Any, queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Only the number of log lines was bounded: 200 lines of a MiB each
+    made a 200 MB page, read whole from Redis and sent again by every
+    live update."""
+    job = queue.add("chatty")
+    for n in range(40):
+        job.log(f"{n:03d}" + "é" * 100_000)  # 200,003 bytes a line
+    job.log("the last line")
+    response = client.get(f"/job?q={queue.name}&id={job.id}")
+    assert response.status_code == 200
+    body = text(response)
+    assert len(body) < 200_000
+    assert "the last line" in body and "Logs (newest 11 of 41)" in body
+    assert "cut: 10,000 of 200,003 bytes" in body  # its split last character left out
+    assert "\ufffd" not in body
+    assert "039" in body and "029" not in body  # the newest lines, in order
+    assert body.index("030") < body.index("039") < body.index("the last line")
+    assert redis_client.llen(queue._context.keys.logs(job.id)) == 41  # nothing written
+
+
+def test_stale_cache_entries_are_let_go() -> None:
+    """Expired entries were dropped only once 256 were kept: every job page
+    viewed stayed in memory."""
+    from jobq.dashboard._data import SharedCache
+
+    cache = SharedCache(0.0)  # each entry stale at once
+    for key in range(5):
+        assert cache.get(key, lambda key=key: key * 2) == key * 2  # type: ignore[misc]
+    assert len(cache._entries) <= 1
+
+
+def test_requests_for_unknown_queues_read_the_names_once_a_ttl(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    def smembers() -> int:
+        stats: dict[str, Any] = redis_client.info("commandstats")
+        return int(stats.get("cmdstat_smembers", {}).get("calls", 0))
+
+    queue.add("x")  # the queue is known
+    with create_app(redis_url, cache_ttl=3600) as dashboard:
+        browser = werkzeug_test.Client(dashboard)
+        before = smembers()
+        for n in range(50):
+            assert browser.get(f"/queue?q=nope{n}").status_code == 404
+        assert browser.get(f"/queue?q={queue.name}").status_code == 200
+        assert smembers() - before <= 2
+
+
 def test_job_page_shows_its_flow(client: Any, queue: Queue, redis_url: str) -> None:
     with FlowProducer(connection=redis_url) as flow:
         node = flow.add({"name": "report", "queue": queue.name, "children": [
@@ -483,6 +533,38 @@ def test_processes_of_one_site_share_the_csrf_key(
             assert werkzeug_test.Client(reader).get("/").status_code == 200
             assert redis_client.get("jobq:dashboard:csrf-key") is None  # it needs none
             redis_client.set("jobq:dashboard:csrf-key", stored)
+
+
+def test_processes_take_the_csrf_key_stored_again_after_a_restart(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process read the stored key once: after a restart without
+    persistence, a process started since stored a key of its own, and the
+    old processes kept theirs, so forms posted across them got 403 until
+    every process was restarted."""
+    from jobq.dashboard import _csrf
+
+    monkeypatch.setattr(_csrf, "KEY_RECHECK", 0.0)  # read again at each use
+    jobs = [queue.add("a") for _ in range(3)]
+    with create_app(redis_url) as old:
+        browser = werkzeug_test.Client(old)
+        served_before = csrf(browser, queue)
+        redis_client.delete("jobq:dashboard:csrf-key")  # the restart
+        with create_app(redis_url) as new:  # a worker started since
+            posted = werkzeug_test.Client(new)
+            for cookie in browser._cookies.values():  # the same browser
+                posted.set_cookie(cookie.key, cookie.value)
+            token = csrf(posted, queue)
+            assert csrf(browser, queue) == token  # the old process took the stored key
+            fields = {"action": "remove", "q": queue.name}
+            assert posted.post("/action", data={**fields, "id": jobs[0].id,
+                                                "csrf": token}).status_code == 303
+            assert browser.post("/action", data={**fields, "id": jobs[1].id,
+                                                 "csrf": token}).status_code == 303
+            # a form the old process served before it changed keys still posts to it
+            assert browser.post("/action", data={**fields, "id": jobs[2].id,
+                                                 "csrf": served_before}).status_code == 303
+    assert all(queue.get_job(job.id) is None for job in jobs)
 
 
 @pytest.mark.parametrize(("allowed", "auth", "answered"), [

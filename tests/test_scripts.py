@@ -132,6 +132,7 @@ def _exercise(
         "getMetrics": lambda: q.get_metrics("completed"),
         "heartbeat": lambda: q.heartbeat("w", 1000, "token", ("host", "h")),
         "getWorkers": q.get_workers,
+        "getLogs": lambda: q.get_logs("nope", 200, 10_000, 100_000),
         "getOutcome": lambda: q.get_outcome("nope", "", "", False),
         "cancel": lambda: q.cancel("nope", "why"),
         "upsertScheduler": lambda: q.upsert_scheduler(

@@ -155,8 +155,8 @@ class Dashboard:
         if not name:
             raise _HTTPError(400, "no queue named (q=...)")
         known = self.cache.get(("names",), self.queue_names)
-        if name not in known:
-            known = self.queue_names()  # a queue made since the last read
+        if name not in known:  # a queue made since that read? (once a ttl, whatever is asked)
+            known = self.cache.get(("names", "again"), self.queue_names)
             if name not in known:
                 raise _HTTPError(404, f"no queue {name!r} under prefix {self.prefix!r}")
         return self.queue(name)

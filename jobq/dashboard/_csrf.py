@@ -7,8 +7,10 @@ import hashlib
 import hmac
 import http.cookies
 import logging
+import math
 import secrets
 import threading
+import time
 from typing import Any
 
 import redis
@@ -21,11 +23,14 @@ CSRF_COOKIE = "jobq_csrf"
 #: The key of the CSRF tokens when no ``secret`` is given, below the prefix:
 #: stored once, shared by every process of the app (gunicorn -w 4).
 CSRF_KEY = "dashboard:csrf-key"
+#: Seconds between two reads of the stored key by one process.
+KEY_RECHECK = 10.0
 
 
 class Csrf:
     """The tokens of one app: keyed by ``secret``, else by the key stored in
-    Redis (read, or stored, on first use)."""
+    Redis (read, or stored, on first use, and read again every
+    ``KEY_RECHECK`` seconds)."""
 
     def __init__(self, client: Any, prefix: str, secret: bytes | None) -> None:
         if secret is not None and not isinstance(secret, bytes):
@@ -33,36 +38,66 @@ class Csrf:
         self._client = client
         self._prefix = prefix
         self._key = secret
+        self._previous: bytes | None = None  # the key before the last change
+        self._check_at = math.inf if secret is not None else 0.0  # when the key is read again
         self._key_lock = threading.Lock()
 
     def sign(self, value: str) -> str:
         """The token of the forms of the browser whose cookie is ``value``."""
-        key = self._key
-        if key is None:
-            with self._key_lock:
-                if self._key is None:
-                    self._key = self._shared_key()
-                key = self._key
+        return self._signed(self._current(), value)
+
+    @staticmethod
+    def _signed(key: bytes, value: str) -> str:
         return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()
 
-    def _shared_key(self) -> bytes:
+    def _current(self) -> bytes:
+        """The key, read again from Redis when its time has come: the stored
+        key goes with a server restarted without persistence (or a flush),
+        and the next process to start stores another; a process that kept
+        the old one forever signed forms no other process accepted."""
+        key = self._key
+        if key is not None and time.monotonic() < self._check_at:
+            return key
+        with self._key_lock:
+            if self._key is None or time.monotonic() >= self._check_at:
+                try:
+                    stored = self._shared_key(self._key)
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    if self._key is None:
+                        raise  # no key at all: the request gets 503
+                    stored = self._key  # kept until the server is back
+                if stored is None:  # refused: a key of this process's own, for good
+                    stored = self._key or secrets.token_bytes(32)
+                    self._check_at = math.inf
+                else:
+                    self._check_at = time.monotonic() + KEY_RECHECK
+                if stored != self._key:
+                    self._previous, self._key = self._key, stored
+            return self._key
+
+    def _shared_key(self, mine: bytes | None) -> bytes | None:
         """The CSRF key every process of the app shares, stored once under
         the prefix: with a key of each process's own, a form served by one
-        gunicorn worker and posted to another got 403. An ACL that refuses
-        the key (a tenant's narrower pattern) leaves a key of this process's
-        own, said in the log. A server away raises (the request gets 503)."""
+        gunicorn worker and posted to another got 403. Found missing, it is
+        stored again: ``mine`` (the key this process had: the forms it
+        served stay good), else a new one. None when an ACL
+        refuses the key (a tenant's narrower pattern): the process then
+        keys its tokens with a key of its own, said in the log. A server
+        away raises."""
         name = f"{self._prefix}:{CSRF_KEY}"
         try:
-            self._client.set(name, secrets.token_hex(32), nx=True)
             stored = self._client.get(name)
+            if stored is None:
+                self._client.set(name, mine or secrets.token_hex(32), nx=True)
+                stored = self._client.get(name)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             raise
         except redis.exceptions.RedisError as exc:
-            stored = None
             logger.warning("dashboard: cannot share its CSRF key in %r (%s): it uses a key of "
                            "this process's own, so forms posted to another process of the "
                            "site get 403; give create_app(secret=...) to share one", name, exc)
-        return bytes(stored) if stored else secrets.token_bytes(32)
+            return None
+        return bytes(stored) if stored else None
 
     @staticmethod
     def cookie(environ: dict[str, Any]) -> str | None:
@@ -83,6 +118,11 @@ class Csrf:
             return "cross-site request refused"
         cookie = self.cookie(environ)
         token = form.get("csrf", "")
-        if cookie is None or not hmac.compare_digest(token, self.sign(cookie)):
+        if cookie is None:
+            return "missing or wrong CSRF token: reload the page and try again"
+        # a form served before this process took the new key: the old one's
+        keys = [self._current(), self._previous]
+        if not any(key is not None and hmac.compare_digest(token, self._signed(key, cookie))
+                   for key in keys):
             return "missing or wrong CSRF token: reload the page and try again"
         return None

@@ -8,6 +8,7 @@ scans a whole state.
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -32,8 +33,12 @@ T = TypeVar("T")
 
 #: Jobs per page of a state's list.
 PAGE_SIZE = 25
-#: Newest log lines shown on a job's page.
+#: Newest log lines shown on a job's page ...
 LOG_LINES = 200
+#: ... each cut to this many bytes, and no more read once those shown make
+#: this many (a line may be as long as a payload: a MiB by default)
+LOG_LINE_BYTES = 10_000
+LOG_BYTES = 100_000
 #: Newest entries of the event stream searched for a job's timeline.
 TIMELINE_SCAN = 2000
 #: Minutes of completed / failed counts drawn in a queue's chart.
@@ -56,6 +61,7 @@ class SharedCache:
         self.ttl = ttl
         self._max = max_entries
         self._entries: dict[Hashable, tuple[float, Any]] = {}
+        self._sweep_at = 0.0  # when stale entries are next dropped
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         #: how many reads went to Redis (for tests and the curious)
@@ -87,9 +93,11 @@ class SharedCache:
             value = read()
             self.reads += 1
             with self._lock:
-                self._entries[key] = (time.monotonic() + self.ttl, value)
-                if len(self._entries) > self._max:
-                    now = time.monotonic()
+                now = time.monotonic()
+                self._entries[key] = (now + self.ttl, value)
+                # stale entries go once a ttl (they held pages read long ago)
+                if len(self._entries) > self._max or now >= self._sweep_at:
+                    self._sweep_at = now + self.ttl
                     for old in [k for k, (exp, _) in self._entries.items() if exp <= now]:
                         del self._entries[old]
                     while len(self._entries) > self._max:  # the oldest inserted go first
@@ -306,11 +314,7 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
         return None
     job = read_job(context, job_id, record)
     state = record.get(b"state", b"unknown").decode("utf-8", "replace")
-    logs_key = keys.logs(job_id)
-    pipe = client.pipeline(transaction=False)
-    pipe.llen(logs_key)
-    pipe.lrange(logs_key, -LOG_LINES, -1)
-    log_total, lines = pipe.execute()
+    log_total, lines = context.calls.get_logs(job_id, LOG_LINES, LOG_LINE_BYTES, LOG_BYTES)
     timeline: list[Event] = []
     if queue.event_mode == "stream":
         for entry_id, raw in client.xrevrange(keys.events, count=TIMELINE_SCAN):
@@ -327,13 +331,22 @@ def job_detail(queue: Queue, job_id: str) -> JobDetail | None:
     return JobDetail(
         job=job,
         state=state,
-        log_total=int(log_total),
-        logs=[line.decode("utf-8", "replace") for line in lines],
+        log_total=log_total,
+        logs=[_log_line(length, head) for length, head in reversed(lines)],
         timeline=timeline,
         scheduler=scheduler,
         dependencies=job.get_dependencies()
         if isinstance(job, Job) and record.get(b"kids") else None,
     )
+
+
+def _log_line(length: int, head: bytes) -> str:
+    """A log line as shown: whole, or its first bytes and how long it is."""
+    if length <= len(head):
+        return head.decode("utf-8", "replace")
+    # cut: a character split at the cut is held back by the decoder, left out
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False)
+    return f"{text}… (cut: {len(head):,} of {length:,} bytes)"
 
 
 def workers(queue: Queue) -> list[WorkerInfo]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._adding import MAX_JOB_NAME
 from ..job import STATES, Dependencies, Job
 from . import _data
 from ._html import (
@@ -139,7 +140,7 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
         link = f'<a class="job" href="{e(ctx.url("/job", q=q, id=job.id))}">{e(job.id)}</a>'
         if isinstance(job, _data.UnreadableJob):
             rows.append([
-                link, e(job.name), "-", "-",
+                link, e(short(job.name, MAX_JOB_NAME)), "-", "-",
                 f'<span class="error">record cannot be read: {e(short(job.error))}</span>',
                 _job_actions(ctx, q, job.id, state, back, readable=False),
             ])
@@ -154,7 +155,7 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
             moment = when(job.timestamp)
         rows.append([
             link,
-            e(job.name),
+            e(short(job.name, MAX_JOB_NAME)),
             e(moment),
             str(job.attempts_made),
             e(short(job.failed_reason)),
@@ -236,7 +237,7 @@ def _job_sections(app: Dashboard, ctx: Ctx, q: str, job: Job,
     fields = [
         ("state", f'<span class="badge state-{e(detail.state)}" data-state>'
                   f"{e(detail.state)}</span>"),
-        ("name", e(job.name)),
+        ("name", e(short(job.name, MAX_JOB_NAME))),
         ("added", e(when(job.timestamp))),
         ("delay", e(f"{job.delay:g} s")),
         ("priority", e(job.priority)),
@@ -247,7 +248,7 @@ def _job_sections(app: Dashboard, ctx: Ctx, q: str, job: Job,
         ("worker", e(job.processed_by or "-")),
     ]
     if job.failed_reason:
-        fields.append(("failed reason", e(job.failed_reason)))
+        fields.append(("failed reason", e(short(job.failed_reason, MAX_SHOWN))))
     if job.exc_type:
         fields.append(("exception", e(job.exc_type)))
     rows = "".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in fields)
