@@ -78,11 +78,23 @@ def _clip(text: str, limit: int) -> str:
     return text
 
 
+#: The name a class was made with, whatever its metaclass makes of ``__name__``.
+_CLASS_NAME = type.__dict__["__name__"]
+
+
+def type_name(exc: BaseException) -> str:
+    """The name of ``exc``'s class: a str, even where a metaclass makes
+    ``__name__`` something else, or raise (which failed no attempt: the job
+    stalled and ran again)."""
+    name: str = _CLASS_NAME.__get__(type(exc))
+    return name
+
+
 def failure_reason(exc: BaseException) -> str:
     """``"<type name>: <str(exc)>"`` (as the last line of a traceback), or
     the type name alone when the message is empty or cannot be read;
     clipped to ``MAX_REASON`` characters."""
-    kind = type(exc).__name__
+    kind = type_name(exc)
     try:
         # str.__str__: a plain str of it (a str subclass returned by __str__
         # may break on use, as its __str__ may)
@@ -108,7 +120,7 @@ def format_trace(exc: BaseException) -> str:
     try:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     except BaseException:
-        text = f"{type(exc).__name__} (its traceback could not be formatted)\n"
+        text = f"{type_name(exc)} (its traceback could not be formatted)\n"
     return _clip(text, MAX_TRACE)
 
 
@@ -224,7 +236,7 @@ class Finisher:
         assert job is not None
         attempt_no = job.attempts_made + 1
         reason = failure_reason(exc)
-        exc_type = _clip(type(exc).__name__, MAX_EXC_TYPE)
+        exc_type = _clip(type_name(exc), MAX_EXC_TYPE)
         _span_failed(attempt, exc, reason)
         delay_ms = retry_delay_ms(job, exc, attempt_no)
         stacktrace = (job.stacktrace + [trace])[-MAX_STACKTRACES:]

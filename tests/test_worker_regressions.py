@@ -97,6 +97,47 @@ def test_an_exception_whose_str_raises_fails_its_job_and_the_worker_goes_on(
     assert "_Unprintable" in (failed.value.failed_reason or "")
 
 
+class _Named(type):
+    """A metaclass whose classes' ``__name__`` is no str (or raises)."""
+
+    @property
+    def __name__(cls) -> Any:  # type: ignore[override]
+        if cls.__dict__.get("raise_name"):
+            raise ZeroDivisionError("__name__ raised")
+        return 5
+
+
+class _OddlyNamed(Exception, metaclass=_Named):
+    pass
+
+
+class _NameRaises(Exception, metaclass=_Named):
+    raise_name = True
+
+
+@pytest.mark.parametrize("error", [_OddlyNamed, _NameRaises], ids=["not-a-str", "raises"])
+def test_an_exception_whose_class_name_is_odd_fails_its_attempt_once(
+    queue: Queue, redis_url: str, error: type[Exception]
+) -> None:
+    """The type name was read raw for the failure's reason: the finishing
+    call never went, and the job stalled and ran again (attempts=1)."""
+    runs: list[str] = []
+
+    def handler(job: Job) -> None:
+        runs.append(job.id)
+        raise error("odd")
+
+    job = queue.add("odd")
+    with make_worker(queue.name, redis_url, handler, concurrency=1):
+        with pytest.raises(JobFailedError) as failed:
+            job.wait_until_finished(timeout=WAIT)
+    assert failed.value.failed_reason == f"{error.__qualname__}: odd"
+    assert runs == [job.id]
+    stored = job.refresh()
+    assert stored.attempts_made == 1 and stored.stalled_counter == 0
+    assert stored.exc_type == error.__qualname__
+
+
 def test_exponential_backoff_past_attempt_1024_does_not_kill_the_worker(
     queue: Queue, redis_url: str, redis_client: redis.Redis
 ) -> None:
