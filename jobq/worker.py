@@ -194,7 +194,10 @@ class Worker(ListenerMethods, ClosedOnExit):
         stalled_interval: seconds between checks for jobs of dead workers.
         max_stalled_count: stalls a job may have before it fails.
         drain_delay: longest idle time between two looks at the queue.
-        limiter: ``{"max": n, "duration": s}``, shared by all workers.
+        limiter: ``{"max": n, "duration": s}``, shared by all workers of
+            the queue: at most n jobs start in each window of s seconds.
+            Windows are fixed (each begins at its first take, as BullMQ's),
+            so up to 2n may start within s across two windows' edge.
         autorun: start at once (as ``start()``).
         max_result_bytes: largest msgpack-encoded return value (default
             1 MiB); a larger one fails the attempt with ``PayloadTooLarge``.
