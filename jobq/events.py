@@ -155,7 +155,12 @@ def from_pubsub(message: bytes) -> tuple[Event, str | None]:
         pos = start + size
     if len(parts) % 2:
         raise SerializationError("event message has an odd number of parts")
+    # the database is the last field (a custom event may have a field db of
+    # its own, before it); '' or none at all: not stored, or a 0.1 publisher
+    db = None
+    if len(parts) >= 2 and parts[-2] == b"db":
+        db = _text(parts.pop()) or None
+        parts.pop()
     raw = {_text(parts[i]): parts[i + 1] for i in range(0, len(parts), 2)}
-    db = raw.pop("db", None)
     event = build(raw, None, float(raw.get("ts", b"0")) / 1000.0)
-    return event, None if db is None else _text(db)
+    return event, db

@@ -913,6 +913,27 @@ def test_emit_fields_colliding_with_event_attributes(queue: Queue, qe: QueueEven
                                   "timestamp": "t", "prev": "p", "fields": [1]}
 
 
+@pytest.mark.parametrize("mode", ["pubsub", "stream"])
+def test_a_custom_events_field_named_db_reaches_its_listeners(
+    queue_name: str, redis_url: str, mode: str
+) -> None:
+    """In pub/sub mode a message names its queue's database in a field db,
+    after the event's own: a custom event's field db was dropped (the
+    last one was kept and taken for the database)."""
+    rec = Recorder()
+    with Queue(queue_name, connection=redis_url, event_mode=mode) as queue:
+        queue.add("warm-up")  # the mode stored before the reader connects
+        with QueueEvents(queue_name, connection=redis_url) as qe:
+            qe.on("report", rec)
+            assert qe.wait_until_ready(WAIT)
+            queue.emit("report", db=5, other=1)
+            queue.emit("report", db="0", n=2)  # another database's number, as a value
+            assert rec.wait_count(2)
+        queue.obliterate(force=True)
+    assert [dict(event.fields) for event in rec.snapshot()] == [
+        {"db": 5, "other": 1}, {"db": "0", "n": 2}]
+
+
 def test_a_custom_event_named_star_is_refused_and_a_raw_one_reaches_each_listener_once(
     queue: Queue, qe: QueueEvents, redis_client: redis.Redis
 ) -> None:

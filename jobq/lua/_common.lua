@@ -154,14 +154,16 @@ local function emit(name, jid, fields, then_name, own_record)
   local id = ''
   if m[1] == 'pubsub' then
     -- a channel's name has no database in it: db tells the readers of
-    -- this database's queue from those of its namesakes in other ones
+    -- this database's queue from those of its namesakes in other ones. It
+    -- is always the last field ('' when not stored), so that a custom
+    -- event's own field db (before it) is never taken for it
     local parts = { 'ev', name, 'jid', jid or '', 'ts', now_ms() }
     for i = 1, #fields do parts[#parts + 1] = fields[i] end
-    if m[7] then append(parts, { 'db', m[7] }) end
+    append(parts, { 'db', m[7] or '' })
     publish_event(netstrings(parts))
     if then_name then
       local more = { 'ev', then_name, 'jid', jid, 'ts', now_ms() }
-      if m[7] then append(more, { 'db', m[7] }) end
+      append(more, { 'db', m[7] or '' })
       publish_event(netstrings(more))
     end
     if name == 'added' then id = 'p' .. redis.call('INCR', base .. 'runs') end
