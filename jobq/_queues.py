@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, cast
 
+import redis
+
 from . import _fork
 from . import connection as _connection
 from .errors import ClosedError
@@ -50,8 +52,16 @@ class QueueSet:
                     from .sharding import open_queue
 
                     # a ShardedQueue answers every call the dashboard makes
-                    queue = cast(Queue, open_queue(name, connection=self.client,
-                                                   prefix=self.prefix))
+                    try:
+                        queue = cast(Queue, open_queue(name, connection=self.client,
+                                                       prefix=self.prefix))
+                    except redis.exceptions.ResponseError:
+                        # its shard count refused (a key of another type, an
+                        # ACL): a plain Queue, whose reads are refused too and
+                        # left out by the caller, as any refused queue's (a
+                        # scrape answered 503 for every queue); keep() looks
+                        # at it again
+                        queue = Queue(name, connection=self.client, prefix=self.prefix)
                 else:
                     queue = Queue(name, connection=self.client, prefix=self.prefix)
                 self._queues[name] = queue
@@ -77,7 +87,9 @@ class QueueSet:
             pipe = self.client.pipeline(transaction=False)
             for name in kept:
                 pipe.hget(QueueKeys(self.prefix, name).meta, "shards")
-            for name, raw in zip(kept, pipe.execute(), strict=True):
+            for name, raw in zip(kept, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(raw, Exception):  # refused (see get): as it was
+                    continue
                 stored = int(raw) if raw else None
                 if getattr(made[name], "shard_count", None) != stored:
                     gone.append(name)

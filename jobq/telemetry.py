@@ -151,7 +151,11 @@ class _Hook:
 
     def carrier(self) -> str:
         carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier)
+        try:
+            _PROPAGATOR.inject(carrier)
+        except Exception:  # the job (or scheduler) is stored without a trace context
+            logger.exception("could not write the current trace context")
+            return ""
         return _to_field(carrier)
 
     def send(
@@ -167,8 +171,12 @@ class _Hook:
             attributes["jobq.job.name"] = names[0]
         else:
             attributes["messaging.batch.message_count"] = len(names)
-        span = self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER,
-                                       attributes=attributes)
+        try:
+            span = self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER,
+                                           attributes=attributes)
+        except Exception:  # tracing must never cost an add (a span processor's on_start)
+            logger.exception("could not open the span of an add to %r (added untraced)", queue)
+            return write("")
         try:
             with trace.use_span(span, end_on_exit=False):  # it records an error raised
                 try:

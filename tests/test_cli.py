@@ -884,6 +884,36 @@ def test_metrics_command_serves_prometheus_text(running: Any, queue: Queue,
     assert server.wait() == 0
 
 
+def test_metrics_command_leaves_out_a_queue_whose_settings_are_refused(
+    running: Any, queue: Queue, queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A queue whose settings key the server refused (a key of another
+    type, an ACL) made every scrape 503: the command opens each queue as
+    stored, reading its shard count, and that read's error escaped. The
+    queue is left out; the others are served."""
+    queue.add("x")
+    with Queue(f"{queue_name}-bad", connection=redis_url) as bad:
+        bad.add("x")
+    meta = f"jobq:{{{queue_name}-bad}}:meta"
+    redis_client.delete(meta)
+    redis_client.set(meta, "not a hash")
+    try:
+        for names in ([], [queue.name, f"{queue_name}-bad"]):  # known queues, or named ones
+            server = running("metrics", *names, "--port", "0")
+            url = server.expect(r"serving Prometheus metrics at http://", "out").rsplit(" ", 1)[-1]
+            for _ in range(2):  # the first scrape opens the queues; the next re-reads them
+                with urllib.request.urlopen(url, timeout=WAIT) as response:
+                    assert response.status == 200
+                    text = response.read().decode()
+                assert f'queue="{queue.name}"' in text and f"{queue_name}-bad" not in text
+            server.signal(signal.SIGTERM)
+            assert server.wait() == 0
+    finally:
+        redis_client.delete(meta)
+        with Queue(f"{queue_name}-bad", connection=redis_url) as bad:
+            bad.obliterate(force=True)
+
+
 def test_metrics_of_many_queues_share_a_few_connections(
     running: Any, queue_name: str, redis_url: str, redis_client: redis.Redis
 ) -> None:

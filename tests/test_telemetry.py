@@ -239,6 +239,31 @@ def test_a_span_processor_that_raises_costs_neither_an_add_nor_a_worker(
         traced.wait_spans(f"process {queue.name}", 3)
 
 
+class _RaisingOnStart(SimpleSpanProcessor):
+    """A span processor whose on_start raises."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("on_start broke")
+
+
+def test_a_span_processor_raising_on_start_costs_no_add(
+    queue: Queue, traced: Traced, redis_url: str
+) -> None:
+    """The producer span was opened outside any guard: a processor raising
+    in on_start made every traced add, bulk add and flow raise, and
+    nothing was written. They are added untraced, and the error logged."""
+    traced.provider.add_span_processor(_RaisingOnStart(InMemorySpanExporter()))
+    jobs = [queue.add("x", 0), *queue.add_bulk([{"name": "x", "data": 1}])]
+    with FlowProducer(connection=redis_url) as flows:
+        node = flows.add({"name": "parent", "queue": queue.name, "data": 3,
+                          "children": [{"name": "x", "queue": queue.name, "data": 2}]})
+    jobs += [queue.get_job(node.children[0].job.id), queue.get_job(node.job.id)]
+    assert queue.count() == 3 and queue.get_job_counts("waiting-children") == {
+        "waiting-children": 1}
+    with _worker(queue, lambda job: job.data):
+        assert [j.wait_until_finished(timeout=WAIT) for j in jobs] == [0, 1, 2, 3]
+
+
 def test_add_bulk_is_one_producer_span_whose_context_every_job_carries(
     queue: Queue, traced: Traced
 ) -> None:
