@@ -132,7 +132,8 @@ class _Family:
 def prometheus_text(queues: Iterable[Queue]) -> str:
     """Render the queues' state in the Prometheus text exposition format (0.0.4).
 
-    Families, each labelled by ``queue``:
+    Families, each labelled by ``queue`` (and by ``prefix`` too when the
+    queues given have several prefixes):
 
     - ``jobq_jobs`` (gauge, also by ``state``): jobs per state;
     - ``jobq_queue_paused`` (gauge): 1 when the queue is paused;
@@ -161,8 +162,13 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
                   "Time the last attempt of finished jobs ran.")
     seen: set[tuple[str, str]] = set()
     away: list[tuple[str, redis.exceptions.RedisError]] = []
+    queues = list(queues)
+    # queues of several prefixes may share a name: a label prefix tells
+    # their series apart (else two series had the same labels)
+    by_prefix = len({queue.prefix for queue in queues}) > 1
     for queue in queues:
         name = queue.name
+        where = {"queue": name, "prefix": queue.prefix} if by_prefix else {"queue": name}
         if (queue.prefix, name) in seen:  # a queue named twice: its series once
             continue
         seen.add((queue.prefix, name))
@@ -179,15 +185,15 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
             away.append((name, exc))  # one queue's node or slot: the others are served
             continue
         for state, count in counts.items():
-            jobs.add(count, queue=name, state=state)
-        paused.add(1 if is_paused else 0, queue=name)
-        workers.add(live, queue=name)
+            jobs.add(count, **where, state=state)
+        paused.add(1 if is_paused else 0, **where)
+        workers.add(live, **where)
         for kind, metrics in finished.items():
-            totals[kind].add(metrics.count, queue=name)
-            waited.add(metrics.waited_for, "_sum", queue=name, status=kind)
-            waited.add(metrics.count, "_count", queue=name, status=kind)
-            ran.add(metrics.ran_for, "_sum", queue=name, status=kind)
-            ran.add(metrics.count, "_count", queue=name, status=kind)
+            totals[kind].add(metrics.count, **where)
+            waited.add(metrics.waited_for, "_sum", **where, status=kind)
+            waited.add(metrics.count, "_count", **where, status=kind)
+            ran.add(metrics.ran_for, "_sum", **where, status=kind)
+            ran.add(metrics.count, "_count", **where, status=kind)
     if away and len(away) == len(seen):  # none read: the server is away
         raise away[0][1]
     for left_out, error in away:

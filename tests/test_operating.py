@@ -301,6 +301,29 @@ def test_prometheus_text_parses_back(queue: Queue, redis_url: str, queue_name: s
     assert samples[("jobq_workers", name, None)] == 0
 
 
+def test_queues_of_one_name_under_two_prefixes_are_told_apart(
+    queue_name: str, redis_url: str
+) -> None:
+    """Two queues of one name under two prefixes made two series with the
+    same labels (a scrape Prometheus refuses)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with Queue(queue_name, connection=redis_url, prefix="app1") as one, \
+            Queue(queue_name, connection=redis_url, prefix="app2") as two:
+        one.add("x")
+        two.add_bulk([{"name": "x"}, {"name": "x"}])
+        text = prometheus_text([one, two])
+        lines = [line for line in text.splitlines() if not line.startswith("#")]
+        assert len(lines) == len(set(line.rsplit(" ", 1)[0] for line in lines))
+        waiting = {s.labels["prefix"]: s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples
+                   if s.name == "jobq_jobs" and s.labels["state"] == "waiting"}
+        assert waiting == {"app1": 1, "app2": 2}
+        assert "prefix=" not in prometheus_text([one])  # one prefix: the labels as before
+        one.obliterate(force=True)
+        two.obliterate(force=True)
+
+
 def test_metrics_per_minute() -> None:
     assert Metrics(count=0).per_minute() == 0.0
     # 30 s into the current minute: 6 jobs over 2.5 minutes
