@@ -236,8 +236,9 @@ class QueueAdmin:
         (a call per 1000), so that no worker takes one meanwhile. Emits
         ``obliterated`` once everything is gone; then the outcomes kept for
         waiters apart from their records (a job removed as it finished, a
-        big result) go too, found by SCAN (a user that may not SCAN leaves
-        them to expire within the queue's ``result_ttl``).
+        big result) and the throttle keys whose job is gone go too, found by
+        SCAN (a user that may not SCAN leaves them to expire, within the
+        queue's ``result_ttl`` and the keys' ttl).
 
         Raises:
             JobqError: the queue has active jobs and ``force`` is False
@@ -256,27 +257,46 @@ class QueueAdmin:
 
     def _drop_kept_outcomes(self) -> None:
         """Delete the queue's ``result:<run>`` and ``failure:<run>`` keys
-        (obliterate left them for as long as ``result_ttl``, up to 30 days)."""
+        (obliterate left them for as long as ``result_ttl``, up to 30 days),
+        and its throttle keys whose job is gone (a key kept for its ttl
+        after its job's retention removed it: adds with it wrote nothing
+        for up to that ttl after the obliterate)."""
         client = self._context.redis
         if isinstance(client, RedisCluster):  # on the node of the queue's slot
             node = client.get_node_from_key(self._context.keys.base)  # type: ignore[no-untyped-call]
             client = client.get_redis_connection(node)
         base = _GLOB_SPECIAL.sub(r"\\\g<0>", self._context.keys.base)
         try:
-            for kind in ("result:", "failure:"):
+            for kind in ("result:", "failure:", "dedup:"):
                 found: list[Any] = []
                 for key in client.scan_iter(match=f"{base}{kind}*", count=1000):
                     found.append(key)
                     if len(found) == 500:
-                        client.unlink(*found)
+                        self._unlink_kept(client, kind, found)
                         found.clear()
                 if found:
-                    client.unlink(*found)
+                    self._unlink_kept(client, kind, found)
         except redis.exceptions.NoPermissionError:
             logger.info("queue %r: its kept outcomes expire by themselves (this user may not "
                         "SCAN or UNLINK)", self.name)
         except redis.exceptions.ResponseError as exc:  # a slot moving: they expire
             logger.info("queue %r: its kept outcomes expire by themselves (%s)", self.name, exc)
+
+    def _unlink_kept(self, client: Any, kind: str, keys: list[bytes]) -> None:
+        """Delete ``keys``; of dedup keys, those whose job is gone (a key
+        an add made since the obliterate names a job that exists)."""
+        if kind == "dedup:":
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            named = [(key, owner) for key, owner in zip(keys, pipe.execute(), strict=True)
+                     if owner]
+            for _, owner in named:
+                pipe.exists(self._context.keys.job(owner.decode()))
+            keys = [key for (key, _), held in zip(named, pipe.execute(), strict=True)
+                    if not held]
+        if keys:
+            client.unlink(*keys)
 
     def retry_jobs(self, state: str = "failed", *, reset_attempts: bool = False) -> int:
         """Move every failed (or completed) job back to waiting (or, as

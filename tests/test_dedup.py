@@ -77,6 +77,25 @@ def test_a_bad_dedup_is_refused_before_anything_is_written(
     assert queue.get_job_counts() == dict.fromkeys(queue.get_job_counts(), 0)
 
 
+def test_obliterate_lets_go_of_throttle_keys_whose_job_retention_removed(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A throttle key outlives its job (retention removed it); obliterate
+    deleted only the keys of the jobs it found, so for the rest of the ttl
+    an add with the key wrote nothing, and returned a job that was gone."""
+    gone = queue.add("t", 1, dedup={"id": "thr", "ttl": 600}, remove_on_complete=True)
+    with started(make_worker(queue.name, redis_url, lambda j: j.data)):
+        assert gone.wait_until_finished(timeout=WAIT) == 1
+    assert queue.get_job(gone.id) is None and queue.get_dedup_job_id("thr") == gone.id
+    queue.obliterate()
+    assert queue.get_dedup_job_id("thr") is None
+    again = queue.add("t", 2, dedup={"id": "thr", "ttl": 600})
+    assert again.id != gone.id and queue.count() == 1
+    # one an add made since (its job exists) stays, at the next obliterate too
+    queue._drop_kept_outcomes()  # (as obliterate's last step does)
+    assert queue.get_dedup_job_id("thr") == again.id
+
+
 def test_add_bulk_deduplicates(queue: Queue) -> None:
     jobs = queue.add_bulk([
         {"name": "a", "data": 1, "dedup": {"id": "x"}},

@@ -29,7 +29,9 @@
            are detached (see delete_job)
   Events   obliterated (no job id), once, by the last call, after every
            job and key is gone: readers re-check whoever waits on a job
-  Dedup    releases each deleted job's dedup key, whatever its mode
+  Dedup    releases each deleted job's dedup key, whatever its mode (a
+           throttle key whose job retention removed is found by no job:
+           Queue.obliterate deletes it after the last call, by SCAN)
 ]]
 if ARGV[1] ~= '1' and redis.call('ZCARD', K_ACTIVE) > 0 then return -4 end
 -- held paused until the last call clears the flag: a worker taking a job
