@@ -71,7 +71,7 @@ class Maintenance:
         self._on_error = on_error
         self._first_beat = True
         self._announced: dict[str, Any] | None = None
-        self._sharded_told = False
+        self._told: str | None = None  # the last shard-count trouble told
         self._marks_checked = False
         self.loop = BackgroundLoop(
             f"jobq-maint-{context.name}", self._step, on_error=on_error, log=logger
@@ -144,20 +144,17 @@ class Maintenance:
                 self._keep_shard_marks(context)
             self._marks_checked = True
             return
-        if self._sharded_told:
+        if self._told is not None:
             return
         count = stored_count(context.client, context.prefix, context.name)
         if count is None:
             return
-        self._sharded_told = True
-        error = JobqError(
+        self._tell_once(JobqError(
             f"queue {context.name!r} is a sharded queue of {count} shards, but this worker "
             "serves it as a plain queue (it started before the queue's first write, or "
             "while the server could not say): restart the worker, or start it with "
             f"Worker(..., shards={count})"
-        )
-        logger.error("%s", error)
-        self._on_error(error)
+        ))
 
     def _keep_shard_marks(self, context: ShardedContext) -> None:
         """The queue's shard count and each shard's mark (its scripts then
@@ -166,17 +163,39 @@ class Maintenance:
         lost them (FLUSHALL, a restart without persistence) had every job
         wait up to a ``drain_delay`` to be taken, for as long as the
         processes ran. Store them again when they are gone."""
-        from ._shards import COUNT_FIELD, SHARD_FIELD
+        from ._shards import COUNT_FIELD, GONE_FIELD, SHARD_FIELD
 
         pipe = context.client.pipeline(transaction=False)
-        pipe.hget(context.keys.meta, COUNT_FIELD)
+        pipe.hmget(context.keys.meta, [COUNT_FIELD, GONE_FIELD])
         for keys in context.shard_keys:
             pipe.hget(keys.meta, SHARD_FIELD)
-        if all(pipe.execute()):
+        (count, gone), *marks = pipe.execute()
+        if count is None and gone:  # obliterated while this worker ran: it stays gone
+            self._tell_once(JobqError(
+                f"queue {context.name!r} was obliterated while this worker ran: it serves "
+                "none of the queue's jobs now; close it (a queue made again under the "
+                "name is served by workers started since)"))
+            return
+        if count is not None and int(count) != context.count:  # made again, another count
+            self._tell_once(JobqError(
+                f"queue {context.name!r} has {int(count)} shards now, but this worker serves "
+                f"{context.count} (the queue was obliterated and made again while it ran): "
+                "restart the worker"))
+            return
+        self._told = None  # (a state told of has passed: told again if it comes back)
+        if count is not None and all(marks):
             return
         logger.warning("queue %r: its shard count or marks are gone (the server lost its "
                        "data?); storing them again", context.name)
         context.store_count(restore=True)
+
+    def _tell_once(self, error: JobqError) -> None:
+        """Log and emit ``error``, once until the state it tells of changes."""
+        if self._told == str(error):
+            return
+        self._told = str(error)
+        logger.error("%s", error)
+        self._on_error(error)
 
     def _check_stalled(self) -> None:
         guard = round(self._interval * 1000)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ._queue_ops import state_names
-from ._shards import COUNT_FIELD, on_every_shard, shard_of
+from ._shards import COUNT_FIELD, GONE_FIELD, on_every_shard, shard_of
 from .errors import JobqError
 from .job import STATES, Job
 from .keys import lookup_id, lookup_key, queues_key
@@ -272,7 +272,12 @@ class ShardedAdmin:
         client = self._context.client
         keys = self._context.keys
         client.delete(keys.workers, keys.base + "limiter")
-        client.hdel(keys.meta, COUNT_FIELD)
+        # its workers still running do not store the count again (as after
+        # the server lost it): the queue stays gone, until made again
+        pipe = client.pipeline(transaction=False)
+        pipe.hdel(keys.meta, COUNT_FIELD)
+        pipe.hset(keys.meta, GONE_FIELD, "1")
+        pipe.execute()
         client.srem(queues_key(self._context.prefix), self._context.name)
         self._recorded = False
         self._context.on_first_use(self._restore)

@@ -34,6 +34,10 @@ MAX_SHARDS = 256
 #: marking each shard (mark_ready in _common.lua publishes a wake-up then).
 COUNT_FIELD = "shards"
 SHARD_FIELD = "shard"
+#: The meta field of the logical queue set by its obliterate (and cleared by
+#: the next count stored): its workers still running then do not store the
+#: count again, as they do after the server lost it.
+GONE_FIELD = "obliterated"
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -116,7 +116,8 @@ QUEUE_KEYS: dict[str, str] = {
     "completed": "sorted set: completed jobs kept (score: when finished, ms)",
     "failed": "sorted set: jobs failed for good, kept (score: when finished, ms)",
     "meta": "hash: the queue's settings (em event mode, maxev, rttl) and paused; a sharded "
-            "queue's shard count (shards, on its own base) or shard mark (shard, on each shard)",
+            "queue's shard count (shards, on its own base; obliterated once it was) or shard "
+            "mark (shard, on each shard)",
     "events": "stream of events (in pub/sub mode, the channel's name); on a shard of a "
               "sharded queue in stream mode, also the sharded channel its scripts publish a "
               "wake-up for the queue's readers on",

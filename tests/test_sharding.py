@@ -1102,6 +1102,41 @@ def test_a_plain_worker_of_a_name_that_became_sharded_says_so(queue_name: str,
         q.obliterate(force=True)
 
 
+def test_a_worker_running_through_an_obliterate_keeps_the_queue_gone_and_says_so(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A worker's look for a shard count the server lost stored it again
+    after an obliterate (the queue came back, and refused another count);
+    a worker of the old count beside a queue made again with another one
+    served a shard or two of it, saying nothing."""
+    errors: list[BaseException] = []
+    told = threading.Semaphore(0)
+
+    def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+        told.release()
+
+    with ShardedQueue(queue_name, shards=4, connection=redis_url) as q:
+        q.add("n", 1)
+        worker = Worker(queue_name, lambda job: job.data, connection=redis_url,
+                        stalled_interval=0.2)
+        worker.on("error", on_error)
+        with worker:
+            q.obliterate(force=True)
+            assert told.acquire(timeout=WAIT)
+            assert "was obliterated while this worker ran" in str(errors[-1])
+            meta = f"jobq:{{{queue_name}}}:meta"
+            assert redis_client.hget(meta, "shards") is None  # not stored again
+            with ShardedQueue(queue_name, shards=2, connection=redis_url) as again:
+                again.add("n", 2)  # made again, with another count: no ShardCountError
+                assert redis_client.hget(meta, "shards") == b"2"
+                assert redis_client.hget(meta, "obliterated") is None
+                assert told.acquire(timeout=WAIT)
+                assert "has 2 shards now, but this worker serves 4" in str(errors[-1])
+                again.obliterate(force=True)
+    assert len(errors) == 2
+
+
 def test_a_plain_queue_events_of_a_sharded_queue_warns(
     sharded: ShardedQueue, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,11 +13,13 @@
            would look at them); to a look, {0, 1} when none is stored and
            one may be. Before it stores one (a sharded queue's first use, or
            the first since the server lost its data), the caller checks
-           that no shard's name is a plain queue's (storeSettings.lua, 'f')
+           that no shard's name is a plain queue's (storeSettings.lua, 'f').
+           Storing one clears the mark of an obliterate (field obliterated)
 ]]
 local stored = redis.call('HGET', K_META, 'shards')
 if stored then return { stored, 0 } end
 if holds_jobs() then return { 0, 0 } end
 if ARGV[2] == 'look' then return { 0, 1 } end
 redis.call('HSET', K_META, 'shards', ARGV[1])
+redis.call('HDEL', K_META, 'obliterated')  -- made again (see ShardedQueue.obliterate)
 return { ARGV[1], 0 }
