@@ -41,8 +41,8 @@ def serve(
 ) -> bool:
     """Run one Worker per ``(queue name, processor)`` until SIGINT / SIGTERM
     (a second signal abandons the jobs in flight), or with ``burst`` until
-    no job of those queues is waiting or active. Return whether the close
-    was forced.
+    no job of those queues is waiting (or the queue is paused) or active.
+    Return whether the close was forced.
 
     Raises:
         redis.exceptions.ConnectionError: the server cannot be reached at
@@ -77,8 +77,11 @@ def serve(
             poll = BURST_POLL if burst else 0.5
             try:
                 while not stop.wait(poll):
-                    if burst and all(_empty(q) for q in lookers):
-                        logger.info("worker %s: queues empty, stopping (burst)", name)
+                    if burst and all(_done(q) for q in lookers):
+                        paused = [q.name for q in lookers if q.count()]
+                        logger.info("worker %s: %s, stopping (burst)", name,
+                                    f"nothing to run (paused with jobs waiting: "
+                                    f"{', '.join(paused)})" if paused else "queues empty")
                         break
             finally:  # a failed look too: the jobs in flight finish first
                 forced = _close_all(workers, stop)
@@ -105,9 +108,14 @@ def ping(connection: object) -> None:
             close_client(client)
 
 
-def _empty(queue: Any) -> bool:
+def _done(queue: Any) -> bool:
+    """Nothing of ``queue`` for a burst run to do: no job active, and none
+    waiting, or the queue paused (its jobs wait for a resume: a burst run
+    waited for it, for good, as a cron job that never ended)."""
     counts = queue.get_job_counts("waiting", "active")
-    return bool(counts["waiting"] == 0 and counts["active"] == 0)
+    if counts["active"]:
+        return False
+    return bool(counts["waiting"] == 0 or queue.is_paused())
 
 
 def _close_all(workers: Sequence[Any], stop: StopSignals) -> bool:

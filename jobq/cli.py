@@ -841,8 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--heartbeat-ttl", type=float, default=30.0,
                         help="seconds a dead worker stays listed (default: 30)")
     worker.add_argument("--burst", action="store_true",
-                        help="exit 0 once no job of the queues is waiting or active "
-                             "(for cron and CI)")
+                        help="exit 0 once no job of the queues is waiting (or the queue "
+                             "is paused) or active (for cron and CI)")
 
     add = command("add", _cmd_add, "add one job; print its id")
     add.add_argument("queue", metavar="QUEUE")

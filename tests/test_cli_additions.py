@@ -74,6 +74,22 @@ def test_worker_burst_on_an_empty_queue_exits_at_once(redis_url: str, queue_name
     assert done.returncode == 0, done.stderr
 
 
+def test_worker_burst_on_a_paused_queue_exits_leaving_its_jobs(
+    redis_url: str, queue_name: str
+) -> None:
+    """A paused queue's jobs wait for a resume: a burst run waited for it,
+    for good (a cron job that never ended). It exits, saying why."""
+    with Queue(queue_name, connection=redis_url) as queue:
+        queue.add("double", 2)
+        queue.pause()
+        done = run_jobq(redis_url, "--log-level", "info", "worker", "tests.tasks:double",
+                        "-q", queue_name, "--burst", timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert f"paused with jobs waiting: {queue_name}" in done.stderr
+        assert queue.get_job_counts("waiting") == {"waiting": 1}
+        queue.obliterate(force=True)
+
+
 @pytest.mark.parametrize(("flag", "option"), [
     ("--stalled-interval", "stalled_interval"), ("--max-stalled-count", "max_stalled_count"),
     ("--drain-delay", "drain_delay"), ("--lock-duration", "lock_duration"),
