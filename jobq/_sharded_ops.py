@@ -313,16 +313,7 @@ class ShardedAdmin:
     def get_metrics(self, kind: str, start: int = 0, end: int = -1) -> Metrics:
         """Counts of finished jobs per minute summed over the shards (see
         ``Queue.get_metrics``)."""
-        parts = [shard.get_metrics(kind, start, end) for shard in self._every()]
-        data = [0] * max((len(p.data) for p in parts), default=0)
-        for part in parts:
-            for i, value in enumerate(part.data):
-                data[i] += value
-        return Metrics(
-            count=sum(p.count for p in parts), data=data,
-            timestamp=max((p.timestamp for p in parts), default=0.0),
-            waited_for=sum(p.waited_for for p in parts), ran_for=sum(p.ran_for for p in parts),
-        )
+        return summed_metrics([shard.get_metrics(kind, start, end) for shard in self._every()])
 
     def trim_events(self, max_len: int) -> int:
         """Trim each shard's event stream to about ``max_len`` entries."""
@@ -332,6 +323,25 @@ class ShardedAdmin:
         """Publish a custom event (on the first shard's channel: every
         reader of the sharded queue reads every shard)."""
         self._every()[0].emit(event, **fields)
+
+
+def summed_metrics(parts: list[Metrics]) -> Metrics:
+    """The shards' metrics summed, minute by minute: each shard's list
+    counts back from the minute of its own read, so a read made before a
+    minute began is moved one place along (its minutes were added to the
+    next ones' when the shards' reads straddled a minute's start)."""
+    timestamp = max((p.timestamp for p in parts), default=0.0)
+    minute = int(timestamp // 60)
+    data = [0] * max((len(p.data) for p in parts), default=0)
+    for part in parts:
+        shift = minute - int(part.timestamp // 60) if part.timestamp > 0 else 0
+        for i, value in enumerate(part.data):
+            if 0 <= i + shift < len(data):
+                data[i + shift] += value
+    return Metrics(
+        count=sum(p.count for p in parts), data=data, timestamp=timestamp,
+        waited_for=sum(p.waited_for for p in parts), ran_for=sum(p.ran_for for p in parts),
+    )
 
 
 def _let_go(shards: list[Queue]) -> None:

@@ -519,6 +519,21 @@ def test_pause_and_resume_the_whole_queue(sharded: ShardedQueue, redis_url: str)
             job.wait_until_finished(timeout=WAIT)
 
 
+def test_per_minute_metrics_of_shards_read_across_a_minutes_start_line_up() -> None:
+    """Each shard's list counts back from its own read: a shard read just
+    before a minute began had its minutes added to the next ones'."""
+    from jobq._sharded_ops import summed_metrics
+    from jobq.metrics import Metrics
+
+    before = Metrics(count=6, data=[1, 2, 3], timestamp=1_800_000_059.9)  # minute m-1 first
+    after = Metrics(count=60, data=[10, 20, 30], timestamp=1_800_000_060.1)  # minute m first
+    summed = summed_metrics([before, after])
+    assert summed.data == [10, 21, 32]  # m: after's 10; m-1: 20 + 1; m-2: 30 + 2
+    assert summed.count == 66 and summed.timestamp == after.timestamp
+    assert summed_metrics([after, before]).data == [10, 21, 32]
+    assert summed_metrics([before, before]).data == [2, 4, 6]  # one minute: as before
+
+
 def test_reads_and_admin_are_summed(sharded: ShardedQueue, redis_url: str,
                                     redis_client: redis.Redis) -> None:
     def handler(job: Job) -> int:
