@@ -146,8 +146,13 @@ def from_pubsub(message: bytes) -> tuple[Event, str | None]:
     pos = 0
     end = len(message)
     while pos < end:
-        colon = message.index(b":", pos)
-        size = int(message[pos:colon])
+        colon = message.find(b":", pos)
+        length = message[pos:colon]
+        # ASCII digits alone: int() took "-3" too, and a negative length
+        # went back in the message, for ever (a reader's thread spun)
+        if colon < 0 or not length.isdigit():
+            raise SerializationError("malformed event message (a part's length)")
+        size = int(length)
         start = colon + 1
         if start + size > end:
             raise SerializationError("truncated event message")

@@ -1165,6 +1165,33 @@ def test_pubsub_events_on_one_server_reach_the_readers_of_0_1_and_theirs_reach_0
     old.close()
 
 
+@pytest.mark.parametrize("garbage", [b"-3:", b"+3:abc", b"3", b" 1:a1:b", b"\xd9:", b"99:ab"])
+def test_a_malformed_pub_sub_message_is_skipped(garbage: bytes) -> None:
+    """A negative length went back in the message, for ever: one PUBLISH
+    of b"-3:" spun every reader of the queue, its memory growing."""
+    from jobq.errors import SerializationError
+    from jobq.events import from_pubsub
+
+    with pytest.raises(SerializationError):
+        from_pubsub(garbage)
+
+
+def test_a_reader_goes_on_past_a_malformed_pub_sub_message(
+    queue_name: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    rec = Recorder()
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue:
+        queue.add("warm-up")  # the mode stored before the reader connects
+        with QueueEvents(queue_name, connection=redis_url) as qe:
+            qe.on("completed", rec)
+            assert qe.wait_until_ready(WAIT)
+            redis_client.publish(queue._context.keys.events, b"-3:")
+            with Worker(queue_name, echo, connection=redis_url):
+                job = queue.add("x", 1)
+                assert rec.wait_name("completed", job.id)
+        queue.obliterate(force=True)
+
+
 @pytest.mark.skipif(os.environ.get("JOBQ_TEST_CLUSTER") == "1",
                     reason="in a cluster, 0.1 and 0.2 pub/sub events do not reach each other")
 def test_a_reader_of_a_new_queue_hears_a_0_1_process_that_stores_pub_sub_mode(
