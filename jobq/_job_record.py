@@ -49,6 +49,17 @@ def _ms(record: Mapping[bytes, bytes], key: bytes, bad: list[str]) -> float | No
     return None if value is None else value / 1000.0
 
 
+def _decoded(packed: bytes | None, key: str, bad: list[str]) -> Any:
+    """A msgpack field of jobq's own (options, stack traces) of a job's
+    record; one that does not decode is noted in ``bad`` (see
+    ``_number``): one such record made a whole listing raise."""
+    try:
+        return serializer.decode(packed, key)
+    except Exception as exc:
+        bad.append(f"{key} cannot be decoded ({exc})")
+        return None
+
+
 def _queue_of_base(base: str) -> str:
     """The queue name in a queue's base key ``<prefix>:{<queue>}:``."""
     return base[base.rindex("{") + 1 : -2]
@@ -94,9 +105,9 @@ def load_record(job: Job, record: Mapping[bytes, bytes]) -> None:
     get, cls = record.get, type(job)
     job.name = text(get(b"name")) or job.name
     cls.data.load(job, get(b"data"), f"data of job {job.id!r}")
-    opts = serializer.decode(get(b"opts"), f"options of job {job.id!r}")
-    job.opts = from_stored(opts) if isinstance(opts, dict) else {}
     bad: list[str] = []
+    opts = _decoded(get(b"opts"), "opts", bad)
+    job.opts = from_stored(opts) if isinstance(opts, dict) else {}
     job.timestamp = _ms(record, b"ts", bad)
     job.delay = _ms(record, b"delay", bad) or 0.0
     job.priority = int(_number(record, b"priority", bad) or 0)
@@ -106,15 +117,19 @@ def load_record(job: Job, record: Mapping[bytes, bytes]) -> None:
     cls.return_value.load(job, get(b"rv"), f"return value of job {job.id!r}")
     job.failed_reason = text(get(b"fr"))
     job.exc_type = text(get(b"et")) or None
-    stacktrace = serializer.decode(get(b"st"), "stack trace")
-    job.stacktrace = list(stacktrace) if isinstance(stacktrace, list) else []
+    stacktrace = _decoded(get(b"st"), "st", bad)
+    job.stacktrace = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+                      for t in stacktrace] if isinstance(stacktrace, list) else []
     job.processed_on = _ms(record, b"pon", bad)
     job._ready_at = _ms(record, b"rdy", bad)
     job.finished_on = _ms(record, b"fon", bad)
     job.processed_by = text(get(b"pb"))
-    pid, pqb = get(b"pid"), get(b"pqb")
+    pid, pqb = text(get(b"pid")), text(get(b"pqb"))
     job.parent = None
     if pid is not None and pqb is not None:
-        job.parent = (_queue_of_base(pqb.decode()), pid.decode())
+        if "{" in pqb and pqb.endswith("}:"):
+            job.parent = (_queue_of_base(pqb), pid)
+        else:
+            bad.append(f"pqb {pqb[:40]!r} is not a queue's base")
     job._run = text(get(b"run")) or job._run
     job._unreadable = tuple(bad)

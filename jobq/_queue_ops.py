@@ -79,7 +79,7 @@ class QueueReading:
     def get_job_state(self, job_id: str) -> str:
         """One of waiting, delayed, active, completed, failed, waiting-children, or unknown."""
         state = self._context.redis.hget(self._context.keys.job(lookup_id(job_id)), "state")
-        return state.decode() if state else "unknown"
+        return state.decode("utf-8", "replace") if state else "unknown"
 
     def get_job_result(self, job_id: str, default: Any = None) -> Any:
         """The return value of a completed job, else ``default``."""
@@ -128,14 +128,13 @@ class QueueReading:
                 ids.extend(_waiting(client, keys, start, end, asc))
             else:
                 ids.extend(ranked(client, keys.state_set(state), start, end, not asc))
+        # an id no job of jobq's has (not UTF-8: written by hand) finds no record
+        texts = [job_id.decode("utf-8", "replace") for job_id in ids]
         pipe = client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(keys.job(job_id.decode()))
-        jobs = []
-        for job_id, record in zip(ids, pipe.execute(), strict=True):
-            if record:
-                jobs.append(Job.from_record(self._context, job_id.decode(), record))
-        return jobs
+        for job_id in texts:
+            pipe.hgetall(keys.job(job_id))
+        return [Job.from_record(self._context, job_id, record)
+                for job_id, record in zip(texts, pipe.execute(), strict=True) if record]
 
 
 class QueueAdmin:
@@ -292,7 +291,7 @@ class QueueAdmin:
             named = [(key, owner) for key, owner in zip(keys, pipe.execute(), strict=True)
                      if owner]
             for _, owner in named:
-                pipe.exists(self._context.keys.job(owner.decode()))
+                pipe.exists(self._context.keys.job(owner.decode("utf-8", "replace")))
             keys = [key for (key, _), held in zip(named, pipe.execute(), strict=True)
                     if not held]
         if keys:

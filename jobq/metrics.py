@@ -161,7 +161,7 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
     ran = _Family("jobq_job_run_seconds", "summary",
                   "Time the last attempt of finished jobs ran.")
     seen: set[tuple[str, str]] = set()
-    away: list[tuple[str, redis.exceptions.RedisError]] = []
+    away: list[tuple[str, Exception]] = []
     queues = list(queues)
     # queues of several prefixes may share a name: a label prefix tells
     # their series apart (else two series had the same labels)
@@ -181,8 +181,13 @@ def prometheus_text(queues: Iterable[Queue]) -> str:
             # other queues are still served, as `jobq info` shows them
             logger.warning("metrics: queue %r left out: Redis refused: %s", name, exc)
             continue
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.RedisClusterException) as exc:
             away.append((name, exc))  # one queue's node or slot: the others are served
+            continue
+        except Exception as exc:  # what it holds cannot be read (keys written by hand)
+            logger.warning("metrics: queue %r left out: cannot read it: %s: %s", name,
+                           type(exc).__name__, exc)
             continue
         for state, count in counts.items():
             jobs.add(count, **where, state=state)

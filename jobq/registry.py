@@ -114,6 +114,8 @@ def _info(name: str, flat: list[bytes]) -> WorkerInfo:
         queues = serializer.decode(record.get(b"queues"), "queue names")
     except Exception:  # a record written by another version: show what is readable
         queues = []
+    if not isinstance(queues, (list, tuple)):  # (an int written by hand was not iterable)
+        queues = []
     return WorkerInfo(
         name=name,
         host=text(b"host"),

@@ -324,6 +324,54 @@ def test_queues_of_one_name_under_two_prefixes_are_told_apart(
         two.obliterate(force=True)
 
 
+def test_records_written_by_hand_fail_no_listing(
+    queue: Queue, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """One record or member written by hand made whole reads raise: the
+    listings of a state, get_job, get_job_state, get_workers (and so
+    `jobq info`), get_metrics (and so every scrape of /metrics)."""
+    from jobq.cli import main
+
+    keys = queue._context.keys
+    good = queue.add("good", 1)
+    odd = {name: queue.add(name, 0) for name in ("opts", "parent", "trace", "state")}
+    redis_client.hset(keys.job(odd["opts"].id), "opts", b"\xc1")  # no msgpack
+    redis_client.hset(keys.job(odd["parent"].id), mapping={"pid": "7", "pqb": "no-brace"})
+    redis_client.hset(keys.job(odd["trace"].id), "st", b"\xc1")
+    redis_client.hset(keys.job(odd["state"].id), "state", b"\xff")
+    redis_client.zadd(keys.failed, {b"\xff": 1})  # an id that is no text, with no record
+    redis_client.hset(keys.base + "worker:evil", mapping={"queues": b"\x05", "pid": "x"})
+    redis_client.zadd(keys.workers, {"evil": time.time() * 1000 + 60_000})
+    redis_client.rpush(keys.base + "metrics:completed:data", "abc", "2")
+    redis_client.hset(keys.base + "metrics:completed",
+                      mapping={"min": int(time.time() // 60), "count": 2})
+    try:
+        listed = {job.id: job for job in queue.get_jobs("waiting")}
+        assert set(listed) == {good.id, *(job.id for job in odd.values())}
+        assert listed[good.id].data == 1
+        assert listed[odd["parent"].id].parent is None
+        assert listed[odd["opts"].id]._unreadable and listed[odd["trace"].id]._unreadable
+        assert queue.get_jobs("failed") == []
+        assert queue.get_job_state(odd["state"].id) == "\ufffd"
+        assert [w.name for w in queue.get_workers()] == ["evil"]
+        assert queue.get_workers()[0].queues == ()
+        assert queue.get_metrics("completed").data[-2:] == [0, 2]
+        assert f'jobq_jobs{{queue="{queue.name}",state="waiting"}} 5' in prometheus_text([queue])
+        assert main(["--url", redis_url, "info", queue.name]) == 0
+        assert main(["--url", redis_url, "job", queue.name, odd["parent"].id]) == 0
+        # a worker fails such a job, saying why, and runs the others
+        with Worker(queue.name, lambda job: job.data, connection=redis_url):
+            assert good.wait_until_finished(timeout=10) == 1
+            with pytest.raises(JobFailedError, match="opts cannot be decoded"):
+                odd["opts"].wait_until_finished(timeout=10)
+    finally:
+        redis_client.delete(keys.base + "worker:evil", keys.base + "metrics:completed:data",
+                            keys.base + "metrics:completed")
+        redis_client.zrem(keys.workers, "evil")
+        redis_client.zrem(keys.failed, b"\xff")
+        queue.obliterate(force=True)
+
+
 def test_metrics_per_minute() -> None:
     assert Metrics(count=0).per_minute() == 0.0
     # 30 s into the current minute: 6 jobs over 2.5 minutes
