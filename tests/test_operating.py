@@ -369,6 +369,7 @@ def test_records_written_by_hand_fail_no_listing(
                             keys.base + "metrics:completed")
         redis_client.zrem(keys.workers, "evil")
         redis_client.zrem(keys.failed, b"\xff")
+        redis_client.hdel(keys.job(odd["parent"].id), "pid", "pqb")  # (a cluster's slot: no)
         queue.obliterate(force=True)
 
 
