@@ -343,6 +343,40 @@ def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
         assert job.wait_until_finished(late, timeout=WAIT) == "second"
 
 
+@pytest.mark.parametrize("how", ["wait", "future"])
+def test_a_job_retried_elsewhere_and_removed_on_completion_answers_with_its_last_run(
+    queue: Queue, redis_url: str, how: str
+) -> None:
+    """A Job waited on once, its job then retried through another Job (the
+    CLI, the dashboard, another process) and removed as it completed: the
+    scan of the run's events answered with the first end it met, the
+    failure before the retry."""
+    calls: list[int] = []
+
+    def handler(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt")
+        return "second"
+
+    job = queue.add("x", job_id="again-1", remove_on_complete=True)
+    with Worker(queue.name, handler, connection=redis_url) as worker:
+        with pytest.raises(JobFailedError, match="first attempt"):
+            job.wait_until_finished(timeout=WAIT)
+        cond, done = completed_counter(worker)
+        elsewhere = queue.get_job(job.id)
+        assert elsewhere is not None
+        elsewhere.retry()
+        with cond:
+            assert cond.wait_for(lambda: done == ["second"], WAIT)
+    assert queue.get_job(job.id) is None
+    with QueueEvents(queue.name, connection=redis_url) as late:
+        if how == "wait":
+            assert job.wait_until_finished(late, timeout=WAIT) == "second"
+        else:
+            assert job.as_future(late).result(WAIT) == "second"
+
+
 class lower_case_error(Exception):  # noqa: N801 - a name the reason alone cannot tell
     pass
 

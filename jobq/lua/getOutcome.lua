@@ -74,6 +74,10 @@ local cursor = ARGV[3] or ''
 local start = first
 if cursor ~= '' then start = '(' .. cursor end
 local entries = redis.call('XRANGE', K_EVENTS, start, last, 'COUNT', SCAN)
+-- the end of the latest generation among those read: a run failed, retried
+-- (by another Job than the waiter's) and ended again answers with its last
+-- end, not its first (the first answered: a stale failure)
+local best, best_name, best_gen
 for _, entry in ipairs(entries) do
   local e = entry[2]
   -- every job event starts with ev, name, jid, id
@@ -81,18 +85,30 @@ for _, entry in ipairs(entries) do
     local got = {}
     for i = 5, #e, 2 do got[e[i]] = e[i + 1] end
     if not got['run'] or answers(got['run']) then
-      if e[2] == 'completed' and got['result'] then
-        return { 'completed', got['result'], false, false, last, false }
-      elseif e[2] == 'failed' then
-        local state = 'failed'
-        if got['cancelled'] then state = 'cancelled' end
-        return { state, false, got['failed_reason'] or '', false, last, false, false, false,
-                 false, got['exc_type'] or false }
+      local _, g = generation(got['run'] or run)
+      -- a generation's completed or failed, not the removed that follows it
+      if not best or g > best_gen or (g == best_gen and best_name == 'removed') then
+        best, best_name, best_gen = got, e[2], g
       end
-      -- removed, or a big result whose record and kept copy are gone
-      return { false, false, false, false, last, 1 }
     end
   end
+end
+if best then
+  local token = best['run']
+  if token and token ~= run then  -- a later generation's outcome kept apart
+    local kept = redis.call('GET', base .. 'result:' .. token)
+    if kept then return { 'completed', kept, false, false, last, false } end
+  end
+  if best_name == 'completed' and best['result'] then
+    return { 'completed', best['result'], false, false, last, false }
+  elseif best_name == 'failed' then
+    local state = 'failed'
+    if best['cancelled'] then state = 'cancelled' end
+    return { state, false, best['failed_reason'] or '', false, last, false, false, false,
+             false, best['exc_type'] or false }
+  end
+  -- removed, or a big result whose record and kept copy are gone
+  return { false, false, false, false, last, 1 }
 end
 local anchored
 if cursor == '' then
