@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 from urllib.parse import urlsplit
@@ -318,11 +318,8 @@ def test_a_stale_wait_is_not_answered_by_the_run_before_the_retry_read_meanwhile
     assert outcome == [2]
 
 
-def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
-    queue: Queue, redis_url: str
-) -> None:
-    """The record is gone: a reader begun afterwards scans the run's events
-    and must skip the failure before the retry."""
+def _failing_first() -> Callable[[Job], str]:
+    """A handler whose first call raises, and whose next ones return "second"."""
     calls: list[int] = []
 
     def handler(job: Job) -> str:
@@ -331,6 +328,15 @@ def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
             raise RuntimeError("first attempt")
         return "second"
 
+    return handler
+
+
+def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
+    queue: Queue, redis_url: str
+) -> None:
+    """The record is gone: a reader begun afterwards scans the run's events
+    and must skip the failure before the retry."""
+    handler = _failing_first()
     job = queue.add("x", attempts=1, remove_on_complete=True)
     with Worker(queue.name, handler, connection=redis_url) as worker:
         cond, done = completed_counter(worker)
@@ -351,14 +357,7 @@ def test_a_job_retried_elsewhere_and_removed_on_completion_answers_with_its_last
     CLI, the dashboard, another process) and removed as it completed: the
     scan of the run's events answered with the first end it met, the
     failure before the retry."""
-    calls: list[int] = []
-
-    def handler(job: Job) -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("first attempt")
-        return "second"
-
+    handler = _failing_first()
     job = queue.add("x", job_id="again-1", remove_on_complete=True)
     with Worker(queue.name, handler, connection=redis_url) as worker:
         with pytest.raises(JobFailedError, match="first attempt"):
