@@ -256,7 +256,7 @@ def _print_info(snapshots: list[dict[str, Any]], out: TextIO) -> None:
     lines = [
         f"{snap['queue']}: worker {w.name} host={w.host} pid={w.pid} "
         f"concurrency={w.concurrency} active={w.jobs_active} done={w.jobs_done} "
-        f"failed={w.jobs_failed} version={w.version or '0.1'} "
+        f"failed={w.jobs_failed} version={w.version or 'unknown'} "
         f"heartbeat={max(0.0, snap['timestamp'] - w.last_heartbeat):.1f}s"
         for snap in snapshots for w in snap["workers"]
     ]

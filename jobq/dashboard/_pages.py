@@ -326,7 +326,7 @@ def workers_page(app: Dashboard, ctx: Ctx, queue: Queue) -> Page:
     found = app.cache.get(("workers", queue.name), lambda: _data.workers(queue))
     rows = [[e(w.name), e(w.host), str(w.pid), e(", ".join(w.queues)), str(w.concurrency),
              str(w.jobs_active), str(w.jobs_done), str(w.jobs_failed), e(when(w.started)),
-             e(when(w.last_heartbeat)), e(w.version or "0.1"),
+             e(when(w.last_heartbeat)), e(w.version or "unknown"),
              "paused" if w.paused else ""] for w in found]
     live = table(["name", "host", "pid", "queues", "concurrency", "active", "done", "failed",
                   "started", "last heartbeat", "jobq", ""], rows, "No live worker.")
