@@ -55,7 +55,9 @@ class QueueSet:
                     try:
                         queue = cast(Queue, open_queue(name, connection=self.client,
                                                        prefix=self.prefix))
-                    except redis.exceptions.ResponseError:
+                    except redis.exceptions.ResponseError as exc:
+                        if _connection.moved(exc):  # a cluster's node, named by a plain URL
+                            raise
                         # its shard count refused (a key of another type, an
                         # ACL): a plain Queue, whose reads are refused too and
                         # left out by the caller, as any refused queue's (a
