@@ -140,8 +140,8 @@ class Waiter:
     """One caller (or future) waiting for one run of one job."""
 
     __slots__ = (
-        "job_id", "run", "event", "outcome", "callback", "checkpoint", "gate", "stale", "_gone",
-        "_lock",
+        "job_id", "run", "event", "outcome", "callback", "checkpoint", "gate", "stale", "since",
+        "_gone", "_lock",
     )
 
     def __init__(
@@ -159,6 +159,10 @@ class Waiter:
         # else the reader, behind, could answer it with the run before the
         # retry between its registration and its check.
         self.stale = stale
+        # The table's count of outcomes read when this waiter registered: a
+        # waiter without a run takes only an outcome read since (see
+        # WaiterTable.remembered).
+        self.since = 0
         self.event = threading.Event()
         self.outcome: Outcome | None = None
         self.callback = callback
@@ -218,6 +222,7 @@ class Waiter:
         self.event = threading.Event()
         self.outcome, self.gate, self.checkpoint = None, None, None
         self._gone, self.stale = False, True
+        self.since = 0  # the child's table remembers nothing yet
 
 
 def completed(raw: bytes | None) -> Completed | Unreadable:
@@ -408,6 +413,7 @@ class _Remembered:
     outcome: Outcome
     run: str | None
     at: StreamId
+    seq: int  # the table's count of outcomes read, this one included
 
 
 class WaiterTable:
@@ -424,6 +430,7 @@ class WaiterTable:
         self._by_job: dict[str, list[Waiter]] = {}
         self._pending: set[Waiter] = set()
         self._recent: OrderedDict[str, _Remembered] = OrderedDict()
+        self._seq = 0  # outcomes read so far (see _Remembered.seq)
         self.evicted_upto: StreamId = (0, 0)
         self._closed = False
         self._slots = threading.BoundedSemaphore(CONCURRENT_CHECKS)
@@ -459,6 +466,7 @@ class WaiterTable:
         with self._lock:
             closed = self._closed
             if not closed:
+                waiter.since = self._seq
                 self._by_job.setdefault(waiter.job_id, []).append(waiter)
                 # an outcome remembered of another run of the id may have
                 # taken the place of this run's (a later run of a reused
@@ -522,7 +530,8 @@ class WaiterTable:
     def record(self, job_id: str, run: str | None, outcome: Outcome, at: StreamId) -> list[Waiter]:
         """Remember how a run ended; return the waiters it answers."""
         with self._lock:
-            self._recent[job_id] = _Remembered(outcome, run, at)
+            self._seq += 1
+            self._recent[job_id] = _Remembered(outcome, run, at, self._seq)
             self._recent.move_to_end(job_id)
             if len(self._recent) > RECENT_OUTCOMES:
                 _, evicted = self._recent.popitem(last=False)
@@ -536,9 +545,17 @@ class WaiterTable:
             self.evicted_upto = max(self.evicted_upto, at)
 
     def remembered(self, waiter: Waiter) -> Outcome | None:
-        """The remembered outcome of the waiter's run, if any."""
+        """The remembered outcome of the waiter's run, if any. A waiter
+        that knows no run (its record was gone when looked at: a Job built by
+        hand, or the one an ignored dedup add returns) takes only an outcome
+        read after it registered: one read before was of a run that had
+        ended before the wait, and answering with it made the wait return
+        a result in a process whose reader happened to read it, where any
+        other raised JobNotFoundError."""
         found = self._recent.get(waiter.job_id)
         if found is None or not waiter.matches(found.run):
+            return None
+        if waiter.run is None and found.seq <= waiter.since:
             return None
         return found.outcome
 

@@ -585,6 +585,32 @@ def test_fresh_queue_add_remove_on_complete_then_wait_returns_the_result(
         assert again.wait_until_finished(timeout=WAIT) == "v" * size
 
 
+@pytest.mark.parametrize("mode", ["stream", "pubsub"])
+def test_a_wait_without_a_run_is_not_answered_by_an_end_read_before_it(
+    queue_name: str, redis_url: str, mode: str
+) -> None:
+    """``wait_for(id)`` (no run: a Job built by hand, or the one an add
+    ignored for its dedup key returns) of a job removed as it completed
+    before the wait: a process whose reader had read the end returned the
+    result, any other raised JobNotFoundError (the run is unknown, so its
+    kept result is out of reach). Both raise."""
+    with (
+        Queue(queue_name, connection=redis_url, event_mode=mode) as queue,
+        QueueEvents(queue_name, connection=redis_url) as other,
+    ):
+        assert queue.events.wait_until_ready(WAIT) and other.wait_until_ready(WAIT)
+        job = queue.add("x", "v", remove_on_complete=True)
+        with Worker(queue_name, echo, connection=redis_url):
+            assert job.wait_until_finished(timeout=WAIT) == "v"
+        assert queue.get_job(job.id) is None
+        for events in (queue.events, other):
+            with pytest.raises(JobNotFoundError):
+                events.wait_for(job.id, timeout=WAIT)
+            with pytest.raises(JobNotFoundError):
+                events.future_for(job.id).result(WAIT)
+        assert job.wait_until_finished(timeout=WAIT) == "v"  # its run's kept result
+
+
 def test_bulk_add_remove_on_complete_then_waits_return_the_results(
     queue_name: str, redis_url: str
 ) -> None:
