@@ -70,8 +70,12 @@ def worker(queue_name: str, redis_url: str, processor: Callable[[Any], Any], **k
     return Worker(queue_name, processor, connection=redis_url, **kw)
 
 
-def run_order(queue_name: str, redis_url: str, expected: int) -> list[str]:
-    """Run the queue's jobs in one worker of concurrency 1; return their names in run order."""
+def run_order(
+    queue_name: str, redis_url: str, expected: int,
+    handler: Callable[[jobq.Job], None] = lambda job: None,
+) -> list[str]:
+    """Run the queue's jobs in one worker of concurrency 1, through
+    ``handler``; return their names in run order (of each attempt)."""
     seen: list[str] = []
     done = threading.Event()
 
@@ -79,6 +83,7 @@ def run_order(queue_name: str, redis_url: str, expected: int) -> list[str]:
         seen.append(job.name)
         if len(seen) >= expected:
             done.set()
+        handler(job)
 
     with worker(queue_name, redis_url, processor, concurrency=1):
         assert done.wait(WAIT), f"only ran {seen}"
@@ -635,6 +640,22 @@ def test_lifo_puts_job_first(queue: Queue, redis_url: str) -> None:
     queue.add("d")
     queue.add("e", lifo=True)
     assert run_order(queue.name, redis_url, 5) == ["e", "c", "a", "b", "d"]
+
+
+def test_a_lifo_job_retried_at_once_is_first_in_line_again(
+    queue: Queue, redis_url: str
+) -> None:
+    """A lifo job retried at once went to the back of the line, where one
+    retried after a backoff (promoted when due) went first."""
+    queue.add("a", lifo=True, attempts=2)
+    for name in "bcd":
+        queue.add(name)
+
+    def processor(job: jobq.Job) -> None:
+        if job.name == "a" and job.attempts_made == 0:
+            raise RuntimeError("once")
+
+    assert run_order(queue.name, redis_url, 5, processor) == ["a", "a", "b", "c", "d"]
 
 
 def test_lifo_within_a_priority(queue: Queue, redis_url: str) -> None:

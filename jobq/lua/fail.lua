@@ -34,7 +34,7 @@ local refused = not_owner(id, token)
 if refused == 0 then return and_take_next(0, 7, now_ms()) end
 if refused then return refused end
 local now = now_ms()
-local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority', 'cx')
+local f = redis.call('HMGET', jk, 'atm', 'atts', 'priority', 'cx', 'lifo')
 if f[4] then  -- cancelled: no retry, and the reason is the cancel's
   redis.call('HSET', jk, 'st', ARGV[4])
   end_cancelled(id, token, f[4], now)
@@ -60,7 +60,8 @@ if delay >= 0 and atm < (tonumber(f[2]) or 1) then
     emit('delayed', id, { 'delay', delay, 'run_at', run_at, 'prev', 'active' })
   else
     promote_due(now)  -- delayed jobs already due were ready first: they run first
-    push_ready(id, tonumber(f[3]) or 0, false)
+    -- first in line again when lifo, as after a backoff (see promote_due)
+    push_ready(id, tonumber(f[3]) or 0, f[5] == '1')
     redis.call('HSET', jk, 'state', 'waiting', 'rdy', now)
     emit('waiting', id, { 'prev', 'active' })
   end
