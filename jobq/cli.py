@@ -503,16 +503,18 @@ def _unknown(args: argparse.Namespace, queue: Queue) -> bool:
 
 
 def _known(args: argparse.Namespace, name: str, counts: Mapping[str, int]) -> bool:
-    """Whether queue ``name`` is listed, has stored settings, or any job."""
+    """Whether queue ``name`` is listed, has stored settings, or any job
+    (by reads the monitor's ACL line grants: EXISTS, SMEMBERS)."""
     from .connection import close_client, resolve
-    from .keys import QueueKeys, queues_key
+    from .keys import QueueKeys
+    from .registry import known_queues
 
     if any(counts.values()):
         return True
     client, _ = resolve(args.url)
     try:
-        return bool(client.sismember(queues_key(args.prefix), name)
-                    or client.exists(QueueKeys(args.prefix, name).meta))
+        return bool(client.exists(QueueKeys(args.prefix, name).meta)
+                    or name in known_queues(client, args.prefix))
     finally:
         close_client(client)
 

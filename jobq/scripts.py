@@ -651,9 +651,9 @@ def _not_permitted(name: str, exc: BaseException) -> redis.exceptions.NoPermissi
     """A script's refused command said as a NoPermissionError (the server
     replies a bare error, which ``except NoPermissionError`` missed)."""
     return redis.exceptions.NoPermissionError(
-        f"this user's ACL refused jobq's {name!r} call a command, key or channel ({exc}); "
-        "the script may have written part of its work. Give the user the ACL lines of "
-        "its role (docs/guide/security.md)")
+        f"this user's ACL refused a command, key or channel that jobq's {name!r} call "
+        f"uses ({exc}); a script is not rolled back: what it wrote before that stays. "
+        "Give the user the ACL line of its role (docs/guide/security.md)")
 
 
 def _load_not_permitted(exc: BaseException) -> FunctionsNotLoaded:

@@ -155,8 +155,8 @@ def test_a_command_a_script_may_not_run_is_a_no_permission_error(
         url = f"redis://jobq-no-hset@127.0.0.1:{redis_server.port}/0"
         with Queue(queue.name, connection=url) as producer, \
                 pytest.raises(redis.exceptions.NoPermissionError,
-                              match=r"^this user's ACL refused jobq's 'add' call a command"
-                                    r".*docs/guide/security\.md"):
+                              match=r"^this user's ACL refused a command, key or channel that "
+                                    r"jobq's 'add' call uses .*docs/guide/security\.md"):
             producer.add("y")
     finally:
         admin.acl_deluser("jobq-no-hset")
@@ -172,13 +172,13 @@ def test_a_command_a_script_may_not_run_is_a_no_permission_error(
         with caplog.at_level(logging.WARNING, logger="jobq"), \
                 Worker(queue.name, lambda job: None, connection=url):
             said = until(lambda: [r.getMessage() for r in caplog.records
-                                  if "ACL refused jobq's 'moveToActive' call" in r.getMessage()],
+                                  if "jobq's 'moveToActive' call uses" in r.getMessage()],
                          WAIT)
         assert said and "NoPermissionError" in said[0], said
         url = f"redis://jobq-no-id-key@127.0.0.1:{redis_server.port}/0"
         with Queue(queue.name, connection=url) as producer, \
                 pytest.raises(redis.exceptions.NoPermissionError,
-                              match=r"^this user's ACL refused jobq's 'add' call .*key"):
+                              match=r"^this user's ACL refused .* jobq's 'add' call uses .*key"):
             producer.add("y")
     finally:
         admin.acl_deluser("jobq-no-rpop", "jobq-no-id-key")

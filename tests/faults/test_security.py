@@ -197,6 +197,31 @@ def test_acl_monitor_reads_a_pubsub_and_a_sharded_queue(
         sq.obliterate(force=True)
 
 
+def test_acl_monitor_runs_the_read_commands_of_the_cli(
+    acl_server: RedisServer, queue_name: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`jobq info QUEUE` of a queue holding no job asked SISMEMBER whether it
+    exists, which the monitor's line does not grant: it failed ("no
+    permissions to run the 'sismember' command"), for an unknown queue too."""
+    with Queue(queue_name, connection=_url(acl_server, "jobq-producer")) as q:
+        job = q.add("x", 1, remove_on_complete=True)
+        with Worker(queue_name, lambda j: j.data + 1, connection=_url(acl_server, "jobq-worker")):
+            assert job.wait_until_finished(timeout=WAIT) == 2
+        assert not any(q.get_job_counts().values())  # listed, but empty
+    capsys.readouterr()
+    base = ["--url", _url(acl_server, "jobq-monitor")]
+    assert cli_main([*base, "info", queue_name]) == 0, capsys.readouterr()
+    assert queue_name in capsys.readouterr().out
+    assert cli_main([*base, "info", "--json", queue_name]) == 0, capsys.readouterr()
+    assert cli_main([*base, "info", f"{queue_name}-none"]) == 1
+    assert "no queue" in capsys.readouterr().err
+    for command in (["info"], ["schedulers", queue_name], ["job", queue_name, job.id]):
+        code = cli_main([*base, *command])
+        out = capsys.readouterr()
+        assert "refused" not in out.err and "permission" not in out.err, (command, out)
+        assert code == (1 if command[0] == "job" else 0), (command, out)  # job: removed
+
+
 def test_acl_producer_worker_monitor(acl_server: RedisServer, queue_name: str) -> None:
     server = acl_server
     producer_url, worker_url = _url(server, "jobq-producer"), _url(server, "jobq-worker")
