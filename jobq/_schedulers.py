@@ -101,7 +101,8 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     in both hours.
 
     Raises:
-        ValueError: ``cron`` never matches (``0 0 30 2 *``).
+        ValueError: ``cron`` never matches (``0 0 30 2 *``), or not before
+            the year 10000.
     """
     zone = ZoneInfo(tz or "UTC")
     start = datetime.fromtimestamp(after_ms / 1000.0, zone)
@@ -114,11 +115,14 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     while True:
         try:
             slot: int = round(float(it.get_next(float)) * 1000)
+            local = datetime.fromtimestamp(slot / 1000.0, zone)
         except CroniterBadDateError as exc:  # its message names neither cron nor time
             raise ValueError(f"cron expression {cron!r} never matches") from exc
+        except (OverflowError, ValueError) as exc:  # past year 9999 (datetime's bound)
+            raise ValueError(f"cron expression {cron!r} has no run after "
+                             f"{start.isoformat()} before the year 10000") from exc
         if slot <= after_ms:  # a sub-second start: croniter works in whole seconds
             continue
-        local = datetime.fromtimestamp(slot / 1000.0, zone)
         if fixed and local.fold == 1:
             continue  # the repeated hour of an autumn change: it ran at fold 0
         if not fixed and not ((hours == ["*"] or local.hour in hours)

@@ -448,7 +448,11 @@ def test_infinite_times_and_a_cron_that_never_matches_are_value_errors(
     for kwargs, named in (({"every": inf}, "every"), ({"every": 1, "start": inf}, "start"),
                           ({"every": 1, "end": -inf}, "end"),
                           ({"cron": "0 0 30 2 *"}, "'0 0 30 2 \\*'"),
-                          ({"cron": "0 0 31 4 *", "tz": "Europe/Berlin"}, "'0 0 31 4 \\*'")):
+                          ({"cron": "0 0 31 4 *", "tz": "Europe/Berlin"}, "'0 0 31 4 \\*'"),
+                          # no run before the year 10000 (an OverflowError, or
+                          # datetime's "year 10000 is out of range")
+                          ({"cron": "0 0 1 1 *", "start": 253370764800.0}, "year 10000"),
+                          ({"cron": "0 0 1 1 *", "start": 253402300799.0}, "year 10000")):
         with pytest.raises(ValueError, match=named):
             queue.upsert_scheduler("bad", **kwargs)  # type: ignore[arg-type]
     assert queue.get_scheduler("bad") is None
