@@ -87,9 +87,18 @@ class Scheduler:
     opts: dict[str, Any] = field(default_factory=dict)
 
 
+#: The nicknames of cron (and of BullMQ's cron-parser) for 5-field expressions.
+CRON_MACROS = {
+    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
 def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
     """The first time (epoch ms) matching ``cron`` in zone ``tz`` strictly
-    after ``after_ms``. A 6-field expression has seconds first (as BullMQ).
+    after ``after_ms``. A 6-field expression has seconds first (as BullMQ);
+    a nickname (``@daily``...: CRON_MACROS) stands for its 5 fields.
 
     Local times are computed in the zone, so a daily 02:30 in Europe/Berlin
     stays 02:30 local across DST changes, as Debian's cron does: a fixed
@@ -104,6 +113,7 @@ def next_cron_slot(cron: str, tz: str | None, after_ms: int) -> int:
         ValueError: ``cron`` never matches (``0 0 30 2 *``), or not before
             the year 10000.
     """
+    cron = CRON_MACROS.get(cron, cron)
     zone = ZoneInfo(tz or "UTC")
     start = datetime.fromtimestamp(after_ms / 1000.0, zone)
     fields = cron.split()
@@ -177,9 +187,11 @@ def _scheduler_id(value: Any) -> str:
 
 
 def _validate_cron(cron: Any, tz: Any) -> None:
-    if not isinstance(cron, str) or len(cron.split()) not in (5, 6):
-        raise ValueError(f"cron must be a 5- or 6-field expression, not {cron!r}")
-    if not croniter.is_valid(cron, second_at_beginning=len(cron.split()) == 6):
+    fields = CRON_MACROS.get(cron, cron) if isinstance(cron, str) else cron
+    if not isinstance(fields, str) or len(fields.split()) not in (5, 6):
+        raise ValueError(f"cron must be a 5- or 6-field expression, or one of "
+                         f"{', '.join(CRON_MACROS)}, not {cron!r}")
+    if not croniter.is_valid(fields, second_at_beginning=len(fields.split()) == 6):
         raise ValueError(f"invalid cron expression {cron!r}")
     if tz is not None:
         if not isinstance(tz, str):
@@ -297,7 +309,8 @@ class QueueSchedulers:
         """Create or replace a job scheduler; return it.
 
         Exactly one of ``every`` (seconds) and ``cron`` (5 or 6 fields; with 6,
-        seconds first) is given; ``cron`` is evaluated in ``tz`` (an IANA
+        seconds first; or a nickname: ``@hourly``, ``@daily``, ``@midnight``,
+        ``@weekly``, ``@monthly``, ``@yearly``, ``@annually``) is given; ``cron`` is evaluated in ``tz`` (an IANA
         zone, default UTC). ``start`` / ``end`` (epoch seconds) bound the
         schedule, ``limit`` caps its jobs. With ``every`` the first job comes
         at once, with ``cron`` at the first matching time (at once when
@@ -307,7 +320,7 @@ class QueueSchedulers:
         as an ``add``'s) make each job. Upserting the same schedule again
         keeps the pending job (its id and time) and gives it the new template, unless a worker
         took it already (then the next job has the new template); a changed
-        schedule replaces the pending job. Cancelling or removing the
+        schedule replaces the pending job while it is delayed. Cancelling or removing the
         pending job skips that run: the next job comes at the following
         time of the schedule.
 

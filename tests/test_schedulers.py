@@ -163,6 +163,23 @@ def test_six_field_cron_has_seconds_first() -> None:
     assert next_cron_slot("*/20 * * * * *", None, 1_000) == 20_000
     assert next_cron_slot("*/20 * * * * *", None, 20_000) == 40_000
     assert next_cron_slot("0 0 * * *", "UTC", 0) == 86_400_000
+    # cron's nicknames, each its 5 fields (1970-01-01 was a Thursday)
+    assert next_cron_slot("@daily", "UTC", 0) == next_cron_slot("@midnight", None, 0) == 86_400_000
+    assert next_cron_slot("@hourly", None, 0) == 3_600_000
+    assert next_cron_slot("@weekly", None, 0) == 3 * 86_400_000  # Sunday
+    assert next_cron_slot("@monthly", None, 0) == 31 * 86_400_000
+    assert next_cron_slot("@yearly", None, 0) == next_cron_slot("@annually", None, 0) \
+        == 365 * 86_400_000
+
+
+def test_a_cron_nickname_schedules_as_its_fields(queue: Queue) -> None:
+    s = queue.upsert_scheduler("nightly", cron="@daily", tz="Europe/Berlin")
+    assert s.cron == "@daily" and s.next_run is not None
+    local = datetime.fromtimestamp(s.next_run, BERLIN)
+    assert (local.hour, local.minute, local.second) == (0, 0, 0)
+    for bad in ("@fortnightly", "@DAILY", "@daily 5"):
+        with pytest.raises(ValueError, match="5- or 6-field expression, or one of @yearly"):
+            queue.upsert_scheduler("bad", cron=bad)
 
 
 # -- producing ticks ---------------------------------------------------------------
