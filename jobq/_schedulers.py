@@ -310,9 +310,10 @@ class QueueSchedulers:
 
         Exactly one of ``every`` (seconds) and ``cron`` (5 or 6 fields; with 6,
         seconds first; or a nickname: ``@hourly``, ``@daily``, ``@midnight``,
-        ``@weekly``, ``@monthly``, ``@yearly``, ``@annually``) is given; ``cron`` is evaluated in ``tz`` (an IANA
-        zone, default UTC). ``start`` / ``end`` (epoch seconds) bound the
-        schedule, ``limit`` caps its jobs. With ``every`` the first job comes
+        ``@weekly``, ``@monthly``, ``@yearly``, ``@annually``) is given;
+        ``cron`` is evaluated in ``tz`` (an IANA zone, default UTC).
+        ``start`` / ``end`` (epoch seconds) bound the schedule, ``limit``
+        caps its jobs. With ``every`` the first job comes
         at once, with ``cron`` at the first matching time (at once when
         ``immediately``); never before ``start``. ``name`` (default: the
         scheduler id), ``data`` and ``job_options`` (those of ``add`` but
