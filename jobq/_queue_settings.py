@@ -80,6 +80,14 @@ class QueueSettings:
         finally:
             self._marking = False
 
+    def _restores(self) -> str:
+        """The event mode an add asks the script to check is stored: the
+        queue's when it is pub/sub (given, or followed since first use), so
+        that settings stored again after a loss by a Queue that gave none
+        (or first used after the loss) leave it in stream mode for no
+        longer than this Queue's next add; '' for stream mode."""
+        return "pubsub" if getattr(self, "_event_mode", None) == "pubsub" else ""
+
     def _store_settings(self, writes: str) -> list[bytes | None]:
         """Store this queue's settings (``writes`` as storeSettings.lua's: 'c'
         their mark too; a shard always writes its shard mark) in one script
@@ -87,6 +95,8 @@ class QueueSettings:
         at once took a connection of the pool each, past a small pool's
         size. The settings as stored (see ``QueueScripts.store_settings``)."""
         event_mode, max_events, result_ttl = self._settings
+        if "c" in writes:  # stored again after a loss: the mode followed too
+            event_mode = event_mode or self._restores() or None
         stored = self._context.setup_calls.store_settings(
             event_mode or "", "" if max_events is None else str(max_events),
             "" if result_ttl is None else str(round(result_ttl * 1000)),
@@ -95,6 +105,14 @@ class QueueSettings:
             database(self._context.client))
         if "c" in writes:
             self._marked_at = time.monotonic()
+            if event_mode == "pubsub" and stored[0] != b"pubsub":
+                # a Queue of stream mode stored its settings again first
+                # (the first mode stored is kept): follow it, rather than
+                # asking on every add
+                logger.warning("queue %r: another Queue stored stream mode after the server "
+                               "lost the queue's settings; events go to the stream",
+                               self._context.name)
+                self._event_mode = "stream"
         return stored
 
     def _setup_meta(self) -> None:

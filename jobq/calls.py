@@ -265,9 +265,10 @@ class QueueScripts:
     def __init__(self, run: Run) -> None:
         self._run = run
 
-    def add(self, jobs: Sequence[NewJob]) -> tuple[float, list[Added], bool]:
+    def add(self, jobs: Sequence[NewJob], mode: str = "") -> tuple[float, list[Added], bool]:
         """add.lua: add jobs atomically; (the server's time, s; each job;
-        whether the queue's stored settings are missing)."""
+        whether the queue's stored settings are missing, or its event mode
+        is not ``mode`` when one is given)."""
         argv: list[Any]
         settings = jobs[0][4:]
         if all(job[4:] == settings for job in jobs):
@@ -281,6 +282,8 @@ class QueueScripts:
             for job in jobs:
                 argv += job[:4]
                 argv += _settings(job[4:])
+        if mode:
+            argv.append(mode)
         reply = self._run("add", *argv)
         unset = len(reply) % 3 == 2
         added = [

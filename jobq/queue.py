@@ -266,7 +266,7 @@ class Queue(
             jobs = [new._replace(trace=trace) if trace else new for new, _, _ in chunk]
             try:
                 sent = time.monotonic()
-                timestamp, added, unset = self._context.calls.add(jobs)
+                timestamp, added, unset = self._context.calls.add(jobs, self._restores())
             except FunctionsRefused as exc:  # said as such: what to do differs
                 exc.added = result
                 raise

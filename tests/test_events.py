@@ -1022,8 +1022,11 @@ def test_a_pubsub_reader_follows_the_queue_to_its_stream_when_the_mode_is_lost(
         assert qe.wait_until_ready(WAIT)
         assert queue.add("x", 0).wait_until_finished(qe, timeout=WAIT) == 0
         redis_client.hdel(queue._context.keys.meta, "em")
-        jobs = [queue.add("x", i) for i in range(1, 4)]
-        assert [job.wait_until_finished(qe, timeout=WAIT) for job in jobs] == [1, 2, 3]
+        # added by a Queue first used since, of no mode (the pub/sub
+        # Queue's add would store its mode again)
+        with Queue(queue_name, connection=redis_url) as plain:
+            jobs = [plain.add("x", i) for i in range(1, 4)]
+            assert [job.wait_until_finished(qe, timeout=WAIT) for job in jobs] == [1, 2, 3]
         assert rec.wait_count(4)
         assert sorted(e.result for e in rec.snapshot()) == [0, 1, 2, 3]
         assert qe._reader.mode == "stream"
@@ -1056,6 +1059,44 @@ def test_a_pubsub_queue_that_lost_its_data_is_heard_whole_once_it_stores_its_mod
         assert rec.wait_count(6)
         assert sorted(e.result for e in rec.snapshot()) == [0, 1, 2, 3, 4, 5]
         assert reader.mode == "pubsub"
+
+
+@pytest.mark.parametrize("first_after", ["follower", "new"])
+def test_a_pubsub_queue_stores_its_mode_again_after_another_queue_stored_settings_first(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, first_after: str
+) -> None:
+    """After the server lost the queue's settings, a Queue that gave no mode
+    (one that followed pub/sub mode, or one first used after the loss)
+    added first and stored the settings without a mode: the long-lived
+    `Queue(event_mode="pubsub")` found them stored and never put its mode
+    back (events went to the stream for good), its `event_mode` still
+    saying pub/sub. Now either add of a pub/sub Queue stores it again."""
+    meta = f"jobq:{{{queue_name}}}:meta"
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as pubsub, \
+            Queue(queue_name, connection=redis_url) as follower:
+        pubsub.add("x", 0)
+        assert follower.event_mode == "pubsub"
+        redis_client.delete(meta)  # the server lost the queue's settings
+        if first_after == "follower":  # it restores the mode it followed
+            follower.add("x", 1)
+        else:
+            with Queue(queue_name, connection=redis_url) as new:
+                assert new.event_mode == "stream"
+                new.add("x", 1)
+                assert redis_client.hget(meta, "cfg") == b"1"
+                assert redis_client.hget(meta, "em") is None
+                pubsub.add("x", 2)  # its add finds another mode stored: stores its own
+        assert redis_client.hget(meta, "em") == b"pubsub"
+        with Queue(queue_name, connection=redis_url) as later:
+            assert later.event_mode == "pubsub"
+        # a Queue of stream mode that stored its mode first is followed
+        redis_client.delete(meta)
+        with Queue(queue_name, connection=redis_url, event_mode="stream") as stream:
+            stream.add("x", 3)
+        for _ in range(3):
+            pubsub.add("x", 4)
+        assert redis_client.hget(meta, "em") == b"stream"
+        assert pubsub.event_mode == "stream"
 
 
 def test_a_reader_started_after_an_obliterate_follows_pubsub_mode_stored_then(

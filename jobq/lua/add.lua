@@ -18,10 +18,14 @@
            job's failure does to a parent it has or will have), trace
            context ('' for none: sent only while tracing is on, stored as
            the record's tc; see jobq/_tracing.py)
+           then optionally the caller's event mode, 'pubsub': checked to be
+           the one stored
   Returns  {timestamp ms, id, duplicated, added, id, duplicated, added, ...}
            and then 'unset' when no Queue stored its settings (the meta
            field cfg is gone: a new queue, or a server that lost its data;
-           the Queue stores them again)
+           the Queue stores them again), or another mode than the caller's
+           is stored (settings stored again after a loss by a Queue that
+           gave no mode)
            (duplicated: 0 added; 1 a job with that custom id already
            existed, left as it was; 2 deduplicated: id is the job that owns
            the dedup key, left as it was; 3 debounced: id is the owner, a
@@ -178,5 +182,6 @@ for j = 0, n - 1 do
   out[#out + 1] = added
 end
 push_waiting(ready)
-if not meta()[6] then out[#out + 1] = 'unset' end
+local mode = ARGV[first + n * stride]  -- the caller's, after the jobs' values
+if not meta()[6] or (mode and meta()[1] ~= mode) then out[#out + 1] = 'unset' end
 return out
