@@ -304,18 +304,20 @@ class EventMode:
                 return None
         return pubsub
 
-    def stored(self, client: Client) -> Any:
+    def stored(self, client: Client) -> tuple[Any, Client] | None:
         """The stream says a Queue stored a mode: in pub/sub mode, the
-        subscription kept aside, which missed nothing (ModeChanged without
-        one: connect again); None when the mode is still stream."""
+        subscription kept aside, which missed nothing, and its client, which
+        the reader uses from then on (ModeChanged without one: connect
+        again); None when the mode is still stream."""
         if self.read(client) != "pubsub":
             return None
         if self.standby is None:
             if self.always_listened:  # what is published comes by that subscription
                 return None
             raise ModeChanged(f"queue {self._context.name!r} uses pub/sub events now")
-        pubsub, self.standby, self._standby_until = self.standby, None, None
-        return pubsub
+        taken = self.standby, self._standby_client
+        self.standby = self._standby_client = self._standby_until = None
+        return taken
 
     def decided(self) -> None:
         """An event came by the stream: the queue uses it. The subscription
@@ -376,6 +378,9 @@ class EventReader:
         # the reader thread's connection for reads, kept between them (ReaderLoop)
         self.held: Any = None
         self.pubsub: Any = None  # the subscription read in pub/sub mode
+        # the client of the subscription kept aside, once it is ``pubsub``:
+        # the reader loop's own from then on (see _take_standby)
+        self.switched: Client | None = None
         # checkpoints its subscription is to echo (PING), for a client
         # refused PUBLISH; the reader thread sends them before its next block
         self.pings: _queue.SimpleQueue[str] = _queue.SimpleQueue()
@@ -516,9 +521,7 @@ class EventReader:
             if name == _MODE_STORED:
                 self.read_id = sid(entry)
                 self._release_held(client)  # the look runs on it
-                self.pubsub = self.event_mode.stored(client)
-                if self.pubsub is not None:  # what follows comes by it
-                    _connection.close_client(client)  # one connection open, as ever
+                if self._take_standby(client):
                     break
                 continue
             if self.event_mode.undecided:
@@ -558,9 +561,20 @@ class EventReader:
         if self.pubsub is not None or self.event_mode.standby is None:
             return
         self._release_held(client)
-        self.pubsub = self.event_mode.stored(client)
-        if self.pubsub is not None:  # what follows comes by it
-            _connection.close_client(client)  # one connection open, as ever
+        self._take_standby(client)
+
+    def _take_standby(self, client: Client) -> bool:
+        """Pub/sub mode stored: read by the subscription kept aside, and
+        its client (``switched``, for the reader loop's own: its looks at
+        the stored mode ran on the stream's client, closed here, and failed
+        5 s later, a reconnect losing what was published meanwhile).
+        Whether it did."""
+        taken = self.event_mode.stored(client)
+        if taken is None:
+            return False
+        self.pubsub, self.switched = taken  # what follows comes by it
+        _connection.close_client(client)  # one connection open, as ever
+        return True
 
     def consume_message(self, message: dict[str, Any]) -> None:
         """Handle a message of the subscription to the events channel."""

@@ -94,6 +94,8 @@ class ReaderLoop:
             self._check_mode(self._client)
         else:
             self._read_stream(self._client)
+            if reader.switched is not None:  # the stream's client closed: the subscription's
+                self._client, reader.switched, self._blocked = reader.switched, None, None
         return 0.0
 
     def _check_mode(self, client: Client) -> None:
@@ -123,7 +125,9 @@ class ReaderLoop:
         reader = self._reader
         reader.event_mode.close()
         _connection.close_subscription(self._client, reader.pubsub)
-        self._client, reader.pubsub, reader.held = None, None, None
+        if reader.switched is not None:  # a switch cut short by an error
+            _connection.close_client(reader.switched)
+        self._client, reader.pubsub, reader.held, reader.switched = None, None, None, None
 
     def _connect(self, client: Client) -> Any:
         """(Re)connect: read the queue's mode, subscribe, resolve the start id."""

@@ -8,6 +8,7 @@ sleep is used to synchronise.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import threading
 import time
@@ -1312,12 +1313,20 @@ def test_pubsub_events_of_a_one_node_cluster_reach_both_kinds_of_client(
 
 @pytest.mark.parametrize("mode", ["pubsub", "stream"])
 def test_a_reader_started_before_the_queue_stores_its_mode_misses_nothing(
-    queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str
+    queue_name: str, redis_url: str, redis_client: redis.Redis, mode: str,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # the reader finds no mode stored and no event yet: whichever mode the
-    # queue's first use stores, every event after wait_until_ready comes
+    """The reader finds no mode stored and no event yet: whichever mode the
+    queue's first use stores, every event after wait_until_ready comes.
+    In pub/sub mode its periodic look at the stored mode ran on the client
+    of the stream, closed at the switch: it failed ("Connection lost while
+    idle"), and the reconnect lost what was published meanwhile."""
+    from jobq import _reader
+
+    monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
     rec = Recorder()
-    with QueueEvents(queue_name, connection=redis_url) as qe:
+    with caplog.at_level(logging.WARNING, logger="jobq"), \
+            QueueEvents(queue_name, connection=redis_url) as qe:
         qe.on_all_events(rec)
         assert qe.wait_until_ready(WAIT)
         with (
@@ -1334,6 +1343,17 @@ def test_a_reader_started_before_the_queue_stores_its_mode_misses_nothing(
             name = f"jobq-events-{queue_name}".encode()
             until(lambda: sum(c.get("name") == name.decode() for c in redis_client.client_list())
                   == 1, timeout=WAIT)
+            # two looks at the stored mode later (pub/sub mode's), every
+            # event still comes
+            loop = qe._loop
+            for _ in range(2 if mode == "pubsub" else 0):
+                due = loop._next_mode_check
+                until(lambda: loop._next_mode_check > due, timeout=WAIT)  # noqa: B023
+            later = [queue.add("x", i) for i in range(3, 6)]
+            assert [j.wait_until_finished(qe, timeout=WAIT) for j in later] == [3, 4, 5]
+            for job in later:
+                assert rec.wait_name("completed", job.id)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_pubsub_waiter_through_queue_events_shared(queue_name: str, redis_url: str) -> None:
