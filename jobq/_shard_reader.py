@@ -228,6 +228,10 @@ class ShardReader:
         reply = client.xread(streams, count=READ_COUNT, block=int(self._block * 1000))
         for key, entries in _connection.streams_entries(reply):
             self._by_key[key].consume(entries, client)
+        if any(reader.mode == "pubsub" for reader in self._readers):
+            # a shard's stream said pub/sub mode was stored (again, after the
+            # server lost it): listen to the channels, which this read does not
+            raise ModeChanged(f"shards of queue {self._name!r} use pub/sub events now")
 
     def _listen(self) -> None:
         """Read the streams of the shards that signalled (stream mode), then

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -864,9 +865,25 @@ def test_a_pubsub_sharded_reader_follows_its_shards_to_their_streams_when_the_mo
         assert q.add("x", 0).wait_until_finished(events, timeout=WAIT) == 0
         for name in shard_names(queue_name, SHARDS):  # as FLUSHALL leaves them
             redis_client.hdel(QueueKeys("jobq", name).meta, "em")
-        jobs = [q.add("x", i, job_id=ids_on(i % SHARDS, 1, f"m{i}")[0]) for i in range(1, 5)]
-        assert [job.wait_until_finished(events, timeout=WAIT) for job in jobs] == [1, 2, 3, 4]
+        # added by a ShardedQueue first used since, of no mode (the pub/sub
+        # one's add would store the mode again)
+        with ShardedQueue(queue_name, shards=SHARDS, connection=redis_url) as plain:
+            jobs = [plain.add("x", i, job_id=ids_on(i % SHARDS, 1, f"m{i}")[0])
+                    for i in range(1, 5)]
+            assert [job.wait_until_finished(events, timeout=WAIT) for job in jobs] == [1, 2, 3, 4]
         assert completed.wait_for(5)
+        # the pub/sub queue's add stores its mode again: in a stream read by
+        # one XREAD over all shards, the reader read that and went on reading
+        # the streams alone, deaf to every event published from then on
+        reader = events._reader
+        one_xread = os.environ.get("JOBQ_TEST_CLUSTER") != "1"  # (a cluster's reader listens)
+        assert until(lambda: reader.connections == 1 and (reader._multi is not None) == one_xread)
+        assert q.add("x", 5, job_id=ids_on(0, 1, "m5")[0]).wait_until_finished(
+            events, timeout=WAIT) == 5
+        assert until(lambda: reader._nodes and reader._readers[0].mode == "pubsub")
+        jobs = [q.add("x", i, job_id=ids_on(i % SHARDS, 1, f"m{i}")[0]) for i in range(6, 9)]
+        assert [job.wait_until_finished(events, timeout=WAIT) for job in jobs] == [6, 7, 8]
+        assert until(lambda: {j.id for j in jobs} <= set(completed.ids))  # (5's may be lost)
         q.obliterate(force=True)
 
 
