@@ -21,13 +21,15 @@ class QueueSet:
     a client of the caller's is never closed here)."""
 
     def __init__(
-        self, connection: object, prefix: str, owner: str, stored: bool = False
+        self, connection: object, prefix: str, owner: str, stored: bool = False,
+        read_timeout: float | None = None,
     ) -> None:
         """``stored``: open each queue as it is stored (a ShardedQueue when
-        a shard count is stored with it, see ``jobq.open_queue``)."""
+        a shard count is stored with it, see ``jobq.open_queue``);
+        ``read_timeout``: as ``connection.resolve``'s."""
         self.prefix = prefix
         self._stored = stored
-        self.client, self._owned = _connection.resolve(connection)
+        self.client, self._owned = _connection.resolve(connection, read_timeout)
         self._owner = owner  # for the error raised once closed
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
@@ -47,27 +49,34 @@ class QueueSet:
             if self.closed:
                 raise ClosedError(f"{self._owner} is closed")
             queue = self._queues.get(name)
-            if queue is None:
-                if self._stored:
-                    from .sharding import open_queue
-
-                    # a ShardedQueue answers every call the dashboard makes
-                    try:
-                        queue = cast(Queue, open_queue(name, connection=self.client,
-                                                       prefix=self.prefix))
-                    except redis.exceptions.ResponseError as exc:
-                        if _connection.moved(exc):  # a cluster's node, named by a plain URL
-                            raise
-                        # its shard count refused (a key of another type, an
-                        # ACL): a plain Queue, whose reads are refused too and
-                        # left out by the caller, as any refused queue's (a
-                        # scrape answered 503 for every queue); keep() looks
-                        # at it again
-                        queue = Queue(name, connection=self.client, prefix=self.prefix)
-                else:
-                    queue = Queue(name, connection=self.client, prefix=self.prefix)
-                self._queues[name] = queue
+        if queue is not None:
             return queue
+        if self._stored:
+            from .sharding import open_queue
+
+            # a ShardedQueue answers every call the dashboard makes; opened
+            # outside the lock (it reads the server: a cluster's node that
+            # does not answer held up every other queue's request)
+            try:
+                queue = cast(Queue, open_queue(name, connection=self.client,
+                                               prefix=self.prefix))
+            except redis.exceptions.ResponseError as exc:
+                if _connection.moved(exc):  # a cluster's node, named by a plain URL
+                    raise
+                # its shard count refused (a key of another type, an ACL): a
+                # plain Queue, whose reads are refused too and left out by
+                # the caller, as any refused queue's (a scrape answered 503
+                # for every queue); keep() looks at it again
+                queue = Queue(name, connection=self.client, prefix=self.prefix)
+        else:
+            queue = Queue(name, connection=self.client, prefix=self.prefix)
+        with self._lock:
+            kept = None if self.closed else self._queues.setdefault(name, queue)
+        if kept is not queue:  # made meanwhile by another thread, or closed since
+            queue.close()
+            if kept is None:
+                raise ClosedError(f"{self._owner} is closed")
+        return kept
 
     def keep(self, names: list[str]) -> None:
         """Close the queues made that are not among ``names`` (obliterated

@@ -57,10 +57,14 @@ _DECODING = (
 NO_RETRY = Retry(NoBackoff(), 0)
 
 
-def resolve(connection: object) -> tuple[Client, bool]:
+def resolve(connection: object, read_timeout: float | None = None) -> tuple[Client, bool]:
     """Return ``(client, owned)`` for a ``connection=`` argument.
 
     ``owned`` is True when jobq created the client and must close it.
+    ``read_timeout``: the socket timeouts of a client made from a URL that
+    gives none (``?socket_timeout=``), for a tool serving requests: a
+    server that does not answer fails the request then, rather than holding
+    it (and its thread) for good.
 
     Raises:
         TypeError: the argument is of no accepted type.
@@ -73,9 +77,12 @@ def resolve(connection: object) -> tuple[Client, bool]:
     if isinstance(connection, str):
         scheme, sep, rest = connection.partition("://")
         client: Client
+        timeouts: dict[str, float] = {}
+        if read_timeout is not None and "socket_timeout=" not in rest.partition("?")[2]:
+            timeouts = {"socket_timeout": read_timeout, "socket_connect_timeout": read_timeout}
         if sep and scheme in CLUSTER_SCHEMES:
             try:  # it connects as it is made
-                client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}")
+                client = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}", **timeouts)
             except redis.exceptions.RedisClusterException as exc:
                 if not login_refused(exc):
                     raise
@@ -85,7 +92,7 @@ def resolve(connection: object) -> tuple[Client, bool]:
         elif sep and scheme in _sentinel.SENTINEL_SCHEMES:
             client = _sentinel.sentinel_client(connection)
         elif sep and scheme in ("redis", "rediss", "unix"):
-            client = redis.Redis.from_url(connection)
+            client = redis.Redis.from_url(connection, **timeouts)
         else:
             raise ValueError(f"connection URL {redact(connection)!r} is none of {_URLS}")
         if client.get_encoder().decode_responses:  # e.g. ?decode_responses=True

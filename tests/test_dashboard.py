@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import re
 import signal
@@ -223,6 +224,37 @@ def test_stale_cache_entries_are_let_go() -> None:
     assert len(cache._entries) <= 1
 
 
+def test_a_slow_read_holds_up_only_the_requests_for_its_key() -> None:
+    """One read lock served every key: a page slow to read (of a cluster's
+    node that does not answer, a deep page of a sharded queue) held up
+    every other page of the app. Requests for the same key still wait for
+    its one read, and take its result."""
+    from jobq.dashboard._data import SharedCache
+
+    cache = SharedCache(60.0)
+    reading, release = threading.Event(), threading.Event()
+    got: list[Any] = []
+
+    def slow() -> str:
+        reading.set()
+        assert release.wait(WAIT)
+        return "slow"
+
+    threads = [threading.Thread(target=lambda: got.append(cache.get("slow", slow)),
+                                name=f"test-cache-{n}") for n in range(2)]
+    threads[0].start()
+    assert reading.wait(WAIT)
+    threads[1].start()  # waits for the first one's read
+    try:
+        assert cache.get("other", lambda: "other") == "other"  # not held up
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(WAIT)
+    assert got == ["slow", "slow"] and cache.reads == 2  # "slow" read once
+    assert not cache._reading
+
+
 def test_requests_for_unknown_queues_read_the_names_once_a_ttl(
     queue: Queue, redis_url: str
 ) -> None:
@@ -261,6 +293,36 @@ def test_job_page_shows_its_flow(client: Any, queue: Queue, redis_url: str) -> N
     assert "&quot;html&quot;: &quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;" in body
     body = text(client.get(f"/job?q={queue.name}&id=pg:1"))
     assert f'parent: <a href="/job?q={queue.name}&amp;id={node.job.id}">' in body
+
+
+def test_a_child_in_a_queue_whose_name_holds_another_queues_is_linked_to_its_own(
+    client: Any, queue: Queue, redis_url: str
+) -> None:
+    """A child named "<queue>:<id>" of queue `q:b` was linked to job `b:kid`
+    of queue `q` (the first split naming a known queue): its buttons acted
+    on that other job."""
+    inner = f"{queue.name}:b"
+    decoy = queue.add("decoy", job_id="b:kid")  # the job the wrong split names
+    with FlowProducer(connection=redis_url) as flow, Queue(inner, connection=redis_url) as q:
+        node = flow.add({"name": "parent", "queue": queue.name, "children": [
+            {"name": "child", "queue": inner, "job_id": "kid"}]})
+        body = text(client.get(f"/job?q={queue.name}&id={node.job.id}"))
+        assert f'href="/job?q={queue.name}%3Ab&amp;id=kid">{inner}:kid</a>' in body
+        assert decoy.id == "b:kid" and q.get_job("kid") is not None
+        q.obliterate(force=True)
+
+
+def test_a_prefix_with_a_hash_tag_is_served(redis_url: str, queue_name: str) -> None:
+    """The flows guide's prefix ("{flows}", every queue of it in one cluster
+    slot) was refused: the dashboard checked it as a queue name."""
+    with Queue(queue_name, connection=redis_url, prefix="app:{flows}") as queue, \
+            create_app(redis_url, prefix="app:{flows}") as dashboard:
+        job = queue.add("x", job_id="tagged-1")
+        browser = werkzeug_test.Client(dashboard)
+        assert browser.get(f"/queue?q={queue_name}").status_code == 200
+        body = text(browser.get(f"/jobs?q={queue_name}&state=waiting"))
+        assert f"id={job.id}" in body
+        queue.obliterate(force=True)
 
 
 def test_waiting_children_jobs_are_listed_and_cleanable(
@@ -502,6 +564,8 @@ def test_actions_need_the_csrf_token_of_the_cookie(
     fields = {"action": "remove", "q": queue.name, "id": job.id}
     assert client.post("/action", data=fields).status_code == 403
     assert client.post("/action", data={**fields, "csrf": "0" * 64}).status_code == 403
+    # a token of non-ASCII characters is refused too (the comparison raised: 500)
+    assert client.post("/action", data={**fields, "csrf": "\u00e9" * 64}).status_code == 403
     # another browser's token (another cookie) is refused too
     other = werkzeug_test.Client(app)
     assert other.post("/action", data={**fields, "csrf": token}).status_code == 403
@@ -569,6 +633,45 @@ def test_processes_take_the_csrf_key_stored_again_after_a_restart(
             assert browser.post("/action", data={**fields, "id": jobs[2].id,
                                                  "csrf": served_before}).status_code == 303
     assert all(queue.get_job(job.id) is None for job in jobs)
+
+
+def test_a_process_refused_the_shared_csrf_key_reads_it_again_later(
+    queue: Queue, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read of the shared key that failed with anything but a lost
+    connection (an ACL, a cluster down or a server out of memory for a
+    moment, here a key of another type) made the process key its forms
+    with a key of its own for good: forms posted to other processes of the
+    site got 403 until it restarted."""
+    from jobq.dashboard import _csrf
+
+    monkeypatch.setattr(_csrf, "KEY_RECHECK", 0.0)  # read again at each use
+    name = "jobq:dashboard:csrf-key"
+    kept = redis_client.get(name)
+    redis_client.delete(name)
+    redis_client.hset(name, "not", "a string")  # GET refused: WRONGTYPE
+    job = queue.add("a")
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobq"), create_app(redis_url) as one:
+            browser = werkzeug_test.Client(one)
+            assert csrf(browser, queue) == csrf(browser, queue)  # a key of its own, kept
+            said = [r for r in caplog.records if "cannot share its CSRF key" in r.getMessage()]
+            assert len(said) == 1  # said once
+            redis_client.delete(name)  # the key can be shared now
+            with create_app(redis_url) as other:
+                posted = werkzeug_test.Client(other)
+                for cookie in browser._cookies.values():  # the same browser
+                    posted.set_cookie(cookie.key, cookie.value)
+                token = csrf(posted, queue)
+                assert csrf(browser, queue) == token  # the first process shares it now
+                fields = {"action": "remove", "q": queue.name, "id": job.id, "csrf": token}
+                assert browser.post("/action", data=fields).status_code == 303
+    finally:
+        redis_client.delete(name)
+        if kept is not None:
+            redis_client.set(name, kept)
+    assert queue.get_job(job.id) is None
 
 
 @pytest.mark.parametrize(("allowed", "auth", "answered"), [
@@ -851,4 +954,24 @@ def test_a_sharded_queue_shows_as_one_queue(client: Any, queue_name: str, redis_
         assert listed.count("record cannot be read") == 1
         act(client, sharded, "pause")  # type: ignore[arg-type]
         assert sharded.is_paused()
+        sharded.obliterate()
+
+
+def test_a_sharded_queues_pages_go_no_deeper_than_a_bound(
+    client: Any, queue_name: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of a sharded queue reads every shard's jobs up to it: page
+    6,000 of 150,000 jobs took 10 s (and, under the app's one read lock,
+    held up every other page); any page number was read."""
+    from jobq import ShardedQueue
+    from jobq.dashboard import _data
+
+    monkeypatch.setattr(_data, "SHARDED_DEPTH", 2 * PAGE_SIZE)
+    with ShardedQueue(f"{queue_name}-s", shards=2, connection=redis_url) as sharded:
+        sharded.add_bulk([{"name": "x", "data": i} for i in range(3 * PAGE_SIZE)])
+        second = text(client.get(f"/jobs?q={sharded.name}&state=waiting&page=2"))
+        assert second.count('class="job"') == PAGE_SIZE
+        assert "Pages after 2 of a sharded queue are not shown" in second
+        third = text(client.get(f"/jobs?q={sharded.name}&state=waiting&page=3"))
+        assert 'class="job"' not in third and "Not shown." in third
         sharded.obliterate()

@@ -272,7 +272,7 @@ def _held_lock_cases(
     return {
         **cases,
         "scripts": (queue, scripts._coalescer_lock, lambda: queue.add("x").id),
-        "dashboard cache": (cache, cache._read_lock, lambda: cache.get("k", lambda: 1)),
+        "dashboard cache": (cache, cache._lock, lambda: cache.get("k", lambda: 1)),
         "queue set": (queues, queues._lock, lambda: queues.get(queue_name).name),
         "flask": (flask_state, flask_state.lock, lambda: flask_state.get(queue_name).name),
         "django": (django_config, django_config._lock, lambda: len(django_config.queues())),

@@ -32,13 +32,14 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 import redis
 
 from .._queues import QueueSet
+from ..connection import moved
 from ..errors import JobqError
 from ..job import STATES
-from ..keys import validate_name
+from ..keys import validate_prefix
 from ..queue import Queue
 from ..registry import known_queues
 from . import _data, _pages
-from ._csrf import CSRF_COOKIE, Csrf
+from ._csrf import AWAY, CSRF_COOKIE, Csrf
 from ._html import Ctx, e, layout, pretty
 
 if TYPE_CHECKING:
@@ -53,6 +54,10 @@ Auth = Callable[[dict[str, Any]], bool]
 MAX_BODY = 64 * 1024
 #: Seconds between two refreshes of the live parts by the script (default).
 POLL_INTERVAL = 2.0
+#: Seconds a read of the server may take (socket timeouts) when the
+#: dashboard makes its client from a URL that gives none: a node that does
+#: not answer fails its pages (503) rather than holding their requests.
+READ_TIMEOUT = 10.0
 
 SECURITY_HEADERS = [
     ("Content-Security-Policy",
@@ -112,7 +117,7 @@ class Dashboard:
         secret: bytes | None = None,
         allowed_hosts: str | Iterable[str] | None = None,
     ) -> None:
-        self.prefix = validate_name(prefix, "prefix")
+        self.prefix = validate_prefix(prefix)  # a hash tag too, as a Queue's
         self.read_only = bool(read_only)
         if auth is not None and not callable(auth):
             raise TypeError("auth must be a callable taking the WSGI environ, or None")
@@ -122,7 +127,8 @@ class Dashboard:
         self.cache = _data.SharedCache(cache_ttl)
         self.poll_ms = round(poll_interval * 1000)
         self.allowed_hosts = _allowed(allowed_hosts, auth)
-        self._set = QueueSet(connection, self.prefix, "the dashboard", stored=True)
+        self._set = QueueSet(connection, self.prefix, "the dashboard", stored=True,
+                             read_timeout=READ_TIMEOUT)
         self.client = self._set.client
         try:
             self._csrf = Csrf(self.client, self.prefix, secret)
@@ -199,12 +205,14 @@ class Dashboard:
             response = self._route(environ, ctx, path)
         except _HTTPError as exc:
             response = self._error(ctx, exc.status, exc.message)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except AWAY as exc:  # a cluster down for a moment too (not a RedisError)
             logger.warning("dashboard: Redis unreachable: %s", exc)
             response = self._error(ctx, 503, f"Redis is unreachable: {exc}")
         except redis.exceptions.RedisError as exc:  # NOPERM, OOM, READONLY...
             logger.warning("dashboard: Redis refused %s: %s", path, exc)
-            response = self._error(ctx, 502, f"Redis refused: {exc}")
+            hint = (" (the URL names one node of a Redis Cluster: use a redis+cluster:// "
+                    "URL)" if moved(exc) else "")
+            response = self._error(ctx, 502, f"Redis refused: {exc}{hint}")
         response.headers += SECURITY_HEADERS
         if not path.startswith("/static/"):
             response.headers.append(("Cache-Control", "no-store"))

@@ -25,6 +25,10 @@ CSRF_COOKIE = "jobq_csrf"
 CSRF_KEY = "dashboard:csrf-key"
 #: Seconds between two reads of the stored key by one process.
 KEY_RECHECK = 10.0
+#: Errors of a server (or cluster) away for now: the key is read again later.
+AWAY = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+         redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+         redis.exceptions.RedisClusterException)
 
 
 class Csrf:
@@ -40,6 +44,7 @@ class Csrf:
         self._key = secret
         self._previous: bytes | None = None  # the key before the last change
         self._check_at = math.inf if secret is not None else 0.0  # when the key is read again
+        self._refused = False  # the last read was refused (said in the log once)
         self._key_lock = threading.Lock()
 
     def sign(self, value: str) -> str:
@@ -62,15 +67,13 @@ class Csrf:
             if self._key is None or time.monotonic() >= self._check_at:
                 try:
                     stored = self._shared_key(self._key)
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                except AWAY:
                     if self._key is None:
                         raise  # no key at all: the request gets 503
                     stored = self._key  # kept until the server is back
-                if stored is None:  # refused: a key of this process's own, for good
+                if stored is None:  # refused: a key of this process's own, until a read is not
                     stored = self._key or secrets.token_bytes(32)
-                    self._check_at = math.inf
-                else:
-                    self._check_at = time.monotonic() + KEY_RECHECK
+                self._check_at = time.monotonic() + KEY_RECHECK
                 if stored != self._key:
                     self._previous, self._key = self._key, stored
             return self._key
@@ -82,21 +85,27 @@ class Csrf:
         stored again: ``mine`` (the key this process had: the forms it
         served stay good), else a new one. None when an ACL
         refuses the key (a tenant's narrower pattern): the process then
-        keys its tokens with a key of its own, said in the log. A server
-        away raises."""
+        keys its tokens with a key of its own, said in the log, until a
+        later read is not refused (an error of any kind kept a process from
+        ever reading the key again: a cluster down or a server out of memory
+        for a moment). A server (or cluster) away raises."""
         name = f"{self._prefix}:{CSRF_KEY}"
         try:
             stored = self._client.get(name)
             if stored is None:
                 self._client.set(name, mine or secrets.token_hex(32), nx=True)
                 stored = self._client.get(name)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        except AWAY:
             raise
         except redis.exceptions.RedisError as exc:
-            logger.warning("dashboard: cannot share its CSRF key in %r (%s): it uses a key of "
-                           "this process's own, so forms posted to another process of the "
-                           "site get 403; give create_app(secret=...) to share one", name, exc)
+            if not self._refused:
+                logger.warning("dashboard: cannot share its CSRF key in %r (%s): it uses a key "
+                               "of this process's own until it can, so forms posted to another "
+                               "process of the site get 403; give create_app(secret=...) to "
+                               "share one", name, exc)
+            self._refused = True
             return None
+        self._refused = False
         return bytes(stored) if stored else None
 
     @staticmethod
@@ -122,7 +131,10 @@ class Csrf:
             return "missing or wrong CSRF token: reload the page and try again"
         # a form served before this process took the new key: the old one's
         keys = [self._current(), self._previous]
-        if not any(key is not None and hmac.compare_digest(token, self._signed(key, cookie))
+        # compared as bytes: a str of non-ASCII characters raised TypeError (500)
+        sent = token.encode("utf-8", "replace")
+        if not any(key is not None
+                   and hmac.compare_digest(sent, self._signed(key, cookie).encode())
                    for key in keys):
             return "missing or wrong CSRF token: reload the page and try again"
         return None

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: The deepest job a page of a sharded queue's list shows: its page reads
+#: every shard's jobs up to it, and merges them.
+SHARDED_DEPTH = 2_500
 #: Jobs per page of a state's list.
 PAGE_SIZE = 25
 #: Newest log lines shown on a job's page ...
@@ -53,8 +56,10 @@ class SharedCache:
     load on Redis stays bounded however many browsers poll.
 
     No thread of its own: a request that finds its entry stale reads it
-    again (under the one read lock; the others wait for it and take its
-    result).
+    again, under that key's read lock; the others asking for it wait and
+    take its result. Reads of other keys go on meanwhile (one read lock for
+    all: a page slow to read, of a cluster's node that does not answer or
+    a deep page of a sharded queue, held up every page of the app).
     """
 
     def __init__(self, ttl: float, max_entries: int = 256) -> None:
@@ -63,7 +68,8 @@ class SharedCache:
         self._entries: dict[Hashable, tuple[float, Any]] = {}
         self._sweep_at = 0.0  # when stale entries are next dropped
         self._lock = threading.Lock()
-        self._read_lock = threading.Lock()
+        # the read lock of each key being read, and how many requests use it
+        self._reading: dict[Hashable, tuple[threading.Lock, int]] = {}
         #: how many reads went to Redis (for tests and the curious)
         self.reads = 0
         _fork.track(self)
@@ -72,7 +78,7 @@ class SharedCache:
         """In a forked child: new locks (a parent's request may have held
         one at the fork, e.g. during a read)."""
         self._lock = threading.Lock()
-        self._read_lock = threading.Lock()
+        self._reading = {}
 
     def _fresh(self, key: Hashable) -> tuple[bool, Any]:
         with self._lock:
@@ -86,23 +92,37 @@ class SharedCache:
         found, value = self._fresh(key)
         if found:
             return value  # type: ignore[no-any-return]
-        with self._read_lock:
-            found, value = self._fresh(key)  # another request may have read it meanwhile
-            if found:
-                return value  # type: ignore[no-any-return]
-            value = read()
-            self.reads += 1
+        with self._lock:
+            lock, users = self._reading.get(key, (threading.Lock(), 0))
+            self._reading[key] = (lock, users + 1)
+        try:
+            with lock:
+                found, value = self._fresh(key)  # another request may have read it meanwhile
+                if found:
+                    return value  # type: ignore[no-any-return]
+                value = read()
+                self._store(key, value)
+                return value
+        finally:
             with self._lock:
-                now = time.monotonic()
-                self._entries[key] = (now + self.ttl, value)
-                # stale entries go once a ttl (they held pages read long ago)
-                if len(self._entries) > self._max or now >= self._sweep_at:
-                    self._sweep_at = now + self.ttl
-                    for old in [k for k, (exp, _) in self._entries.items() if exp <= now]:
-                        del self._entries[old]
-                    while len(self._entries) > self._max:  # the oldest inserted go first
-                        del self._entries[next(iter(self._entries))]
-            return value
+                lock, users = self._reading[key]
+                if users == 1:
+                    del self._reading[key]
+                else:
+                    self._reading[key] = (lock, users - 1)
+
+    def _store(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self.reads += 1
+            now = time.monotonic()
+            self._entries[key] = (now + self.ttl, value)
+            # stale entries go once a ttl (they held pages read long ago)
+            if len(self._entries) > self._max or now >= self._sweep_at:
+                self._sweep_at = now + self.ttl
+                for old in [k for k, (exp, _) in self._entries.items() if exp <= now]:
+                    del self._entries[old]
+                while len(self._entries) > self._max:  # the oldest inserted go first
+                    del self._entries[next(iter(self._entries))]
 
     def clear(self) -> None:
         """Forget everything (after an action, so that its effect shows at once)."""
@@ -214,6 +234,9 @@ class JobPage:
     #: of delayed jobs: when each is due (s), by id (a retry's backoff
     #: counts from its failure, not from when the job was added)
     due: dict[str, float] = field(default_factory=dict)
+    #: the last page shown, when the list goes on past it (a sharded queue's:
+    #: see SHARDED_DEPTH)
+    last_shown: int | None = None
 
     @property
     def pages(self) -> int:
@@ -230,6 +253,9 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
     if isinstance(queue, ShardedQueue):  # every shard's page, merged
         start = (page - 1) * PAGE_SIZE
         total = queue.get_job_counts(state)[state]
+        last_shown = SHARDED_DEPTH // PAGE_SIZE
+        if page > last_shown:  # not read: every shard's jobs up to it would be
+            return JobPage(state, page, total, [], last_shown=last_shown)
         newest_first = state in ("completed", "failed")
         found = queue.get_jobs(state, start, start + PAGE_SIZE - 1, asc=not newest_first)
         due_at: dict[str, float] = {}
@@ -238,7 +264,8 @@ def job_page(queue: Queue, state: str, page: int) -> JobPage:
                 at = _due(job._context.redis.hget(job._context.keys.job(job.id), "rdy"))
                 if at is not None:
                     due_at[job.id] = at
-        return JobPage(state, page, total, [_checked(queue, job) for job in found], due_at)
+        return JobPage(state, page, total, [_checked(queue, job) for job in found], due_at,
+                       last_shown if total > SHARDED_DEPTH else None)
     context = queue._context
     keys = context.keys
     client = context.redis

@@ -3,7 +3,7 @@ returns its head, live part and tail (see ``_html.layout``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -169,10 +169,18 @@ def jobs_page(app: Dashboard, ctx: Ctx, queue: Queue, state: str, page: int,
         f'<span class="n" data-count="{e(s)}">{counts[s]}</span></a>'
         for s in STATES
     )
+    empty = f"No {state} job."
+    beyond = ""
+    if found.last_shown is not None:
+        beyond = (f'<p class="note">Pages after {found.last_shown} of a sharded queue are not '
+                  "shown: each would read every shard's jobs up to it. Find a job by its "
+                  "id.</p>")
+        if found.page > found.last_shown:
+            empty = "Not shown."
     live = (
         f'<nav class="tabs">{tabs}</nav>'
-        + table(["id", "name", column, "attempts", "failed reason", ""], rows,
-                f"No {state} job.")
+        + table(["id", "name", column, "attempts", "failed reason", ""], rows, empty)
+        + beyond
         + pager(ctx, q, state, found.page, found.pages)
     )
     head = (
@@ -268,7 +276,7 @@ def _job_sections(app: Dashboard, ctx: Ctx, q: str, job: Job,
             f"next run {e(when(sch.next_run))}, {sch.count} job(s) made</p></section>"
         )
     flow = _flow_section(ctx, job.parent, detail.dependencies,
-                         app.cache.get(("names",), app.queue_names))
+                         _members(app, app.cache.get(("names",), app.queue_names)))
     if flow:
         parts.append(flow)
     return parts
@@ -287,33 +295,54 @@ def _unreadable_section(job: _data.UnreadableJob) -> str:
     )
 
 
-def _member(ctx: Ctx, member: str, known: Sequence[str]) -> str:
-    """A flow member ``"<queue>:<id>"`` as a link to its job (both parts may
-    hold ':', so the split is where the left part names a known queue)."""
-    for i, ch in enumerate(member):
-        if ch == ":" and member[:i] in known:
-            return (f'<a href="{e(ctx.url("/job", q=member[:i], id=member[i + 1:]))}">'
-                    f"{e(member)}</a>")
-    return e(member)
+#: Where a flow member "<queue>:<id>" is (see _members).
+Place = Callable[[str], "tuple[str, str] | None"]
+
+
+def _members(app: Dashboard, known: Sequence[str]) -> Place:
+    """Where a flow member ``"<queue>:<id>"`` is: both parts may hold ':',
+    so the split is where the left part names a known queue; of several
+    such (queues ``a`` and ``a:b``), the one holding the job (the first
+    split alone linked a child of ``a:b`` to another job, of ``a``)."""
+    names = set(known)
+
+    def place(member: str) -> tuple[str, str] | None:
+        splits = [(member[:i], member[i + 1:]) for i, ch in enumerate(member)
+                  if ch == ":" and member[:i] in names]
+        for queue, job_id in reversed(splits[1:]):  # the longest queue name first
+            if app.queue(queue).get_job_state(job_id) != "unknown":
+                return queue, job_id
+        return splits[0] if splits else None
+
+    return place
+
+
+def _member(ctx: Ctx, member: str, place: Place) -> str:
+    """A flow member ``"<queue>:<id>"`` as a link to its job (see _members)."""
+    found = place(member)
+    if found is None:
+        return e(member)
+    return f'<a href="{e(ctx.url("/job", q=found[0], id=found[1]))}">{e(member)}</a>'
 
 
 def _flow_section(ctx: Ctx, parent: tuple[str, str] | None,
-                  deps: Dependencies | None, known: Sequence[str]) -> str:
+                  deps: Dependencies | None, place: Place) -> str:
     """A job's place in a flow: its parent, and its children by outcome."""
     if parent is None and deps is None:
         return ""
     out = ["<section><h3>Flow</h3>"]
-    if parent is not None:
-        out.append(f"<p>parent: {_member(ctx, f'{parent[0]}:{parent[1]}', known)}</p>")
+    if parent is not None:  # named apart: no split to make
+        link = ctx.url("/job", q=parent[0], id=parent[1])
+        out.append(f'<p>parent: <a href="{e(link)}">{e(f"{parent[0]}:{parent[1]}")}</a></p>')
     if deps is not None:
         rows = (
-            [[_member(ctx, m, known), "completed", e(short(pretty(v), 200))]
+            [[_member(ctx, m, place), "completed", e(short(pretty(v), 200))]
              for m, v in sorted(deps.processed.items())]
-            + [[_member(ctx, m, known), "failed (waited on)", e(short(r, 200))]
+            + [[_member(ctx, m, place), "failed (waited on)", e(short(r, 200))]
                for m, r in sorted(deps.failed.items())]
-            + [[_member(ctx, m, known), "failed (ignored)", e(short(r, 200))]
+            + [[_member(ctx, m, place), "failed (ignored)", e(short(r, 200))]
                for m, r in sorted(deps.ignored.items())]
-            + [[_member(ctx, m, known), "pending", ""]
+            + [[_member(ctx, m, place), "pending", ""]
                for m in sorted(deps.pending) if m not in deps.failed]
         )
         out.append(table(["child", "outcome", "result or reason"], rows, "No child."))
