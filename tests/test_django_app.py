@@ -263,6 +263,7 @@ def test_system_checks_report_missing_malformed_and_unreachable(shop: Any) -> No
     with override_settings(JOBQ={"QUEUES": {"q": {"event_mode": "carrier pigeon"}}}):
         [bad] = check_configuration()
         assert bad.id == "jobq.E001" and "event_mode" in bad.msg
+        assert bad.msg.startswith("settings.JOBQ, queue 'q': "), bad.msg  # as get_queue says
     # a prefix with no QUEUES to build a Queue from; an empty one was taken for 'jobq'
     for prefix in ("a b", "", 5):
         with override_settings(JOBQ={"PREFIX": prefix}):

@@ -300,6 +300,28 @@ def test_a_name_taken_by_a_task_of_a_built_queue_is_refused_at_declaration(
     assert result.exit_code == 0, result.output
 
 
+def test_a_task_declared_on_the_extension_is_given_to_its_built_queue_at_once(
+    app: flask.Flask,
+) -> None:
+    """The queue built first, ``@ext.task(name=...)`` and then
+    ``@queue.task(name=...)`` of another function: both were accepted (the
+    extension's task reached the built queue only when a worker started),
+    ``flask jobq worker`` died on it, and a worker of the queue alone ran
+    the second function for the first one's jobs."""
+    ext = JobQ(app)
+    queue = ext.queue()
+
+    @ext.task(name="send")
+    def send_a(x: int) -> int:
+        return x
+
+    assert queue._tasks["send"].func is send_a.func  # given at once
+    with pytest.raises(ValueError, match="queue 'default' has a task named 'send' already"):
+        @queue.task(name="send")
+        def send_b(x: int) -> int:
+            return -x
+
+
 def test_a_second_app_set_up_by_init_app_gets_its_own_queues(
     redis_url: str, queue_name: str
 ) -> None:

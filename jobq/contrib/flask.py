@@ -112,14 +112,17 @@ class _AppQueues:
             if task.queue_name == queue.name:
                 queue.task(task.name, **task.options)(task.func)
 
-    def refuse_taken(self, queue_name: str, task_name: str, func: Callable[..., Any]) -> None:
-        """Raise ValueError when this app's queue ``queue_name``, already
-        built, has a task ``task_name`` of another function."""
+    def adopt(self, task: AppTask[Any]) -> None:
+        """Give an extension's task to this app's queue of its name at once
+        when that queue is built already (else ``get`` does when it builds
+        it). Raises ValueError when the queue has a task of that name of
+        another function; given later, a task of the queue's own
+        (``queue.task``) of that name was taken, and a worker of the queue
+        ran one function for the other's jobs."""
         with self.lock:
-            queue = self.queues.get(queue_name)
-        existing = None if queue is None else queue._tasks.get(task_name)
-        if existing is not None and existing.func is not func:
-            raise ValueError(f"queue {queue_name!r} has a task named {task_name!r} already")
+            queue = self.queues.get(task.queue_name)
+        if queue is not None:
+            queue.task(task.name, **task.options)(task.func)
 
     def with_tasks(self) -> dict[str, Queue]:
         """The app's queues that have tasks, those of the extension's
@@ -213,9 +216,9 @@ class JobQ:
             for task in self._declared:
                 if task.queue_name == queue and task.name == task_name and task.func is not func:
                     raise ValueError(f"queue {queue!r} has a task named {task_name!r} already")
-            for state in list(self._states):  # ``queue(name).task`` ones of a built queue
-                state.refuse_taken(queue, task_name, func)
             declared = AppTask(self, queue, func, task_name, default_options)
+            for state in list(self._states):  # the apps whose queue is built already
+                state.adopt(declared)
             self._declared.append(declared)
             return declared
 

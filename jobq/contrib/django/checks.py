@@ -16,7 +16,12 @@ PING_TIMEOUT = 1.0
 
 def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobq.E001 malformed settings, jobq.W001 no settings (defaults used),
-    jobq.W002 the server cannot be reached, or refused the login."""
+    jobq.W002 the server cannot be reached, or refused the login.
+
+    A module that builds a queue as it is imported (``queue = get_queue()``
+    at its top, imported by the URLconf, which ``check`` imports) raises
+    the same error first, as ImproperlyConfigured: ``check --tag jobq``
+    says it as jobq.E001."""
     import redis
 
     from jobq.connection import close_client, describe, redact, resolve
@@ -33,7 +38,10 @@ def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         from jobq import Queue
 
         for name in conf["QUEUES"]:
-            Queue(name, **queue_options(name)).close()  # no I/O: checks the options
+            try:
+                Queue(name, **queue_options(name)).close()  # no I/O: checks the options
+            except (ValueError, TypeError) as exc:  # named as get_queue names it
+                raise ImproperlyConfigured(f"settings.JOBQ, queue {name!r}: {exc}") from exc
     except (ImproperlyConfigured, ValueError, TypeError) as exc:
         said = str(exc)  # the settings' own errors name what they found wrong
         return [checks.Error(said if said.startswith("settings.JOBQ") else
