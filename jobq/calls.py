@@ -293,11 +293,12 @@ class QueueScripts:
         return float(reply[0]) / 1000.0, added, unset
 
     def add_flow(
-        self, nodes: Sequence[FlowNode]
+        self, nodes: Sequence[FlowNode], modes: str = ""
     ) -> tuple[float, list[Added], int, int, list[int]]:
         """addFlow.lua: add a tree (or a job and its dependencies) atomically;
         (the server's time, s; each node; 0; 0; the 0-based indexes of the
-        nodes written whose queue had no mark of stored settings), or, with
+        nodes written whose queue had no mark of stored settings, or not
+        pub/sub mode where ``modes`` (a character a node) has '1'), or, with
         nothing written, (0; []; an error code; the node's 1-based index;
         []): -1 a named job does not exist, -6 it has another parent."""
         argv: list[Any] = [len(nodes)]
@@ -305,6 +306,8 @@ class QueueScripts:
             job = node.job
             argv += (node.base, node.parent, job.policy, *job[:6], "1" if job.lifo else "0",
                      *job[7:12], *job.dedup, job.trace)
+        if "1" in modes:
+            argv.append(modes)
         reply = self._run("addFlow", *argv)
         if len(reply) == 2 and int(reply[0]) < 0:
             return 0.0, [], int(reply[0]), int(reply[1]), []

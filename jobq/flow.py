@@ -168,7 +168,8 @@ def _write(
     ] + [FlowNode(QueueKeys(prefix, q).base, 1, _reference(i)) for q, i in refs]
     _check_slots(client, (node.base for node in flow))
     sent = time.monotonic()
-    timestamp, added, code, index, unset = root._context.calls.add_flow(flow)
+    modes = "".join("1" if n.queue._restores() else "0" for n in nodes)
+    timestamp, added, code, index, unset = root._context.calls.add_flow(flow, modes)
     if code < 0:
         where, job_id = (
             (refs[index - len(nodes) - 1]) if index > len(nodes)

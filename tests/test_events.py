@@ -1062,7 +1062,7 @@ def test_a_pubsub_queue_that_lost_its_data_is_heard_whole_once_it_stores_its_mod
         assert reader.mode == "pubsub"
 
 
-@pytest.mark.parametrize("first_after", ["follower", "new"])
+@pytest.mark.parametrize("first_after", ["follower", "new", "new-then-depends-on"])
 def test_a_pubsub_queue_stores_its_mode_again_after_another_queue_stored_settings_first(
     queue_name: str, redis_url: str, redis_client: redis.Redis, first_after: str
 ) -> None:
@@ -1086,7 +1086,10 @@ def test_a_pubsub_queue_stores_its_mode_again_after_another_queue_stored_setting
                 new.add("x", 1)
                 assert redis_client.hget(meta, "cfg") == b"1"
                 assert redis_client.hget(meta, "em") is None
-                pubsub.add("x", 2)  # its add finds another mode stored: stores its own
+                if first_after == "new":
+                    pubsub.add("x", 2)  # its add finds another mode stored: stores its own
+                else:  # an add with dependencies (addFlow.lua) too
+                    pubsub.add("x", 2, depends_on=[new.add("dep").id])
         assert redis_client.hget(meta, "em") == b"pubsub"
         with Queue(queue_name, connection=redis_url) as later:
             assert later.event_mode == "pubsub"

@@ -15,12 +15,15 @@
            dedup id, dedup ttl, extend, replace, trace context; dedup is
            not used in flows). A node whose name is '' names an existing
            job (a dependency): it must exist.
+  ARGV[2 + N * 20] optional: one character per node, '1' when its caller's
+           queue is in pub/sub mode (checked to be the mode stored)
   Returns  {timestamp ms, id, duplicated, added, ...} per node as add.lua
            (duplicated: 0 written; 1 an existing job, left as it was and
            adopted as a child when it has a parent node; 4 not written,
            under a node that existed), then the index i of each node written
-           whose queue has no mark of stored settings (add.lua's 'unset';
-           the caller stores them again); or {-1, i}: node i names no existing
+           whose queue has no mark of stored settings, or not the pub/sub
+           mode its caller's has (add.lua's 'unset'; the caller stores them
+           again); or {-1, i}: node i names no existing
            job (nothing written); {-6, i}: node i is an existing job with
            another parent (nothing written)
   Events   per node written: added, then waiting-children (a node with
@@ -37,10 +40,11 @@ local W = 20
 local n = tonumber(ARGV[1])
 local now = now_ms()
 local nodes = {}
+local modes = ARGV[2 + n * W] or ''
 for i = 1, n do
   local a = 2 + (i - 1) * W
   local node = { qb = ARGV[a], parent = tonumber(ARGV[a + 1]), policy = ARGV[a + 2], a = a + 3,
-    id = ARGV[a + 3], name = ARGV[a + 4] }
+    id = ARGV[a + 3], name = ARGV[a + 4], pubsub = string.sub(modes, i, i) == '1' }
   if node.id ~= '' then
     local f = redis.call('HMGET', node.qb .. 'job:' .. node.id, 'state', 'pid', 'pqb', 'rv', 'fr',
       'fpol')
@@ -113,7 +117,7 @@ local function write_node(node)
     push_ready(id, priority, lifo == '1')
     emit('waiting', id, {})
   end
-  node.unset = not meta()[6]
+  node.unset = not meta()[6] or (node.pubsub and meta()[1] ~= 'pubsub')
   return added
 end
 
