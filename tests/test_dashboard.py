@@ -296,20 +296,25 @@ def test_job_page_shows_its_flow(client: Any, queue: Queue, redis_url: str) -> N
 
 
 def test_a_child_in_a_queue_whose_name_holds_another_queues_is_linked_to_its_own(
-    client: Any, queue: Queue, redis_url: str
+    queue_name: str, redis_url: str
 ) -> None:
     """A child named "<queue>:<id>" of queue `q:b` was linked to job `b:kid`
     of queue `q` (the first split naming a known queue): its buttons acted
     on that other job."""
-    inner = f"{queue.name}:b"
-    decoy = queue.add("decoy", job_id="b:kid")  # the job the wrong split names
-    with FlowProducer(connection=redis_url) as flow, Queue(inner, connection=redis_url) as q:
-        node = flow.add({"name": "parent", "queue": queue.name, "children": [
+    prefix = "{dashflow}"  # one cluster slot for the flow's queues
+    inner = f"{queue_name}:b"
+    with Queue(queue_name, connection=redis_url, prefix=prefix) as queue, \
+            Queue(inner, connection=redis_url, prefix=prefix) as q, \
+            FlowProducer(connection=redis_url, prefix=prefix) as flow, \
+            create_app(redis_url, prefix=prefix) as dashboard:
+        decoy = queue.add("decoy", job_id="b:kid")  # the job the wrong split names
+        node = flow.add({"name": "parent", "queue": queue_name, "children": [
             {"name": "child", "queue": inner, "job_id": "kid"}]})
-        body = text(client.get(f"/job?q={queue.name}&id={node.job.id}"))
-        assert f'href="/job?q={queue.name}%3Ab&amp;id=kid">{inner}:kid</a>' in body
+        body = text(werkzeug_test.Client(dashboard).get(f"/job?q={queue_name}&id={node.job.id}"))
+        assert f'href="/job?q={queue_name}%3Ab&amp;id=kid">{inner}:kid</a>' in body
         assert decoy.id == "b:kid" and q.get_job("kid") is not None
         q.obliterate(force=True)
+        queue.obliterate(force=True)
 
 
 def test_a_prefix_with_a_hash_tag_is_served(redis_url: str, queue_name: str) -> None:
