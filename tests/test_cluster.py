@@ -412,63 +412,67 @@ def test_jobq_functions_load_loads_every_primary(
 
 
 def test_the_dashboard_answers_for_other_nodes_queues_while_one_node_does_not(
-    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A node that stopped answering (hung, cut off) held up every page: the
     request for a queue of that node opened the queue under the app's one
     lock of queues (and read under its one read lock), so requests for
     queues of the other nodes waited for it too, and its own waited for
-    good (no socket timeout): it fails now (503) after READ_TIMEOUT."""
+    good (no socket timeout): it fails now (503) after READ_TIMEOUT.
+
+    A cluster of its own, whose nodes wait long before marking one failing:
+    a node stopped past the node timeout takes the shared cluster down for
+    the tests after."""
     import werkzeug.test as werkzeug_test
 
     from jobq.dashboard import _app, create_app
-
-    monkeypatch.setattr(_app, "READ_TIMEOUT", 0.5)
     from jobq.keys import queues_key
 
-    with cluster.client() as client:
-        listed_on = cluster.server_of_slot(client.keyslot(queues_key("jobq"))).port
-        names = names_on_distinct_shards(cluster, "dash", 3)
-        on = {cluster.server_of_slot(slot_of(client, n)).port: n for n in names}
-    stuck = next(name for port, name in on.items() if port != listed_on)
-    other = next(name for name in names if name != stuck)
-    for name in names:
-        with Queue(name, connection=cluster.url) as queue:
-            queue.add("x")
-    stopped = next(s for s in cluster.servers if on.get(s.port) == stuck)
-    with create_app(cluster.url, cache_ttl=60) as dashboard:
-        # the names read, the other queue opened
-        assert werkzeug_test.Client(dashboard).get(f"/queue?q={other}").status_code == 200
-        opening = threading.Event()
-        opened = dashboard.queue
+    monkeypatch.setattr(_app, "READ_TIMEOUT", 0.5)
+    with LocalCluster(masters=3, node_timeout=60_000) as cluster:
+        with cluster.client() as client:
+            listed_on = cluster.server_of_slot(client.keyslot(queues_key("jobq"))).port
+            names = names_on_distinct_shards(cluster, "dash", 3)
+            on = {cluster.server_of_slot(slot_of(client, n)).port: n for n in names}
+        stuck = next(name for port, name in on.items() if port != listed_on)
+        other = next(name for name in names if name != stuck)
+        for name in names:
+            with Queue(name, connection=cluster.url) as queue:
+                queue.add("x")
+        stopped = next(s for s in cluster.servers if on.get(s.port) == stuck)
+        with create_app(cluster.url, cache_ttl=60) as dashboard:
+            # the names read, the other queue opened
+            assert werkzeug_test.Client(dashboard).get(f"/queue?q={other}").status_code == 200
+            opening = threading.Event()
+            opened = dashboard.queue
 
-        def queue_of(name: str) -> Queue:
-            if name == stuck:
-                opening.set()
-            return opened(name)
+            def queue_of(name: str) -> Queue:
+                if name == stuck:
+                    opening.set()
+                return opened(name)
 
-        dashboard.queue = queue_of  # type: ignore[method-assign]
-        answers: dict[str, int] = {}
+            dashboard.queue = queue_of  # type: ignore[method-assign]
+            answers: dict[str, int] = {}
 
-        def get(name: str) -> None:  # another page than the one cached
-            page = f"/jobs?q={name}&state=waiting"
-            answers[name] = werkzeug_test.Client(dashboard).get(page).status_code
+            def get(name: str) -> None:  # another page than the one cached
+                page = f"/jobs?q={name}&state=waiting"
+                answers[name] = werkzeug_test.Client(dashboard).get(page).status_code
 
-        hung = threading.Thread(target=get, args=(stuck,), name="test-dashboard-stuck")
-        stopped.kill(signal.SIGSTOP)
-        try:
-            hung.start()
-            assert opening.wait(WAIT)
-            served = threading.Thread(target=get, args=(other,), name="test-dashboard-other")
-            served.start()
-            served.join(WAIT)
-            assert answers.get(other) == 200 and hung.is_alive()
-            hung.join(WAIT)  # its read times out, the node still stopped
-            assert answers.get(stuck) == 503
-        finally:
-            stopped.kill(signal.SIGCONT)
-            hung.join(WAIT)
-        assert not hung.is_alive()
+            hung = threading.Thread(target=get, args=(stuck,), name="test-dashboard-stuck")
+            stopped.kill(signal.SIGSTOP)
+            try:
+                hung.start()
+                assert opening.wait(WAIT)
+                served = threading.Thread(target=get, args=(other,), name="test-dashboard-other")
+                served.start()
+                served.join(WAIT)
+                assert answers.get(other) == 200 and hung.is_alive()
+                hung.join(WAIT)  # its read times out, the node still stopped
+                assert answers.get(stuck) == 503
+            finally:
+                stopped.kill(signal.SIGCONT)
+                hung.join(WAIT)
+            assert not hung.is_alive()
 
 
 def test_the_dashboard_on_a_plain_url_of_a_node_says_to_use_a_cluster_url(
