@@ -279,6 +279,19 @@ class ShardReader:
                 if len(entries) < READ_COUNT:
                     self._signalled.discard(shard)
 
+    def _read_rest(self, shard: int) -> None:
+        """Read a shard's stream to its end (it has just left stream mode)."""
+        reader = self._readers[shard]
+        if reader.read_id is None:
+            return
+        while True:
+            reply = self._client.xread({reader.key: reader.position()}, count=READ_COUNT)
+            entries = _connection.stream_entries(reply)
+            reader.consume(entries, self._client)
+            if len(entries) < READ_COUNT:
+                self._signalled.discard(shard)
+                return
+
     def _drain(self) -> bool:
         got = False
         for node in self._nodes:
@@ -312,7 +325,11 @@ class ShardReader:
             # its first write, or an event published: in which mode now? (a
             # mode is stored once, by a queue's first write; this reader read
             # the stream before)
-            reader.event_mode.read(self._client)
+            if reader.event_mode.read(self._client) == "pubsub":
+                # the add that stored it again after a data loss wrote its
+                # events to the stream first, and published no wake-up for
+                # them if the shard's mark was lost too: read them first
+                self._read_rest(shard)
         if reader.mode == "pubsub":
             reader.consume_message(message)
         else:

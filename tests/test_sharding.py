@@ -887,6 +887,50 @@ def test_a_pubsub_sharded_reader_follows_its_shards_to_their_streams_when_the_mo
         q.obliterate(force=True)
 
 
+def test_a_sharded_reader_hears_the_add_that_stores_pub_sub_mode_again_after_a_data_loss(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the server lost the queue's keys, the next add of the pub/sub
+    ShardedQueue writes its events to the shard's stream (no mode stored),
+    then stores pub/sub mode again. With the shard marks gone too, its
+    scripts published no wake-up for those entries: a reader listening to
+    the shards' channels took the first published event for the switch and
+    never read them (that add's `added` was lost to its listeners). It reads
+    the stream to its end before it goes on by the channel."""
+    from jobq import _reader
+    from jobq._shard_reader import ShardReader
+
+    monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
+    connected = threading.Semaphore(0)
+    connect = ShardReader._connect
+
+    def counted(self: ShardReader) -> None:
+        connect(self)
+        connected.release()
+
+    monkeypatch.setattr(ShardReader, "_connect", counted)
+    added = Completed()
+    names = [queue_name, *shard_names(queue_name, SHARDS)]
+    with (
+        ShardedQueue(queue_name, shards=SHARDS, connection=redis_url, event_mode="pubsub") as q,
+        ShardedQueueEvents(queue_name, shards=SHARDS, connection=redis_url) as events,
+    ):
+        events.on("added", added)
+        assert events.wait_until_ready(WAIT) and connected.acquire(timeout=WAIT)
+        first = q.add("x", 0, job_id=ids_on(0, 1, "first")[0])
+        assert added.wait_for(1) and added.ids == [first.id]
+        for name in names:  # as FLUSHALL leaves them
+            for key in list(redis_client.scan_iter(match=f"jobq:{{{name}}}:*")):
+                redis_client.delete(key)
+        # the reader saw the mode go and listens again, reading the streams
+        assert connected.acquire(timeout=WAIT)
+        jobs = [q.add("x", i, job_id=ids_on(i % SHARDS, 1, f"after{i}")[0])
+                for i in range(1, 2 * SHARDS + 1)]
+        assert added.wait_for(1 + len(jobs)), sorted(set(j.id for j in jobs) - set(added.ids))
+        assert sorted(added.ids) == sorted([first.id, *(j.id for j in jobs)])
+        assert all(reader.mode == "pubsub" for reader in events._reader._readers)
+
+
 def test_a_sharded_reader_follows_a_mode_stored_after_it_began_without_connecting_again(
     queue_name: str, redis_url: str, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
