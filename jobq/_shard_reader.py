@@ -320,8 +320,8 @@ class ShardReader:
         if shard is None:
             return
         reader = self._readers[shard]
-        if reader.event_mode.undecided or (
-                reader.mode == "stream" and not _is_wake(message["data"])):
+        published = not _is_checkpoint(message["data"])
+        if reader.event_mode.undecided or (reader.mode == "stream" and published):
             # its first write, or an event published: in which mode now? (a
             # mode is stored once, by a queue's first write; this reader read
             # the stream before)
@@ -330,7 +330,9 @@ class ShardReader:
                 # events to the stream first, and published no wake-up for
                 # them if the shard's mark was lost too: read them first
                 self._read_rest(shard)
-        if reader.mode == "pubsub":
+        if reader.mode == "pubsub" or published:
+            # an event published is in no stream, whatever the mode stored
+            # now (one read late, after the server lost the mode, is too)
             reader.consume_message(message)
         else:
             self._signalled.add(shard)
@@ -338,11 +340,11 @@ class ShardReader:
 
 #: How every wake-up and checkpoint published on a shard's channel begins
 #: (an event named so is no event: see CHECKPOINT).
-_WAKE = _events.to_netstrings(["ev", CHECKPOINT])
+_CHECKPOINT = _events.to_netstrings(["ev", CHECKPOINT])
 
 
-def _is_wake(data: bytes | str) -> bool:
-    return (data if isinstance(data, bytes) else str(data).encode()).startswith(_WAKE)
+def _is_checkpoint(data: bytes | str) -> bool:
+    return (data if isinstance(data, bytes) else str(data).encode()).startswith(_CHECKPOINT)
 
 
 def _text(value: bytes | str) -> str:

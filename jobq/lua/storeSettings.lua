@@ -35,8 +35,8 @@
            jobs over), else false; then the shard mark (a plain Queue
            opened on a shard's name is refused)
   Events   none; storing pub/sub mode adds the entry that tells the
-           stream's readers (jobq/_reader.py _MODE_STORED); the stream goes
-           a minute later (pub/sub mode keeps none)
+           stream's readers (jobq/_reader.py _MODE_STORED), with a shard's
+           wake-up; the stream goes a minute later (pub/sub mode keeps none)
 ]]
 local FIELDS = { 'em', 'maxev', 'rttl', 'shards', 'cfg', 'shard', 'db', 'sp' }
 local m = redis.call('HMGET', K_META, unpack(FIELDS))
@@ -57,11 +57,13 @@ local function set(i, value)
 end
 local writes = ARGV[4]
 local writer = ARGV[1] ~= '' or string.find(writes, 'c', 1, true) ~= nil
+local told = false
 if ARGV[1] ~= '' and not m[1] then
   set(1, ARGV[1])
   if ARGV[1] == 'pubsub' then
     redis.call('XADD', K_EVENTS, '*', 'ev', '__jobq_mode__')
     redis.call('PEXPIRE', K_EVENTS, 60000)
+    told = true
   end
 end
 if ARGV[2] ~= '' then set(2, ARGV[2]) end
@@ -76,5 +78,9 @@ if writer and m[1] == 'pubsub' then
   if string.find(writes, 'p', 1, true) or type(redis.pcall('CLUSTER', 'MYID')) == 'string' then
     set(8, '1')
   end
+end
+if told and m[6] == '1' then
+  -- a shard: its readers read the entry on this wake-up (as after emit's)
+  redis.call('SPUBLISH', K_EVENTS, WAKE_READERS)
 end
 return stored()
