@@ -193,7 +193,9 @@ def shut_down(
     close_channel(max(0.0, until - time.monotonic()))
     _leave_registry(context, name, roles.maintenance.token, until, deadline)
     emit("closed")
-    # past the deadline too: the thread ends at once unless a listener runs
+    if deadline is None:  # a listener that runs is waited for, as a handler is
+        roles.dispatcher.stop(None, give_up)
+    # past the deadline, or forced, too: the thread ends at once unless a listener runs
     roles.dispatcher.stop(max(LISTENER_GRACE, until - time.monotonic()))
     hook = _tracing.hook
     if hook is not None:  # the attempts' spans leave before the process may end

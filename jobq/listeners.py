@@ -17,6 +17,10 @@ Listener = Callable[..., Any]
 #: A listener's own type, kept by ``on`` and ``once`` (they return it).
 L = TypeVar("L", bound=Listener)
 
+#: How often a stop with no timeout looks whether its caller gave up (a
+#: forced close) while a listener runs.
+STOP_POLL = 0.1
+
 
 class _Entry:
     __slots__ = ("callback", "once", "seq")
@@ -191,9 +195,11 @@ class ListenerDispatcher:
         self._name = name
         self._queue: queue.SimpleQueue[tuple[str, tuple[Any, ...]] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
+        self._stopping = False
 
     def start(self) -> None:
         """Start the dispatching thread."""
+        self._stopping = False
         self.thread = threading.Thread(target=_fork.body(self._run), name=self._name,
                                        daemon=True)
         _fork.thread_started(self.thread)
@@ -209,18 +215,25 @@ class ListenerDispatcher:
         else:
             self._queue.put((event, args))
 
-    def stop(self, timeout: float | None) -> bool:
+    def stop(self, timeout: float | None, give_up: Callable[[], bool] | None = None) -> bool:
         """Deliver what was emitted, then end the thread; False if a listener
-        was still running after ``timeout``. Called by a listener (a worker
-        closed from its own ``completed`` listener, say), the thread ends
-        once that listener returns and the rest is delivered."""
+        was still running after ``timeout`` (None: for as long as it takes,
+        or until ``give_up()``). Called by a listener (a worker closed from
+        its own ``completed`` listener, say), the thread ends once that
+        listener returns and the rest is delivered."""
         thread = self.thread
         if thread is None:
             return True
-        self._queue.put(None)
+        if not self._stopping:
+            self._stopping = True
+            self._queue.put(None)
         if thread is threading.current_thread():
             return False
-        thread.join(timeout)
+        if timeout is not None or give_up is None:
+            thread.join(timeout)
+        else:
+            while thread.is_alive() and not give_up():
+                thread.join(STOP_POLL)
         return not thread.is_alive()
 
     def _run(self) -> None:

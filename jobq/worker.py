@@ -353,7 +353,9 @@ class Worker(ListenerMethods, ClosedOnExit):
                 thread (a daemon), as is a listener still running (its
                 ``jobq-listeners-...`` thread). A thread still in a call to a server that
                 does not answer then has its connection cut, and
-                ``JOIN_GRACE`` seconds to end.
+                ``JOIN_GRACE`` seconds to end. None: the close waits for
+                the jobs in flight and for a listener still running, for as
+                long as they take (until a forced close).
             force: abandon jobs in flight at once.
 
         Called from a handler, it starts the close in the background and

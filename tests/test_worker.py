@@ -1222,6 +1222,48 @@ def test_a_close_interrupted_while_its_closed_listener_runs_delivers_closed_once
     assert rec.of("closing") == [()] and rec.of("closed") == [()]
 
 
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_close_with_no_timeout_waits_for_a_listener_still_running(
+    queue: Queue, redis_url: str, monkeypatch: pytest.MonkeyPatch, forced: bool
+) -> None:
+    """``close()`` with no timeout gave a listener still running (a slow
+    `completed` listener writing to a database, say) a fixed grace of
+    about 1.5 s, then returned with it running and `closed` not delivered:
+    at the process's exit both were cut off. It waits for the listener (as
+    for a handler), until a forced close gives up."""
+    from jobq import _lifecycle, _roles
+
+    # the graces the close gave: cut short, a close that stopped waiting
+    # returns at once
+    monkeypatch.setattr(_roles, "JOIN_GRACE", 0.05)
+    monkeypatch.setattr(_lifecycle, "LISTENER_GRACE", 0.05)
+    inside, release = threading.Event(), threading.Event()
+    worker = make_worker(queue.name, redis_url, lambda job: "done")
+    rec = Recorder().attach(worker, "closed")
+    worker.on("completed", lambda job, result: (inside.set(), release.wait(WAIT)))
+    worker.start()
+    try:
+        assert queue.add("x").wait_until_finished(timeout=WAIT) == "done"
+        assert inside.wait(WAIT)
+        closer = threading.Thread(target=worker.close, name="test-closer")
+        closer.start()
+        closer.join(0.5)
+        assert closer.is_alive() and rec.of("closed") == []
+        if forced:
+            worker.close(force=True)
+            closer.join(WAIT)
+            assert not closer.is_alive() and not release.is_set()
+        release.set()
+        closer.join(WAIT)
+        assert not closer.is_alive()
+        if not forced:  # delivered before the close returned
+            assert rec.of("closed") == [()]
+    finally:
+        release.set()
+        worker.close()
+    assert until(lambda: rec.of("closed") == [()])
+
+
 def test_close_is_idempotent_and_safe_from_other_threads(queue: Queue, redis_url: str) -> None:
     worker = make_worker(queue.name, redis_url, lambda job: None)
     rec = Recorder().attach(worker, "closing", "closed", "paused", "resumed")
