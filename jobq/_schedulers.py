@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -289,6 +290,8 @@ class QueueSchedulers:
 
     _context: QueueContext
     _record: Callable[[], None]
+    _restores: Callable[[], str]
+    _settings_lost: Callable[[float], None]
     _preparer: JobPreparer
 
     def upsert_scheduler(
@@ -392,8 +395,11 @@ class QueueSchedulers:
                 first_ms = next_cron_slot(cron, tz, begin)
             first = str(first_ms)
             after = str(next_cron_slot(cron, tz, first_ms))
-        code, tick, record = self._context.calls.upsert_scheduler(
-            sid, schedule, spec, first, after, template)
+        sent = time.monotonic()
+        code, tick, record, unset = self._context.calls.upsert_scheduler(
+            sid, schedule, spec, first, after, template, self._restores())
+        if unset:  # a queue fed by schedulers alone, after the server lost its data
+            self._settings_lost(sent)
         if code == _COLLISION:
             raise JobqError(
                 f"the first tick of scheduler {sid!r} would be job {tick!r}, which exists "

@@ -443,15 +443,19 @@ class QueueScripts:
 
     def upsert_scheduler(
         self, scheduler_id: str, schedule: Sequence[Any], spec: str, first: str, after: str,
-        template: Sequence[Any],
-    ) -> tuple[int, str, dict[bytes, bytes]]:
+        template: Sequence[Any], mode: str = "",
+    ) -> tuple[int, str, dict[bytes, bytes], bool]:
         """upsertScheduler.lua: (0 same schedule | 1 new or changed | -5 the
         first tick collides, the next tick's id, the scheduler's record as
-        stored: empty when it collides)."""
+        stored: empty when it collides, whether the queue's stored settings
+        are missing, or its event mode is not ``mode`` when one is given)."""
         reply = self._run("upsertScheduler", scheduler_id, *schedule, spec, first, after,
-                          *template)
-        flat = reply[2] if len(reply) > 2 else []
-        return int(reply[0]), _text(reply[1]) or "", dict(zip(flat[::2], flat[1::2], strict=True))
+                          *template, *([mode] if mode else []))
+        code = int(reply[0])
+        unset = len(reply) == (3 if code == -5 else 4)
+        flat = reply[2] if code != -5 else []
+        return (code, _text(reply[1]) or "", dict(zip(flat[::2], flat[1::2], strict=True)),
+                unset)
 
     def scheduler_sync(
         self, scheduler_id: str, pending: str, after_pending: str, first: str, after_first: str

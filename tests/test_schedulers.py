@@ -380,6 +380,41 @@ def test_an_upsert_racing_a_remove_returns_what_it_stored(
         remover.join(WAIT)
 
 
+@pytest.mark.parametrize("collides", [False, True])
+def test_an_upsert_stores_the_queues_settings_again_after_the_server_lost_them(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, collides: bool
+) -> None:
+    """A queue fed by schedulers alone (its app upserts them as it starts)
+    had its settings stored on its Queue's first use only: after the server
+    lost its data, the upserts left it in stream mode with the defaults,
+    and unlisted, until an add. An upsert that finds the settings gone
+    stores them again, and lists the queue, as an add does (its first tick
+    colliding with a job too)."""
+    import jobq.keys
+
+    meta = f"jobq:{{{queue_name}}}:meta"
+    known = jobq.keys.queues_key("jobq")
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub", max_events=500) as q:
+        q.upsert_scheduler("nightly", every=3600)
+        assert redis_client.sismember(known, queue_name)
+        stored = redis_client.hgetall(meta)
+        assert stored[b"em"] == b"pubsub" and stored[b"cfg"] == b"1"
+        # as FLUSHALL leaves them (the scheduler too)
+        redis_client.delete(*redis_client.keys(f"jobq:{{{queue_name}}}:*"))
+        redis_client.srem(known, queue_name)
+        if collides:
+            start = 4_000_000_000  # epoch seconds: its first tick's slot
+            with Queue(queue_name, connection=redis_url) as other:
+                # a Queue of no mode stores the settings first
+                other.add("x", job_id=f"repeat:nightly:{start * 1000}")
+            with pytest.raises(JobqError, match="would be job"):
+                q.upsert_scheduler("nightly", every=3600, start=float(start))
+        else:
+            q.upsert_scheduler("nightly", every=3600)
+        assert redis_client.hgetall(meta) == stored
+        assert redis_client.sismember(known, queue_name)
+
+
 def test_scheduler_fields_and_listing(queue: Queue) -> None:
     s = queue.upsert_scheduler(
         "report", cron="0 6 * * 1", tz="Europe/Berlin", name="weekly", data={"k": 1},

@@ -19,6 +19,8 @@
            priority, lifo, attempts, keep_completed_count,
            keep_completed_age_ms, keep_failed_count, keep_failed_age_ms,
            trace context (each '' when at its default: not stored)
+  ARGV[23] optionally the caller's event mode, 'pubsub': checked to be the
+           one stored (as add.lua's)
   Returns  {0, next, record}  (record: the scheduler's hash as stored, as
                       HGETALL returns it) the same schedule: template replaced, the pending tick
                       kept (a retried or concurrent upsert never doubles a
@@ -34,6 +36,10 @@
                       that is not a run of this scheduler: nothing produced
                       (the scheduler is stored and listed, with err; an
                       upsert of the same schedule tries again)
+           each then 'unset' when the queue's settings are not stored, or
+           another mode than the caller's is (as add.lua's: the Queue
+           stores them again; a queue fed by schedulers alone, after the
+           server lost its data, is set up again by its upserts)
   Events   removed (prev delayed) for a replaced pending tick; added, then
            delayed or waiting, for the new tick; none for a pending tick
            given the new template (as changePriority and updateJob)
@@ -44,6 +50,11 @@
            promoted and run, under way) is not made twice: the first tick
            is the slot after it.
 ]]
+local lost = not meta()[6] or (ARGV[23] ~= nil and meta()[1] ~= ARGV[23])
+local function reply(out)
+  if lost then out[#out + 1] = 'unset' end
+  return out
+end
 local sid = ARGV[1]
 local skey = base .. 'scheduler:' .. sid
 local now = math.floor(now_ms())
@@ -75,7 +86,7 @@ if old[1] == ARGV[9] and not again then
       end
     end
   end
-  return { 0, old[2] or '', redis.call('HGETALL', skey) }
+  return reply({ 0, old[2] or '', redis.call('HGETALL', skey) })
 end
 
 -- a new or changed schedule: the pending tick goes (a waiting or active one
@@ -122,7 +133,7 @@ end
 local id = schedule_tick(sid, math.floor(slot), after, now)
 if id == false then
   redis.call('ZADD', K_SCHEDULERS, '+inf', sid)  -- listed, with no next run
-  return { -5, tick_id(sid, slot) }
+  return reply({ -5, tick_id(sid, slot) })
 end
-if not id then return { 1, '', redis.call('HGETALL', skey) } end
-return { 1, string.format('%d', slot), redis.call('HGETALL', skey) }
+if not id then return reply({ 1, '', redis.call('HGETALL', skey) }) end
+return reply({ 1, string.format('%d', slot), redis.call('HGETALL', skey) })
