@@ -167,6 +167,10 @@ def _write(
         FlowNode(n.queue._context.keys.base, n.parent, n.new) for n in nodes
     ] + [FlowNode(QueueKeys(prefix, q).base, 1, _reference(i)) for q, i in refs]
     _check_slots(client, (node.base for node in flow))
+    for queue in {id(n.queue): n.queue for n in nodes}.values():
+        # each queue's first use, as the root's: a sharded queue's name is
+        # refused (its workers serve its shards' keys, never these)
+        queue._context.ensure_ready()
     sent = time.monotonic()
     modes = "".join("1" if n.queue._restores() else "0" for n in nodes)
     timestamp, added, code, index, unset = root._context.calls.add_flow(flow, modes)

@@ -261,20 +261,38 @@ def test_a_policy_given_in_a_bulk_or_as_a_default_is_kept(
         assert parent.refresh().failed_reason == f"child fk:{bad.id} failed: ValueError: boom"
 
 
-def test_a_flow_on_a_sharded_queue_is_refused_saying_why(redis_url: str) -> None:
-    """It said "open it with ShardedQueue(...)", which no flow can do."""
+@pytest.mark.parametrize("where", ["root", "child", "grandchild"])
+def test_a_flow_on_a_sharded_queue_is_refused_saying_why(redis_url: str, where: str) -> None:
+    """It said "open it with ShardedQueue(...)", which no flow can do. A
+    child (not the root) in a sharded queue was accepted: written under
+    keys its workers never serve, and its parent waited for ever."""
     from jobq import ShardCountError, ShardedQueue
 
     name = f"fsh-{uuid.uuid4().hex[:8]}"  # the default prefix: a sharded queue's has no tag
+    plain = f"fpl-{uuid.uuid4().hex[:8]}"
+    tree: dict[str, Any] = {"name": "c", "queue": name}
+    if where != "root":
+        tree = {"name": "p", "queue": plain, "children": [tree]}
+    if where == "grandchild":
+        tree = {"name": "g", "queue": plain, "children": [tree]}
+    if where == "root":
+        tree["children"] = [{"name": "c", "queue": name}]
+    refused: tuple[type[Exception], ...] = (ShardCountError,)
+    if os.environ.get("JOBQ_TEST_CLUSTER") == "1" and where != "root":
+        refused += (CrossSlotFlowError,)  # (its queues' slots are looked at first)
     with ShardedQueue(name, shards=2, connection=redis_url) as sharded, \
-            FlowProducer(connection=redis_url) as flow:
+            FlowProducer(connection=redis_url) as flow, \
+            Queue(plain, connection=redis_url) as parents:
         sharded.add("x")
         try:
-            with pytest.raises(ShardCountError, match="a flow cannot use it .*plain queue"):
-                flow.add({"name": "p", "queue": name, "children": [{"name": "c", "queue": name}]})
-            assert sharded.count() == 1
+            with pytest.raises(refused) as raised:
+                flow.add(tree)
+            if raised.type is ShardCountError:
+                assert re.search("a flow cannot use it .*plain queue", str(raised.value))
+            assert sharded.count() == 1 and parents.count() == 0
         finally:
             sharded.obliterate()
+            parents.obliterate()
 
 
 def test_dedup_with_depends_on_is_refused(redis_url: str, prefix: str) -> None:
