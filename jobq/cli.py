@@ -76,13 +76,20 @@ def _queue(args: argparse.Namespace, name: str) -> Queue:
     return cast("Queue", open_queue(name, connection=args.url, prefix=args.prefix))
 
 
+#: The socket timeouts of the clients of the commands that read and watch
+#: (``info``, ``metrics``) when the URL gives none: a server that stops
+#: answering is said in the watch's frame (a scrape fails) after this many
+#: seconds, rather than holding the command for good.
+READ_TIMEOUT = 10.0
+
+
 def _opened(args: argparse.Namespace, command: str) -> QueueSet:
     """The queues a command reads, opened as stored, on one client of its
     own (a client per queue held two connections each: a thousand queues,
     two thousand connections, past a process's file limit)."""
     from ._queues import QueueSet
 
-    return QueueSet(args.url, args.prefix, command, stored=True)
+    return QueueSet(args.url, args.prefix, command, stored=True, read_timeout=READ_TIMEOUT)
 
 
 def _ping(url: str | None) -> None:
@@ -331,7 +338,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             return list(args.queues)
         from .connection import close_client, resolve
 
-        client, _ = resolve(args.url)
+        client, _ = resolve(args.url, READ_TIMEOUT)
         try:
             return known_queues(client, args.prefix)
         finally:
@@ -511,7 +518,7 @@ def _known(args: argparse.Namespace, name: str, counts: Mapping[str, int]) -> bo
 
     if any(counts.values()):
         return True
-    client, _ = resolve(args.url)
+    client, _ = resolve(args.url, READ_TIMEOUT)
     try:
         return bool(client.exists(QueueKeys(args.prefix, name).meta)
                     or name in known_queues(client, args.prefix))

@@ -608,6 +608,58 @@ def test_info_watch_json_writes_a_line_per_frame_and_watches_through_an_outage(
                 proc.stdout.close()
 
 
+def test_info_watch_says_a_server_that_stops_answering_in_its_frame(
+    queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that stopped answering (hung, cut off by a firewall) held
+    `info --watch` (and `metrics`' scrapes) for good: its clients had no
+    socket timeout. The frame says the server unreachable after
+    READ_TIMEOUT, and the watch goes on."""
+    import contextlib
+
+    from jobq import cli
+
+    monkeypatch.setattr(cli, "READ_TIMEOUT", 0.3)
+    first = threading.Event()
+    lines: list[str] = []
+
+    class Out:
+        def write(self, text: str) -> int:
+            lines.extend(line for line in text.splitlines() if line)
+            if lines:
+                first.set()
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return False
+
+    with RedisServer(find_server_binary()) as server:
+        with Queue(queue_name, connection=server.url) as queue:
+            queue.add("x")
+
+        def stop_after_the_first_frame() -> None:
+            if first.wait(WAIT):
+                server.kill(signal.SIGSTOP)
+
+        stopper = threading.Thread(target=stop_after_the_first_frame, name="test-stopper")
+        stopper.start()
+        try:
+            with contextlib.redirect_stdout(Out()):  # type: ignore[type-var]
+                code = main(["--url", server.url, "info", queue_name, "--watch", "--json",
+                             "--interval", "1", "--count", "2"])
+        finally:
+            first.set()
+            stopper.join(WAIT)
+            server.kill(signal.SIGCONT)
+    assert code == 0
+    frames = [json.loads(line) for line in lines]
+    assert len(frames) == 2 and frames[0]["errors"] == []
+    assert frames[1]["queues"] == [] and "unreachable" in frames[1]["errors"][0]
+
+
 def test_info_watch_redraws_in_place_on_a_terminal(queue: Queue, redis_url: str) -> None:
     queue.add("w")
     master, slave = pty.openpty()
