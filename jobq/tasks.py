@@ -108,10 +108,17 @@ def _on_commit(action: Callable[[], Any], using: str | None) -> None:
     """Run ``action`` once the current Django transaction commits (at once
     outside a transaction; never when it rolls back)."""
     try:
+        from django.core.exceptions import ImproperlyConfigured
         from django.db import transaction
     except ImportError as exc:  # pragma: no cover - needs Django absent
         raise RuntimeError("*_on_commit needs Django (pip install 'jobq[django]')") from exc
-    transaction.on_commit(action, using=using)
+    try:
+        transaction.on_commit(action, using=using)
+    except ImproperlyConfigured as exc:  # Django installed, no project (a Flask app's)
+        raise RuntimeError(
+            "*_on_commit follows a Django project's transaction, and no Django settings are "
+            f"configured ({exc}); outside Django, add the job with delay() / add()"
+        ) from exc
 
 
 def _frozen(

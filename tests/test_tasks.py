@@ -322,3 +322,37 @@ def test_async_handlers_are_refused_up_front_and_an_awaitable_result_fails_the_j
         with pytest.raises(jobq.JobFailedError, match="returned 'coroutine', an awaitable"):
             job.wait_until_finished(timeout=WAIT)
     assert job.refresh().exc_type == "TypeError"
+
+
+def test_an_add_on_commit_outside_a_django_project_says_so(redis_url: str) -> None:
+    """A Flask app in an environment where Django is installed (no project
+    configured) got Django's "Requested setting DATABASES, but settings are
+    not configured" from `delay_on_commit`; it says what the call needs and
+    what to use instead. In a process of its own: the suite's Django tests
+    configure settings."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("django")
+    script = (
+        "import os, sys\n"
+        "os.environ.pop('DJANGO_SETTINGS_MODULE', None)\n"
+        "from jobq import Queue\n"
+        "with Queue('t-commit', connection=sys.argv[1]) as queue:\n"
+        "    @queue.task\n"
+        "    def ping(): return 1\n"
+        "    for call in (ping.delay_on_commit, lambda: queue.add_on_commit('x')):\n"
+        "        try:\n"
+        "            call()\n"
+        "        except RuntimeError as exc:\n"
+        "            print('refused:', exc)\n"
+        "    print('waiting:', queue.count())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, redis_url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[2] == "waiting: 0", done.stdout
+    for line in lines[:2]:
+        assert line.startswith("refused: *_on_commit follows a Django project's transaction")
+        assert "add the job with delay() / add()" in line
