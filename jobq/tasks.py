@@ -116,8 +116,8 @@ def _on_commit(action: Callable[[], Any], using: str | None) -> None:
         transaction.on_commit(action, using=using)
     except ImproperlyConfigured as exc:  # Django installed, no project (a Flask app's)
         raise RuntimeError(
-            "*_on_commit follows a Django project's transaction, and no Django settings are "
-            f"configured ({exc}); outside Django, add the job with delay() / add()"
+            "*_on_commit follows a Django project's transaction, and Django is not set up "
+            f"for it ({exc}); outside Django, add the job with delay() / add()"
         ) from exc
 
 
