@@ -957,10 +957,12 @@ def test_a_sharded_reader_hears_the_add_that_stores_pub_sub_mode_again_after_a_d
 
     monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
     connected = threading.Semaphore(0)
+    modes: list[list[str]] = []  # the shards' modes as each connect ended
     connect = ShardReader._connect
 
     def counted(self: ShardReader) -> None:
         connect(self)
+        modes.append([reader.mode for reader in self._readers])
         connected.release()
 
     monkeypatch.setattr(ShardReader, "_connect", counted)
@@ -978,7 +980,11 @@ def test_a_sharded_reader_hears_the_add_that_stores_pub_sub_mode_again_after_a_d
             for key in list(redis_client.scan_iter(match=f"jobq:{{{name}}}:*")):
                 redis_client.delete(key)
         # the reader saw the mode go and listens again, reading the streams
+        # (of every shard: the keys went one by one, a shard's mode may have
+        # been there yet at a connect, and gone at its next look)
         assert connected.acquire(timeout=WAIT)
+        while "pubsub" in modes[-1]:
+            assert connected.acquire(timeout=WAIT)
         jobs = [q.add("x", i, job_id=ids_on(i % SHARDS, 1, f"after{i}")[0])
                 for i in range(1, 2 * SHARDS + 1)]
         assert added.wait_for(1 + len(jobs)), sorted(set(j.id for j in jobs) - set(added.ids))
