@@ -356,7 +356,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             snapshots, refused = _snapshots(args, current, opened)
             if args.json:
                 print(_json(snapshots))
-            else:
+            elif snapshots:  # not a header alone over the lines saying why
                 _print_info(snapshots, sys.stdout)
             for line in refused:
                 print(line, file=sys.stderr)

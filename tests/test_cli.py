@@ -550,6 +550,9 @@ def test_info_prints_counts_paused_workers_and_rates(queue: Queue, redis_url: st
     assert [snap["queue"] for snap in json.loads(typo.stdout)] == [queue.name]
     assert typo.stderr.count(f"no queue {queue.name + '-typo'!r} under prefix 'jobq'") == 1
     assert "-typo" not in jobq(redis_url, "info").stdout  # reading it made it no queue
+    alone = jobq(redis_url, "info", queue.name + "-typo")  # no table, only what is wrong
+    assert (alone.returncode, alone.stdout) == (1, "")
+    assert alone.stderr == f"jobq info: no queue {queue.name + '-typo'!r} under prefix 'jobq'\n"
     for extra in ([], ["--json"]):  # watched: said in the frame (it may come later)
         watched = jobq(redis_url, "info", queue.name + "-typo", "--watch", "--count", "1",
                        "--interval", "0.1", *extra)
