@@ -190,7 +190,9 @@ class EventMode:
     queue has neither a mode stored nor an event written (``undecided``), a
     Queue may yet store pub/sub mode: the reader then subscribes before it
     reads the stream, and keeps that subscription aside (``standby``) so
-    that nothing published from then on is lost if it does (``stored``)."""
+    that nothing published from then on is lost if it does (``stored``).
+    So does a reader whose queue lost pub/sub mode (``lost``), for as long
+    as no mode is stored: a Queue that followed that mode stores it again."""
 
     def __init__(self, context: QueueContext) -> None:
         self._context = context
@@ -208,6 +210,9 @@ class EventMode:
         self.publish = "SPUBLISH"
         self.undecided = False
         self.undecided_from: StreamId = (0, 0)
+        #: the queue was in pub/sub mode and no mode is stored since (the
+        #: server lost its settings): undecided, whatever its stream holds
+        self.lost = False
         self.gap_batch = 1000  # a read this long may follow a trimmed gap
         self._next_look = 0.0  # the next timed look for a gap (monotonic)
         self._unlooked = 0  # the longest read since that no look followed
@@ -228,15 +233,21 @@ class EventMode:
                 "logical stream, where no job's events are; use ShardedQueueEvents",
                 self._context.name, shards.decode(),
             )
-        self.mode = "pubsub" if mode == b"pubsub" else "stream"
+        was, self.mode = self.mode, "pubsub" if mode == b"pubsub" else "stream"
         #: where an undecided reader starts: after an obliterate's event, if
         #: that is all its stream holds
         self.undecided_from = (0, 0)
         self.undecided = False
+        if mode is not None:
+            if self.lost and self.mode == "stream" and self.standby is not None:
+                self._standby_until = time.monotonic()  # stream mode stored: it goes
+            self.lost = False
+        elif was == "pubsub" and not self.always_listened:
+            self.lost = True
         if mode is None:
-            last = client.xrevrange(keys.events, "+", "-", count=1)
-            if not last or _first_is_obliterated(last[0]):
-                self.undecided = True  # obliterated: it may yet be used in pub/sub mode
+            last = None if self.lost else client.xrevrange(keys.events, "+", "-", count=1)
+            if self.lost or not last or _first_is_obliterated(last[0]):
+                self.undecided = True  # obliterated, or its mode lost: it may be pub/sub yet
                 self.undecided_from = sid(_text(last[0][0])) if last else (0, 0)
         # as the scripts publish (sp: stored by a writer on a cluster's
         # node); a cluster client's reader subscribes on the queue's node
@@ -327,7 +338,7 @@ class EventMode:
         subscription closed at once, its reader lost what was published
         until it subscribed again."""
         self.undecided = False
-        if self.standby is not None and self._standby_until is None:
+        if self.standby is not None and self._standby_until is None and not self.lost:
             self._standby_until = time.monotonic() + MODE_CHECK_INTERVAL
 
     def expire(self, now: float) -> None:

@@ -1062,6 +1062,74 @@ def test_a_pubsub_queue_that_lost_its_data_is_heard_whole_once_it_stores_its_mod
         assert reader.mode == "pubsub"
 
 
+def test_a_reader_that_lost_pub_sub_mode_hears_the_queue_store_it_again_after_stream_events(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its queue lost pub/sub mode, a reader reads the stream. A Queue
+    that gave no mode adds there; later the pub/sub Queue stores the mode
+    again. The reader had closed the subscription it kept aside once the
+    stream's events came, and subscribed anew at the switch: what was
+    published while it did (here a bulk right after the switch) was lost
+    to its listeners. It keeps the subscription aside while no mode is
+    stored."""
+    from jobq import _reader
+
+    monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
+    rec = Recorder()
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue, \
+            QueueEvents(queue_name, connection=redis_url, blocking_timeout=0.1) as qe, \
+            Worker(queue_name, echo, connection=redis_url, concurrency=4):
+        qe.on("added", rec)
+        reader, loop = qe._reader, qe._loop
+        assert qe.wait_until_ready(WAIT)
+        assert queue.add("x", 0).wait_until_finished(qe, timeout=WAIT) == 0
+        redis_client.hdel(queue._context.keys.meta, "em")  # the mode lost
+        assert until(lambda: reader.mode == "stream")
+        with Queue(queue_name, connection=redis_url) as plain:  # gives no mode
+            assert plain.add("x", 1).wait_until_finished(qe, timeout=WAIT) == 1
+        mode = reader.event_mode
+        for _ in range(3):  # a few looks at the stored mode later (or its close)
+            due = loop._next_mode_check
+            until(lambda: loop._next_mode_check > due or mode.standby is None,  # noqa: B023
+                  timeout=WAIT)
+        assert mode.standby is not None  # kept aside: no mode stored
+        queue.add("x", 2)  # stores pub/sub mode again
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(3, 23)])
+        assert [job.wait_until_finished(qe, timeout=WAIT) for job in jobs] == list(range(3, 23))
+        assert rec.wait_count(23)
+        assert sorted(int(e.job_id in {j.id for j in jobs}) for e in rec.snapshot()) \
+            == [0] * 3 + [1] * 20
+        assert reader.mode == "pubsub" and mode.standby is None and not mode.lost
+
+
+def test_a_reader_that_lost_pub_sub_mode_lets_its_spare_subscription_go_once_stream_is_stored(
+    queue_name: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subscription a reader keeps aside after its queue lost pub/sub
+    mode goes once a Queue stores stream mode: one connection, as ever."""
+    from jobq import _reader
+
+    monkeypatch.setattr(_reader, "MODE_CHECK_INTERVAL", 0.2)
+    rec = Recorder()
+    name = f"jobq-events-{queue_name}"
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue, \
+            QueueEvents(queue_name, connection=redis_url, blocking_timeout=0.1) as qe, \
+            Worker(queue_name, echo, connection=redis_url):
+        qe.on("completed", rec)
+        mode = qe._reader.event_mode
+        assert qe.wait_until_ready(WAIT)
+        assert queue.add("x", 0).wait_until_finished(qe, timeout=WAIT) == 0
+        redis_client.delete(*redis_client.keys(f"jobq:{{{queue_name}}}:*"))
+        assert until(lambda: mode.lost and mode.standby is not None)
+        with Queue(queue_name, connection=redis_url, event_mode="stream") as stream:
+            assert stream.add("x", 1).wait_until_finished(qe, timeout=WAIT) == 1
+            until(lambda: mode.standby is None and not mode.lost
+                  and sum(c.get("name") == name for c in redis_client.client_list()) == 1,
+                  timeout=WAIT)
+            assert stream.add("x", 2).wait_until_finished(qe, timeout=WAIT) == 2
+        assert rec.wait_count(3), [(e.name, e.job_id, e.result) for e in rec.snapshot()]
+
+
 @pytest.mark.parametrize("first_after", ["follower", "new", "new-then-depends-on"])
 def test_a_pubsub_queue_stores_its_mode_again_after_another_queue_stored_settings_first(
     queue_name: str, redis_url: str, redis_client: redis.Redis, first_after: str
