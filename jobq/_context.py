@@ -119,6 +119,9 @@ class QueueContext:
         #: where ``shared_events`` comes from instead (a shard's: its part of
         #: the sharded queue's events)
         self.events_source: Callable[[], QueueEvents] | None = None
+        #: the Queue was given pub/sub mode: its reader expects it while no
+        #: mode is stored (its first add stores it, see EventMode)
+        self.expects_pubsub = False
         #: the largest value (encoded) a job's data, progress or log line,
         #: or a custom event, may be: the Queue's max_payload_bytes
         self.payload_limit: int | None = PAYLOAD_LIMIT
@@ -305,7 +308,9 @@ class QueueContext:
     def _make_events(self) -> QueueEvents:
         from .queue_events import QueueEvents
 
-        return QueueEvents(self.name, connection=self.client, prefix=self.prefix)
+        events = QueueEvents(self.name, connection=self.client, prefix=self.prefix)
+        events._reader.event_mode.expects_pubsub = self.expects_pubsub
+        return events
 
     def close(self) -> None:
         """Close the shared reader and, if jobq created it, the client."""

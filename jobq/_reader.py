@@ -191,8 +191,10 @@ class EventMode:
     Queue may yet store pub/sub mode: the reader then subscribes before it
     reads the stream, and keeps that subscription aside (``standby``) so
     that nothing published from then on is lost if it does (``stored``).
-    So does a reader whose queue lost pub/sub mode (``lost``), for as long
-    as no mode is stored: a Queue that followed that mode stores it again."""
+    So does a reader of a queue that is to be in pub/sub mode
+    (``expects_pubsub``), for as long as no mode is stored: it was before
+    the server lost its settings (a Queue that followed that mode stores it
+    again), or the Queue whose reader it is was given it."""
 
     def __init__(self, context: QueueContext) -> None:
         self._context = context
@@ -200,6 +202,9 @@ class EventMode:
         #: its reader listens to the channel whatever the mode (a shard's,
         #: read by a ShardReader): a mode stored later needs no standby
         self.always_listened = False
+        #: while no mode is stored, a Queue is to store pub/sub mode (see the
+        #: class): undecided, whatever its stream holds
+        self.expects_pubsub = False
         self.reset()
 
     def reset(self) -> None:
@@ -210,9 +215,6 @@ class EventMode:
         self.publish = "SPUBLISH"
         self.undecided = False
         self.undecided_from: StreamId = (0, 0)
-        #: the queue was in pub/sub mode and no mode is stored since (the
-        #: server lost its settings): undecided, whatever its stream holds
-        self.lost = False
         self.gap_batch = 1000  # a read this long may follow a trimmed gap
         self._next_look = 0.0  # the next timed look for a gap (monotonic)
         self._unlooked = 0  # the longest read since that no look followed
@@ -239,15 +241,15 @@ class EventMode:
         self.undecided_from = (0, 0)
         self.undecided = False
         if mode is not None:
-            if self.lost and self.mode == "stream" and self.standby is not None:
+            if self.expects_pubsub and self.mode == "stream" and self.standby is not None:
                 self._standby_until = time.monotonic()  # stream mode stored: it goes
-            self.lost = False
+            self.expects_pubsub = False
         elif was == "pubsub" and not self.always_listened:
-            self.lost = True
+            self.expects_pubsub = True  # the server lost its settings
         if mode is None:
-            last = None if self.lost else client.xrevrange(keys.events, "+", "-", count=1)
-            if self.lost or not last or _first_is_obliterated(last[0]):
-                self.undecided = True  # obliterated, or its mode lost: it may be pub/sub yet
+            last = client.xrevrange(keys.events, "+", "-", count=1)
+            if self.expects_pubsub or not last or _first_is_obliterated(last[0]):
+                self.undecided = True  # obliterated, or expected: it may be pub/sub yet
                 self.undecided_from = sid(_text(last[0][0])) if last else (0, 0)
         # as the scripts publish (sp: stored by a writer on a cluster's
         # node); a cluster client's reader subscribes on the queue's node
@@ -338,7 +340,7 @@ class EventMode:
         subscription closed at once, its reader lost what was published
         until it subscribed again."""
         self.undecided = False
-        if self.standby is not None and self._standby_until is None and not self.lost:
+        if self.standby is not None and self._standby_until is None and not self.expects_pubsub:
             self._standby_until = time.monotonic() + MODE_CHECK_INTERVAL
 
     def expire(self, now: float) -> None:

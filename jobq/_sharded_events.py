@@ -33,13 +33,14 @@ from ._closing import ClosedOnExit
 from ._context import QueueContext
 from ._reader import ALL, Dispatcher
 from ._shard_reader import ShardReader
-from ._shards import mismatch, shard_names, shard_of, stored_count, validate_count
+from ._shards import COUNT_FIELD, mismatch, shard_names, shard_of, validate_count
 from ._threads import start_thread, wait_event
 from ._waiters import CLOSED, WakeGate
+from ._waiting import FIRST_LOOK
 from .connection import BLOCK_CAP, close_client, resolve
 from .errors import ClosedError
 from .events import Event
-from .keys import lookup_id, validate_name
+from .keys import QueueKeys, lookup_id, validate_name
 from .listeners import Listener, ListenerMethods, ListenerRegistry, call_safely
 from .options import blocking_seconds, flag, wait_timeout
 from .queue_events import (
@@ -169,8 +170,13 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
                 raise ClosedError(f"QueueEvents {self._name!r} is closed")
             if self._started:
                 return self
+            # by a deadline: a wait starts the readers, and keeps to its
+            # timeout on a server that does not answer (within its first look)
+            deadline = time.monotonic() + FIRST_LOOK
             try:
-                stored = stored_count(self._client, self._prefix, self._name)
+                raw = self._readers[0]._context.command_by(
+                    deadline, "HGET", QueueKeys(self._prefix, self._name).meta, COUNT_FIELD)
+                stored = int(raw) if raw else None
             except redis.exceptions.RedisError:
                 stored = None  # a server away: the readers wait for it
             if stored is not None and stored != self._count:

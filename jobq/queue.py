@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from . import _tracing, serializer
+from . import _fork, _tracing, serializer
 from ._adding import Batch, JobPreparer
 from ._cancel import QueueCancel
 from ._closing import ClosedOnExit, OfQueue
@@ -154,6 +154,7 @@ class Queue(
         self._context = QueueContext(name, connection, prefix)
         self._context.payload_limit = payload_limit
         self._settings = (event_mode, max_events, result_ttl)
+        self._context.expects_pubsub = event_mode == "pubsub"
         self._recorded = False
         self._owner_lost: Callable[[], None] | None = None  # a shard's ShardedQueue's
         self._marking = False  # a store of settings under way (see _settings_lost)
@@ -335,12 +336,10 @@ class Queue(
     @property
     def events(self) -> QueueEvents:
         """A QueueEvents of this queue, started on first use, shared by all
-        threads; to be had while the server is away (its reader connects
-        once the server is there)."""
-        try:
-            self._context.ensure_ready()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            pass  # the reader retries by itself; the queue's next call sets it up
+        threads. No I/O: to be had at once while the server is away or does
+        not answer (its reader connects once the server is there; the
+        queue's own setup waits for its next call)."""
+        _fork.check()
         return self._context.shared_events()
 
     def close(self) -> None:

@@ -1099,7 +1099,31 @@ def test_a_reader_that_lost_pub_sub_mode_hears_the_queue_store_it_again_after_st
         assert rec.wait_count(23)
         assert sorted(int(e.job_id in {j.id for j in jobs}) for e in rec.snapshot()) \
             == [0] * 3 + [1] * 20
-        assert reader.mode == "pubsub" and mode.standby is None and not mode.lost
+        assert reader.mode == "pubsub" and mode.standby is None and not mode.expects_pubsub
+
+
+def test_the_reader_of_a_pub_sub_queue_not_yet_set_up_misses_nothing_when_it_stores_its_mode(
+    queue_name: str, redis_url: str
+) -> None:
+    """``Queue.events`` of a Queue given pub/sub mode and not yet used (no
+    I/O: the mode not stored) on a queue whose stream holds events already:
+    the reader followed the stream, and when the Queue's first add stored
+    pub/sub mode it subscribed anew, losing what was published meanwhile.
+    It keeps a subscription aside while no mode is stored."""
+    rec = Recorder()
+    with Queue(queue_name, connection=redis_url) as plain:
+        plain.add("x", 0)  # events in the stream, no mode stored
+    with Queue(queue_name, connection=redis_url, event_mode="pubsub") as queue, \
+            Worker(queue_name, echo, connection=redis_url, concurrency=4):
+        qe = queue.events
+        qe.on("added", rec)
+        assert qe.wait_until_ready(WAIT)
+        assert qe._reader.event_mode.standby is not None
+        queue.add("x", 1)  # stores pub/sub mode
+        jobs = queue.add_bulk([{"name": "x", "data": i} for i in range(2, 22)])
+        assert [job.wait_until_finished(timeout=WAIT) for job in jobs] == list(range(2, 22))
+        assert rec.wait_count(21)
+        assert qe._reader.mode == "pubsub"
 
 
 def test_a_reader_that_lost_pub_sub_mode_lets_its_spare_subscription_go_once_stream_is_stored(
@@ -1120,10 +1144,10 @@ def test_a_reader_that_lost_pub_sub_mode_lets_its_spare_subscription_go_once_str
         assert qe.wait_until_ready(WAIT)
         assert queue.add("x", 0).wait_until_finished(qe, timeout=WAIT) == 0
         redis_client.delete(*redis_client.keys(f"jobq:{{{queue_name}}}:*"))
-        assert until(lambda: mode.lost and mode.standby is not None)
+        assert until(lambda: mode.expects_pubsub and mode.standby is not None)
         with Queue(queue_name, connection=redis_url, event_mode="stream") as stream:
             assert stream.add("x", 1).wait_until_finished(qe, timeout=WAIT) == 1
-            until(lambda: mode.standby is None and not mode.lost
+            until(lambda: mode.standby is None and not mode.expects_pubsub
                   and sum(c.get("name") == name for c in redis_client.client_list()) == 1,
                   timeout=WAIT)
             assert stream.add("x", 2).wait_until_finished(qe, timeout=WAIT) == 2

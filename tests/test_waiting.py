@@ -986,10 +986,10 @@ def test_wait_and_close_keep_their_own_time_with_a_retrying_client(
     try:
         queue = Queue(queue_name, connection=client, event_mode=mode)
         try:
+            job = queue.get_job(queue.add("x").id)  # not fresh: the wait checks the record
+            assert job is not None  # and the mode stored, before the reader starts
             assert queue.events.wait_until_ready(WAIT)
             assert queue.events._reader.mode == mode
-            job = queue.get_job(queue.add("x").id)  # not fresh: the wait checks the record
-            assert job is not None
             own_server.stop()
             start = time.monotonic()
             with pytest.raises(WaitUntilFinishedTimeoutError):
@@ -1185,6 +1185,49 @@ def test_a_close_on_a_server_that_stopped_answering_keeps_its_timeout(
     finally:
         queue.close()
         client.close()
+
+
+def test_a_queue_first_used_while_the_server_does_not_answer_has_its_events_at_once(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """``Queue.events`` ran the queue's first-use setup while the server
+    accepted connections and answered nothing: every use blocked for about
+    10 s, and a wait through it (``timeout=0.5``) ended 10.5 s later."""
+    with Queue(queue_name, connection=own_server.url) as writer:
+        job_id = writer.add("x", 1).id
+    queue = Queue(queue_name, connection=own_server.url)  # a process starting while it hangs
+    own_server.kill(signal.SIGSTOP)
+    try:
+        for _ in range(2):
+            start = time.monotonic()
+            events = queue.events
+            assert time.monotonic() - start < 0.5
+        start = time.monotonic()
+        with pytest.raises(WaitUntilFinishedTimeoutError):
+            events.wait_for(job_id, timeout=0.5)
+        # within the wait's first look (FIRST_LOOK, 1 s), as any wait
+        assert time.monotonic() - start < 2.5
+    finally:
+        own_server.kill(signal.SIGCONT)
+        queue.close()
+
+
+def test_the_first_wait_of_a_sharded_queue_keeps_its_timeout_on_a_server_that_does_not_answer(
+    own_server: RedisServer, queue_name: str
+) -> None:
+    """The first wait starts the sharded reader, which read the queue's
+    shard count with no deadline: 5 s on a server that accepts connections
+    and answers nothing, for a wait of 0.5 s."""
+    with ShardedQueue(queue_name, shards=2, connection=own_server.url) as queue:
+        job = queue.add("x", 1)
+        own_server.kill(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(WaitUntilFinishedTimeoutError):
+                job.wait_until_finished(timeout=0.5)
+            assert time.monotonic() - start < 2.5
+        finally:
+            own_server.kill(signal.SIGCONT)
 
 
 # -- many waiters re-checked at once -----------------------------------------
