@@ -21,6 +21,7 @@ from .connection import (
     blocking_client,
     close_subscription,
     cut_client,
+    next_message,
     ssubscribe,
 )
 from .keys import lookup_id
@@ -112,7 +113,7 @@ class CancelListener:
             if self._pubsub is None:
                 self._connect()
                 reached()
-            message = self._pubsub.get_sharded_message(timeout=BLOCK_CAP)
+            message = next_message(self._pubsub, BLOCK_CAP)
             if message is None:
                 return 0.0
             kind = message["type"]

@@ -170,6 +170,6 @@ class ReaderLoop:
 
     def _read_pubsub(self, pubsub: Any) -> None:
         self._reader.send_pings(pubsub)
-        message = pubsub.get_sharded_message(timeout=self._block)
+        message = _connection.next_message(pubsub, self._block)
         if message is not None:
             self._reader.consume_message(message)

@@ -47,6 +47,7 @@ from .connection import (
     close_subscription,
     cut_client,
     is_transient,
+    next_message,
     ssubscribe,
 )
 
@@ -147,7 +148,7 @@ class ShardFetcher(Fetcher):
         if got or wait <= 0:
             return
         if len(self._nodes) == 1:
-            message = self._nodes[0].pubsub.get_sharded_message(timeout=wait)
+            message = next_message(self._nodes[0].pubsub, wait)
             if message is not None:
                 self._handle(self._nodes[0], message)
             return

@@ -34,7 +34,7 @@ from . import events as _events
 from ._reader import READ_COUNT, EventReader, ModeChanged, publish_wake
 from ._threads import BackgroundLoop, reached
 from ._waiters import CHECKPOINT
-from .connection import Client, blocking_client, close_subscription, ssubscribe
+from .connection import Client, blocking_client, close_subscription, next_message, ssubscribe
 
 logger = logging.getLogger("jobq.queue_events")
 
@@ -246,7 +246,7 @@ class ShardReader:
             return
         if len(self._nodes) == 1:
             node = self._nodes[0]
-            message = node.pubsub.get_sharded_message(timeout=wait)
+            message = next_message(node.pubsub, wait)
             if message is not None:
                 self._handle(node, message)
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import threading
 import time
@@ -377,6 +378,34 @@ def is_transient(exc: BaseException) -> bool:
 #: Seconds a subscription's confirmations may take to come.
 SUBSCRIBE_TIMEOUT = 10.0
 
+#: Whether a cluster's subscription waits for its timeout when read with no
+#: node named: before redis-py 8 it returns at once, and a loop reading it
+#: spun a core while idle (see ``next_message``).
+_CLUSTER_READS_WAIT = int(redis.__version__.split(".")[0]) >= 8
+
+
+def next_message(pubsub: Any, timeout: float) -> Any:
+    """The next message of a (sharded) subscription within ``timeout``
+    seconds; None when none came. A cluster's subscription before redis-py
+    8 is read on its node by name (one node), else polled on every node
+    and waited on by their sockets."""
+    mapping = getattr(pubsub, "node_pubsub_mapping", None)
+    if not mapping or _CLUSTER_READS_WAIT:
+        return pubsub.get_sharded_message(timeout=timeout)
+    if len(mapping) == 1:
+        node = pubsub.cluster.get_node(node_name=next(iter(mapping)))
+        if node is not None:
+            return pubsub.get_sharded_message(timeout=timeout, target_node=node)
+    for _ in range(len(mapping)):  # round robin: each node's buffered messages first
+        message = pubsub.get_sharded_message(timeout=0)
+        if message is not None:
+            return message
+    sockets = [sock for sock in (getattr(sub.connection, "_sock", None)
+                                 for sub in list(mapping.values())) if sock is not None]
+    if timeout > 0 and sockets:
+        select.select(sockets, [], [], timeout)
+    return pubsub.get_sharded_message(timeout=0)
+
 
 def ssubscribe(pubsub: Any, channels: Iterable[Any], stopping: Callable[[], bool],
                what: str, sharded: bool = True) -> None:
@@ -394,7 +423,7 @@ def ssubscribe(pubsub: Any, channels: Iterable[Any], stopping: Callable[[], bool
     kinds = ("ssubscribe", b"ssubscribe") if sharded else ("subscribe", b"subscribe")
     deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
     while confirmed < len(channels):
-        message = pubsub.get_sharded_message(timeout=BLOCK_CAP)
+        message = next_message(pubsub, BLOCK_CAP)
         if message is not None and message["type"] in kinds:
             confirmed += 1
         elif stopping() or time.monotonic() > deadline:

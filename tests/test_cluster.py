@@ -23,6 +23,7 @@ import redis
 from jobq import Job, Queue, QueueEvents, Worker
 from jobq.connection import TRANSIENT_ERRORS
 from jobq.testing import LocalCluster, RedisServer
+from tests.conftest import echo
 from tests.polling import until
 
 pytestmark = pytest.mark.cluster
@@ -100,6 +101,30 @@ def test_queues_on_different_shards(cluster: LocalCluster) -> None:
                 q.close()
     ports = {cluster.server_of_slot(slot_of(cluster.client(), n)).port for n in names}
     assert len(ports) == 3
+
+
+def test_idle_workers_and_pub_sub_readers_on_a_cluster_use_no_cpu(cluster: LocalCluster) -> None:
+    """Before redis-py 8, a cluster's subscription read with no node named
+    returns at once whatever its timeout: an idle worker (its cancel
+    listener; a sharded worker's wake-ups too) and an idle pub/sub reader
+    each kept a core busy."""
+    from jobq import ShardedQueue
+
+    url = cluster.url
+    name = f"idle-{os.getpid()}-{time.monotonic_ns()}"
+    with Queue(name, connection=url, event_mode="pubsub") as queue, \
+            ShardedQueue(name + "-s", shards=3, connection=url) as sharded, \
+            Worker(name, echo, connection=url), \
+            Worker(sharded.name, echo, connection=url, shards=3):
+        assert queue.add("x", 1).wait_until_finished(timeout=WAIT) == 1
+        assert sharded.add("x", 2).wait_until_finished(timeout=WAIT) == 2
+        assert queue.events.wait_until_ready(WAIT)
+        start = time.process_time()
+        threading.Event().wait(2.0)  # idle: every loop blocked in its read
+        busy = time.process_time() - start
+        assert busy < 1.0, f"{busy:.2f} s of CPU in 2 s idle"
+        queue.obliterate(force=True)
+        sharded.obliterate(force=True)
 
 
 def test_a_worker_given_a_cluster_client_has_room_for_its_handlers(
