@@ -35,10 +35,11 @@ test: $(VENV)/.installed
 	JOBQ_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CLUSTER_RUN) $(PYTEST_ARGS)
 	JOBQ_TEST_RESP3=1 $(BIN)/python -m pytest $(RESP3_RUN) $(PYTEST_ARGS)
 
-# The default selection with the oldest redis-py and croniter that setup.cfg
+# The default selection with the oldest redis-py, croniter and hiredis that setup.cfg
 # allows: the scripts' fast path and the worker's own connections use redis-py
-# internals; croniter before 6.1 gets daylight-saving changes wrong.
-OLDEST_DEPS ?= redis==5.0.1 croniter==6.1.0
+# internals; croniter before 6.1 gets daylight-saving changes wrong; hiredis before
+# 2.2 has no pack_command.
+OLDEST_DEPS ?= redis==5.0.1 croniter==6.1.0 hiredis==2.2.3
 OLDEST_VENV ?= .venv-oldest
 $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
@@ -47,7 +48,7 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 test-oldest: $(OLDEST_VENV)/.installed
-	$(OLDEST_VENV)/bin/python -c 'from importlib.metadata import version as v; print("redis-py", v("redis"), "croniter", v("croniter"))'
+	$(OLDEST_VENV)/bin/python -c 'from importlib.metadata import version as v; print("redis-py", v("redis"), "croniter", v("croniter"), "hiredis", v("hiredis"))'
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The default selection on another interpreter, in a venv of its own:
