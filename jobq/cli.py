@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import redis
 
 from ._json import dumps, printable
+from ._sentinel import brief
 from ._signals import StopSignals
 from .connection import CLUSTER_SCHEMES, login_refused, moved, redact
 from .errors import JobFailedError, JobNotFoundError, JobqError
@@ -1023,7 +1024,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "the password in the URL: redis://:PASSWORD@HOST:PORT/DB, an ACL user's as "
                   "USER:PASSWORD@)", file=sys.stderr)
             return EXIT_REDIS
-        reason = re.sub(r"^cannot reach the Redis server at \S+: ", "", str(exc))
+        # no Sentinel named a master: without the repr of each Sentinel's
+        # client that redis-py appends (over a thousand characters)
+        reason = re.sub(r"^cannot reach the Redis server at \S+: ", "", brief(exc))
         print(f"jobq: cannot reach Redis at {where}: {reason}", file=sys.stderr)
         return EXIT_REDIS
     except redis.exceptions.InvalidResponse as exc:  # another service on that port

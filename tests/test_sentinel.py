@@ -107,7 +107,7 @@ def test_sentinel_urls_are_parsed_without_connecting() -> None:
 
 
 def test_no_master_is_said_in_one_short_line(
-    queue_name: str, caplog: pytest.LogCaptureFixture
+    queue_name: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # with no Sentinel answering, redis-py appends each Sentinel client's
     # repr (over a thousand characters) to MasterNotFoundError's message
@@ -128,6 +128,11 @@ def test_no_master_is_said_in_one_short_line(
     said = [r.getMessage() for r in caplog.records if "No master found" in r.getMessage()]
     assert all(len(line) < 300 for line in said), said
     assert not [r for r in caplog.records if "did not end in time" in r.getMessage()]
+    # and the command line's error (it carried the reprs)
+    capsys.readouterr()
+    assert main(["info", "--url", url]) == 3
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"jobq: cannot reach Redis at {url}: No master found for 'orders'\n")
 
 
 def test_a_worker_whose_sentinels_refuse_the_login_says_so_at_start(
