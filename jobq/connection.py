@@ -227,7 +227,22 @@ def unreachable(exc: Exception, client: Client) -> Exception:
             "user the ACL lines of its role: docs/guide/security.md)")
     cls = redis.exceptions.TimeoutError if isinstance(exc, redis.exceptions.TimeoutError) \
         else redis.exceptions.ConnectionError
+    if pool_full(exc):  # the server was not asked: a pool of the caller's is in use
+        size = getattr(getattr(client, "connection_pool", None), "max_connections", "?")
+        return cls(f"no connection free in the client's pool for {describe(client)} "
+                   f"(max_connections={size}: {exc}): give it more (jobq keeps one of them "
+                   "for its calls)")
     return cls(f"cannot reach the Redis server at {describe(client)}: {_sentinel.brief(exc)}")
+
+
+def pool_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a connection pool had no connection to lend
+    (redis-py's ConnectionPool, BlockingConnectionPool), not that the
+    server is away."""
+    if isinstance(exc, getattr(redis.exceptions, "MaxConnectionsError", ())):
+        return True
+    return isinstance(exc, redis.exceptions.ConnectionError) and str(exc) in (
+        "Too many connections", "No connection available.")
 
 
 _KEEP: Any = object()

@@ -1354,6 +1354,30 @@ def test_a_client_whose_pool_cannot_lend_two_connections_is_refused(
         assert client.ping()
 
 
+def test_a_pool_of_the_callers_with_no_connection_free_is_said_so_not_the_server_away(
+    queue_name: str, redis_url: str
+) -> None:
+    """A first call while the caller's threads held every connection of its
+    pool said "cannot reach the Redis server", which had just answered."""
+    from jobq.connection import take_connection
+
+    url = redis_url.replace("redis+cluster://", "redis://", 1)
+    for pool in (redis.ConnectionPool.from_url(url, max_connections=2),
+                 redis.BlockingConnectionPool.from_url(url, max_connections=2, timeout=0.2)):
+        with redis.Redis(connection_pool=pool) as client:
+            held = [take_connection(pool) for _ in range(2)]  # the app's threads'
+            try:
+                with Queue(queue_name, connection=client) as q, \
+                        pytest.raises(redis.ConnectionError) as caught:
+                    q.add("x")
+                assert str(caught.value).startswith("no connection free in the client's pool")
+                assert "max_connections=2" in str(caught.value)
+            finally:
+                for connection in held:
+                    pool.release(connection)
+                pool.disconnect()  # the caller's pool: its client does not close it
+
+
 def test_drain_takes_a_bool(queue: Queue) -> None:
     queue.add("d", delay=60)
     with pytest.raises(ValueError, match="delayed must be a bool"):
