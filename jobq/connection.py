@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import select
 import socket
@@ -743,12 +744,19 @@ def pooled(client: Any) -> bool:
             and client.connection is None)
 
 
+# redis-py 5's ``get_connection`` wants a command name; later versions warn
+# when given one. Decided once, so that no failed first try is chained into
+# the traceback of an error the pool raises.
+_NAME = (inspect.signature(redis.ConnectionPool.get_connection)
+         .parameters.get("command_name"))
+_WANTS_NAME = _NAME is not None and _NAME.default is inspect.Parameter.empty
+
+
 def take_connection(pool: Any) -> Any:
     """A connection from a client's pool (give it back with ``pool.release``)."""
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py 5 wants a command name
+    if _WANTS_NAME:
         return pool.get_connection("EVALSHA")
+    return pool.get_connection()
 
 
 def connected(connection: Any) -> Any:
