@@ -506,8 +506,9 @@ class EventReader:
         self._release_held(client)  # the look runs on it, through the pool
         missed = timed and self.event_mode.missed(client)
         if missed or trimmed(client, self._context.keys.events, since or self.read_id):
-            logger.warning("events of %r were trimmed before they were read%s; re-checking "
-                           "waiters", self.name, " (max_events was lowered)" if missed else "")
+            logger.warning("events of %r were gone before they were read (%s); re-checking "
+                           "waiters", self.name, "max_events was lowered" if missed
+                           else "trimmed, or lost with the server's data")
             # an emptied stream (trim_events(0)): nothing is left to read up
             # to its last id, and no run added by then is followed
             emptied = _emptied_upto(client, self._context.keys)
@@ -735,8 +736,8 @@ def _since(client: Client, keys: QueueKeys, start_id: str) -> StreamId:
         return start
     since = max(start, _before(sid(_text(first[0][0]))))
     if start != (0, 0) and since > start:
-        logger.warning("events of %r after %s were trimmed before they were read",
-                       keys.queue, start_id)
+        logger.warning("events of %r after %s were gone before they were read (trimmed, "
+                       "or lost with the server's data)", keys.queue, start_id)
     return since
 
 

@@ -596,7 +596,7 @@ def test_a_replay_waits_on_a_job_whose_events_were_trimmed_by_its_record(
         with Queue(queue_name, connection=redis_url) as queue:
             queue.emit("after")
         assert later.wait_name("after")
-    said = caplog.text.count("trimmed before they were read")
+    said = caplog.text.count("gone before they were read")
     assert said == (0 if start == "0" else 1)
 
 
