@@ -5,7 +5,8 @@ On one server in stream mode, one blocking XREAD reads every shard's stream.
 A cluster refuses a blocking read over keys of several slots (CROSSSLOT,
 even on one node), and in pub/sub mode the events are messages: there the
 reader subscribes (SSUBSCRIBE, one per slot) to each shard's events channel,
-on one connection per node. In pub/sub mode the messages are the events. In
+on one connection per node, and makes its other calls to the node on a
+second one of its own. In pub/sub mode the messages are the events. In
 stream mode a shard's scripts publish one wake-up on that channel after they
 write to its stream (once per call, ``emit`` in _common.lua); the reader
 then reads the streams of the shards that signalled, non-blocking, in one
@@ -40,14 +41,16 @@ logger = logging.getLogger("jobq.queue_events")
 
 
 class _Node:
-    """One node: a connection of its own subscribed to the events channels
-    of the shards it serves, and the shared client of the node for the
-    (non-blocking) reads of their streams."""
+    """One node: a client of the reader's own with two connections, one
+    subscribed to the events channels of the shards the node serves, one
+    for the other calls on their keys (the reads of their streams, their
+    modes). A close cuts both: no call of the reader thread is on a client
+    it does not own (one on a server that stopped answering would keep
+    the thread past the close)."""
 
-    def __init__(self, own: Client, reads: Client, channels: dict[bytes, int]) -> None:
+    def __init__(self, own: Client, channels: dict[bytes, int]) -> None:
         self.client = own
         self.pubsub = own.pubsub()
-        self.reads = reads
         self.channels = channels  # channel -> shard
 
     def subscribe(self, stopping: Callable[[], bool]) -> None:
@@ -55,9 +58,6 @@ class _Node:
 
     def socket(self) -> Any:
         return getattr(self.pubsub.connection, "_sock", None)
-
-    def close(self) -> None:
-        close_subscription(self.client, self.pubsub)
 
 
 class ShardReader:
@@ -86,6 +86,8 @@ class ShardReader:
     def after_fork(self) -> None:
         """Forget every connection (in a forked child they are the parent's)."""
         self._multi: Client | None = None  # one server, stream mode: one blocking XREAD
+        self._own: list[Client] = []  # every client of the reader's own
+        self._calls: list[Client] = []  # by shard: the reader's client of its node
         self._next_mode_check = 0.0  # while a shard is in pub/sub mode (monotonic)
         self._blocked: _connection.Blocked | None = None
         self._nodes: list[_Node] = []
@@ -93,9 +95,10 @@ class ShardReader:
 
     @property
     def connections(self) -> int:
-        """How many connections of its own the reader holds: one per node
-        (one on a single server)."""
-        return 1 if self._multi is not None else len(self._nodes)
+        """How many connections of its own the reader may hold: one on a
+        single server in stream mode, else two per node (one subscribed; the
+        other from its first call after subscribing)."""
+        return 1 if self._multi is not None else 2 * len(self._nodes)
 
     def wake(self, timeout: float = _connection.UNBLOCK_TIMEOUT) -> None:
         """Cut the current wait short, so that close is prompt (trying for
@@ -113,9 +116,8 @@ class ShardReader:
     def interrupt(self) -> None:
         """Cut the reader's connections under a read (or connect) that does
         not return: a close's last resort on a server that does not answer."""
-        _connection.cut_client(self._multi)
-        for node in list(self._nodes):
-            _connection.cut_client(node.client)
+        for client in list(self._own):
+            _connection.cut_client(client)
 
     def _check_open(self) -> None:
         """Called once a new client is where ``interrupt`` finds it: a close
@@ -155,8 +157,8 @@ class ShardReader:
         if now < self._next_mode_check:
             return
         self._next_mode_check = now + _reader.MODE_CHECK_INTERVAL
-        lost = [r for r in self._readers
-                if r.mode == "pubsub" and r.read_mode(self._client) != "pubsub"]
+        lost = [r for shard, r in enumerate(self._readers)
+                if r.mode == "pubsub" and self._call(shard, r.read_mode) != "pubsub"]
         if lost:
             logger.warning("queue %r: the pub/sub event mode of %d shard(s) is no longer "
                            "stored (the server lost its data?); reading their streams",
@@ -180,45 +182,61 @@ class ShardReader:
                 logger.debug("could not refresh the cluster's slot map: %s", refresh)
 
     def _disconnect(self) -> None:
-        if self._multi is not None:
-            _connection.close_subscription(self._multi, None)
         for node in self._nodes:
-            node.close()
+            close_subscription(None, node.pubsub)
+        for client in self._own:
+            _connection.close_client(client)
         self.after_fork()
 
     def _connect(self) -> None:
         client = self._client
-        modes = {reader.read_mode(client) for reader in self._readers}
-        self._next_mode_check = time.monotonic() + _reader.MODE_CHECK_INTERVAL
-        # a shard with no mode stored yet may take pub/sub: listen to them all
-        undecided = any(reader.event_mode.undecided for reader in self._readers)
-        if modes == {"stream"} and not undecided and not isinstance(client, RedisCluster):
-            multi = self._multi = blocking_client(client, f"jobq-events-{self._name}")
-            self._check_open()
-            self._blocked = _connection.client_id(multi, self._readers[0].key)
-            for reader in self._readers:
-                reader.start(multi)
-            return
+        # the shards by node (the slot map the client has: no call), and a
+        # client of the reader's own for each node
         groups: dict[str, dict[bytes, int]] = {}
-        clients: dict[str, Client] = {}
+        owns: dict[str, Client] = {}
         for shard, reader in enumerate(self._readers):
             name, node_client = "", client
             if isinstance(client, RedisCluster):
                 node = client.get_node_from_key(reader.key)  # type: ignore[no-untyped-call]
                 name, node_client = node.name, node.redis_connection
             groups.setdefault(name, {})[reader.key.encode()] = shard
-            clients[name] = node_client
+            if name not in owns:
+                owns[name] = blocking_client(node_client, f"jobq-events-{self._name}")
+                self._own.append(owns[name])
+            self._calls.append(owns[name])
+        self._check_open()
+        modes = {self._call(shard, reader.read_mode)
+                 for shard, reader in enumerate(self._readers)}
+        self._next_mode_check = time.monotonic() + _reader.MODE_CHECK_INTERVAL
+        # a shard with no mode stored yet may take pub/sub: listen to them all
+        undecided = any(reader.event_mode.undecided for reader in self._readers)
+        if modes == {"stream"} and not undecided and not isinstance(client, RedisCluster):
+            multi = self._multi = owns[""]
+            self._blocked = _connection.client_id(multi, self._readers[0].key)
+            for reader in self._readers:
+                reader.start(multi)
+            return
         for name, channels in groups.items():
-            own = blocking_client(clients[name], f"jobq-events-{self._name}")
-            node = _Node(own, clients[name], channels)
+            node = _Node(owns[name], channels)
             self._nodes.append(node)
-            self._check_open()
             node.subscribe(self._stop.is_set)
         # listening now: whatever was written before is read from the streams
         # (of every shard in stream mode: some may be in pub/sub mode yet)
-        for reader in self._readers:
-            reader.start(client)
+        for shard, reader in enumerate(self._readers):
+            self._call(shard, reader.start)
         self._signalled = {i for i, reader in enumerate(self._readers) if reader.mode == "stream"}
+
+    def _call(self, shard: int, call: Callable[[Client], Any]) -> Any:
+        """``call`` with the reader's client of ``shard``'s node; on a
+        cluster, with the cluster client if that node refused it (the
+        shard's slot migrating: ASK; or moved: MOVED), which follows the
+        slot."""
+        try:
+            return call(self._calls[shard])
+        except redis.exceptions.ResponseError:
+            if not isinstance(self._client, RedisCluster):
+                raise
+        return call(self._client)
 
     # -- reading --------------------------------------------------------------
 
@@ -264,13 +282,13 @@ class ShardReader:
             shards = [s for s in node.channels.values() if s in self._signalled]
             if not shards:
                 continue
-            pipe = node.reads.pipeline(transaction=False)
+            pipe = node.client.pipeline(transaction=False)
             for shard in shards:
                 reader = self._readers[shard]
                 pipe.xread({reader.key: reader.position()}, count=READ_COUNT)
             replies = pipe.execute(raise_on_error=False)
             for shard, reply in zip(shards, replies, strict=True):
-                reader, client = self._readers[shard], node.reads
+                reader, client = self._readers[shard], node.client
                 if isinstance(reply, redis.exceptions.ResponseError):
                     client = self._client
                     reply = client.xread({reader.key: reader.position()}, count=READ_COUNT)
@@ -284,13 +302,16 @@ class ShardReader:
         reader = self._readers[shard]
         if reader.read_id is None:
             return
-        while True:
-            reply = self._client.xread({reader.key: reader.position()}, count=READ_COUNT)
+
+        def read(client: Client) -> int:
+            reply = client.xread({reader.key: reader.position()}, count=READ_COUNT)
             entries = _connection.stream_entries(reply)
-            reader.consume(entries, self._client)
-            if len(entries) < READ_COUNT:
-                self._signalled.discard(shard)
-                return
+            reader.consume(entries, client)
+            return len(entries)
+
+        while self._call(shard, read) >= READ_COUNT:
+            pass
+        self._signalled.discard(shard)
 
     def _drain(self) -> bool:
         got = False
@@ -325,7 +346,7 @@ class ShardReader:
             # its first write, or an event published: in which mode now? (a
             # mode is stored once, by a queue's first write; this reader read
             # the stream before)
-            if reader.event_mode.read(self._client) == "pubsub":
+            if self._call(shard, reader.event_mode.read) == "pubsub":
                 # the add that stored it again after a data loss wrote its
                 # events to the stream first, and published no wake-up for
                 # them if the shard's mark was lost too: read them first

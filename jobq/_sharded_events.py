@@ -2,7 +2,7 @@
 set of listeners.
 
 One reader thread reads every shard (``_shard_reader``: one blocking read
-on a single server, one connection per node on a cluster), one dispatcher
+on a single server, two connections per node on a cluster), one dispatcher
 thread runs the listeners and one waker thread wakes waiting callers, as
 for a plain queue. Each shard has a part (a ``QueueEvents`` sharing those)
 that keeps the shard's position in its stream and its waiters: a wait goes
@@ -142,8 +142,9 @@ class ShardedQueueEvents(ListenerMethods, ClosedOnExit):
 
     @property
     def connections(self) -> int:
-        """How many connections read the shards' events now: one on a single
-        server in stream mode, else one per node (0 before the first read)."""
+        """How many connections of its own the reader may hold now: one on
+        a single server in stream mode, else two per node, one of them
+        subscribed to the shards' channels (0 before the first read)."""
         return self._reader.connections
 
     def __repr__(self) -> str:
