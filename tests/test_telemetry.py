@@ -224,6 +224,22 @@ def test_a_failed_add_is_an_error_span_with_its_error_type(traced: Traced) -> No
     assert send.attributes["error.type"] == "redis.exceptions.ConnectionError"  # type: ignore[index]
 
 
+def test_an_add_refused_by_its_own_checks_opens_no_span(queue: Queue, traced: Traced) -> None:
+    """Nothing was sent (docs/guide/tracing.md): the caller gets the error,
+    and the next add's span is the only one."""
+    from jobq.errors import SerializationError
+
+    with pytest.raises(SerializationError):
+        queue.add("x", {1, 2})
+    with pytest.raises(ValueError, match="attempts"):
+        queue.add("x", 1, attempts=0)
+    with pytest.raises(SerializationError):
+        queue.add_bulk([{"name": "x", "data": 1}, {"name": "x", "data": object()}])
+    queue.add("x", 1)
+    assert len(traced.wait_spans(f"send {queue.name}", 1)) == 1
+    assert queue.get_job_counts("waiting") == {"waiting": 1}
+
+
 def test_a_span_processor_that_raises_costs_neither_an_add_nor_a_worker(
     queue: Queue, traced: Traced
 ) -> None:
