@@ -195,6 +195,15 @@ class Added(NamedTuple):
     duplicated: int
     #: the run's token: its `added` event's id (``p<n>`` in pub/sub mode)
     run: str | None
+    #: an existing custom id's record, read by the add (``duplicated`` 1)
+    record: dict[bytes, bytes] | None = None
+
+
+def _added(job_id: bytes, duplicated: Any, run: Any) -> Added:
+    if isinstance(run, list):  # an existing id's record
+        record = dict(zip(run[::2], run[1::2], strict=True))
+        return Added(job_id.decode(), int(duplicated), None, record)
+    return Added(job_id.decode(), int(duplicated), _text(run) or None)
 
 
 class Counts(NamedTuple):
@@ -286,10 +295,7 @@ class QueueScripts:
             argv.append(mode)
         reply = self._run("add", *argv)
         unset = len(reply) % 3 == 2
-        added = [
-            Added(reply[i].decode(), int(reply[i + 1]), _text(reply[i + 2]) or None)
-            for i in range(1, len(reply) - unset, 3)
-        ]
+        added = [_added(*reply[i : i + 3]) for i in range(1, len(reply) - unset, 3)]
         return float(reply[0]) / 1000.0, added, unset
 
     def add_flow(

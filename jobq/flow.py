@@ -188,7 +188,7 @@ def _write(
         queue._settings_lost(sent)  # the server lost them: stored again, as an add does
     jobs: list[Job | None] = []
     recorded: set[str] = set()
-    for node, (job_id, duplicated, run) in zip(nodes, added, strict=False):
+    for node, (job_id, duplicated, run, _) in zip(nodes, added, strict=False):
         if duplicated == _SKIPPED:
             jobs.append(None)
             continue

@@ -20,7 +20,6 @@ from ._queue_settings import EVENT_MODES, QueueSettings
 from ._schedulers import QueueSchedulers
 from .calls import NewJob
 from .errors import (
-    JobqError,
     RedisOOMError,
     SerializationError,
     in_entry,
@@ -190,8 +189,8 @@ class Queue(
         ``duplicated``; an add whose ``dedup`` key holds returns the job that
         owns it and emits ``deduplicated`` (a debounce returns the replaced
         delayed job; of a throttle key whose job retention removed, a Job
-        of its id without data, whose wait raises JobNotFoundError, or
-        returns its result when this process's events reader saw it finish).
+        of its id without data, whose wait raises JobNotFoundError: its
+        outcome went with its record).
 
         ``depends_on`` (a list of job ids of this queue, ``(queue, id)``
         pairs or Jobs) makes the job wait in state ``waiting-children``
@@ -255,12 +254,10 @@ class Queue(
         return hook.send(self.name, [new.name for new, _, _ in prepared],
                          lambda carrier: self._write(prepared, carrier))
 
-    def _write(self, prepared: list[tuple[NewJob, dict[str, Any], Any]], trace: str,
-               tries: int = 3) -> list[Job]:
+    def _write(self, prepared: list[tuple[NewJob, dict[str, Any], Any]], trace: str) -> list[Job]:
         """Write validated jobs, a chunk per round trip; ``trace``: the trace
         context each job stores ('' for none). A job found existing by its
-        id that is gone when read (removed since) is added again, up to
-        ``tries`` times; a dedup hit never is (its key still holds)."""
+        id is built from the record the add read with it."""
         result: list[Job] = []
         for start in range(0, len(prepared), BATCH):
             chunk = prepared[start : start + BATCH]
@@ -279,18 +276,16 @@ class Queue(
                 raise partly_added(exc, result, len(prepared)) from exc
             if unset:
                 self._settings_lost(sent)
-            for item, (job_id, duplicated, run) in zip(chunk, added, strict=True):
+            for item, (job_id, duplicated, run, record) in zip(chunk, added, strict=True):
                 new, opts, data = item
-                if duplicated:
+                if record is not None:  # an existing id, read by the add
+                    result.append(Job.from_record(self._context, job_id, record))
+                    continue
+                if duplicated:  # a dedup key's owner
                     try:
                         existing = self.get_job(job_id)
                     except redis.exceptions.RedisError:  # it exists, the reply said
-                        result.append(Job(self._context, job_id, new.name))
-                        continue
-                    if existing is None and duplicated == 1:  # removed since: added again
-                        if not tries:
-                            raise JobqError(f"job {job_id!r} was removed while it was added again")
-                        existing = self._write([item], trace, tries - 1)[0]
+                        existing = None
                     # a throttle key outlives its job's record: still ignored
                     result.append(existing or Job(self._context, job_id, new.name))
                     continue

@@ -30,7 +30,8 @@
            existed, left as it was; 2 deduplicated: id is the job that owns
            the dedup key, left as it was; 3 debounced: id is the owner, a
            delayed job whose name, data, options and delay were replaced by
-           this add's; added: the id of its `added` event, or '')
+           this add's; added: the id of its `added` event, the existing
+           job's record (HGETALL) when duplicated is 1, else '')
   Events   added, then waiting (both in one stream entry) or delayed;
            duplicated for an existing id; deduplicated (dedup_id,
            existing_job_id) for a dedup hit, then delayed (prev delayed)
@@ -117,11 +118,17 @@ for j = 0, n - 1 do
   elseif id == '' then
     dup = 0
     id = tostring(redis.call('INCR', base .. 'id'))
-  elseif redis.call('EXISTS', job_key(id)) == 1 then
-    dup = 1
-    emit('duplicated', id, {})
   else
-    dup = 0
+    -- an existing id: its record comes with the reply (a read after it may
+    -- find the job finished and removed by its retention)
+    local record = redis.call('HGETALL', job_key(id))
+    if #record > 0 then
+      dup = 1
+      added = record
+      emit('duplicated', id, {})
+    else
+      dup = 0
+    end
   end
   if dup == 0 then
     local delay = tonumber(ARGV[s + 1])
