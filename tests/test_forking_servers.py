@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -126,9 +127,9 @@ def gunicorn_with_worker(
     assert worker.returncode == 0, worker_err
 
 
-def _get(url: str) -> tuple[int, dict[str, Any]]:
+def _get(url: str, timeout: float = 20) -> tuple[int, dict[str, Any]]:
     try:
-        with urllib.request.urlopen(url, timeout=20) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as exc:
         return exc.code, {"error": exc.read().decode("utf-8", "replace")[:500]}
@@ -203,8 +204,16 @@ def test_app_under_a_forking_server(
         until(lambda: server.poll() is not None or _accepts(port), timeout=30)
         assert server.poll() is None, _stop(server)
         base = f"http://127.0.0.1:{port}{route}"
+        # unanswered requests give up by a common deadline, well within the
+        # test's timeout: the workers' stacks are dumped, and reported, then
+        deadline = time.monotonic() + 30
+
+        def get(n: int) -> tuple[int, dict[str, Any]]:
+            left = min(20.0, deadline - time.monotonic())
+            return _get(f"{base}?a={n}&b={2 * n}", max(0.5, left))
+
         with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
-            answers = list(pool.map(lambda n: _get(f"{base}?a={n}&b={2 * n}"), range(REQUESTS)))
+            answers = list(pool.map(get, range(REQUESTS)))
         if any(status == 0 for status, _ in answers):  # unanswered: where the workers are
             _dump_stacks(server.pid)
     finally:
