@@ -257,6 +257,7 @@ def test_corrupt_job_data_is_retried_under_its_backoff_keeping_each_stack_trace(
     delays: list[float] = []
     with QueueEvents(queue.name, connection=redis_url) as events:
         events.on("retrying", lambda e: delays.append(e.fields["delay"]))
+        assert events.wait_until_ready(WAIT)  # it reads from "$": the first one too
         with make_worker(queue.name, redis_url, lambda job: None):
             with pytest.raises(JobFailedError):
                 bad.wait_until_finished(events, timeout=WAIT)
