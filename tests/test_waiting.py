@@ -143,8 +143,9 @@ def test_a_timeout_beyond_what_a_thread_can_wait_is_no_limit(
 def test_reused_id_never_returns_the_previous_runs_value(
     queue: Queue, qe: QueueEvents, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    with Worker(queue.name, echo, connection=redis_url) as worker:
-        cond, done = completed_counter(worker)
+    worker = Worker(queue.name, echo, connection=redis_url)
+    cond, done = completed_counter(worker)  # before it takes a job
+    with worker:
         first = queue.add("x", "run-1", job_id="order-1", remove_on_complete=True)
         assert first.wait_until_finished(qe, timeout=WAIT) == "run-1"  # qe remembers run 1
         with ReaderKiller(redis_client, queue.name):
@@ -164,8 +165,9 @@ def test_a_wait_on_an_earlier_run_of_a_reused_id_after_the_later_one_ended(
     place of the earlier one's, and a wait on the earlier run took that for
     "its end not read yet" and waited for an event read long before (until
     the re-check, about 10 s later)."""
-    with Worker(queue.name, echo, connection=redis_url) as worker:
-        cond, done = completed_counter(worker)
+    worker = Worker(queue.name, echo, connection=redis_url)
+    cond, done = completed_counter(worker)  # before it takes a job
+    with worker:
         first = queue.add("x", "run-1", job_id="order-1", remove_on_complete=not keep)
         with cond:
             assert cond.wait_for(lambda: "run-1" in done, WAIT)
@@ -338,8 +340,9 @@ def test_a_retried_job_removed_on_completion_is_found_in_the_stream(
     and must skip the failure before the retry."""
     handler = _failing_first()
     job = queue.add("x", attempts=1, remove_on_complete=True)
-    with Worker(queue.name, handler, connection=redis_url) as worker:
-        cond, done = completed_counter(worker)
+    worker = Worker(queue.name, handler, connection=redis_url)
+    cond, done = completed_counter(worker)  # before it takes a job
+    with worker:
         until(lambda: job.get_state() == "failed", WAIT)
         job.retry()
         with cond:
@@ -476,8 +479,9 @@ def test_big_result_of_an_earlier_run_is_not_read_from_a_later_runs_record(
         return job.data * BIG
 
     outcome: list[Any] = []
-    with Worker(queue.name, handler, connection=redis_url) as worker:
-        cond, done = completed_counter(worker)
+    worker = Worker(queue.name, handler, connection=redis_url)
+    cond, done = completed_counter(worker)  # before it takes a job
+    with worker:
         first = queue.add("x", "1", job_id="same")
         thread = threading.Thread(target=lambda: _capture(outcome, first, qe))
         thread.start()
@@ -522,8 +526,9 @@ def test_the_reader_never_reads_a_later_runs_big_result_for_an_earlier_run(
     outcome: list[Any] = []
     thread = None
     try:
-        with Worker(queue.name, lambda job: job.data * BIG, connection=redis_url) as worker:
-            cond, done = completed_counter(worker)
+        worker = Worker(queue.name, lambda job: job.data * BIG, connection=redis_url)
+        cond, done = completed_counter(worker)  # before it takes a job
+        with worker:
             queue.add("x", "0", job_id="before")
             assert held.wait(WAIT)
             first = queue.add("x", "1", job_id="same")  # kept: no result:<run> copy
@@ -1244,8 +1249,9 @@ def test_a_batched_check_decides_every_kind_of_run_as_a_check_of_its_own_does(
 ) -> None:
     from jobq._waiters import Completed, Failed, Waiter
 
-    with Worker(queue.name, _fail_on_boom, connection=redis_url) as worker:
-        cond, done = completed_counter(worker)
+    worker = Worker(queue.name, _fail_on_boom, connection=redis_url)
+    cond, done = completed_counter(worker)  # before it takes a job
+    with worker:
         failed = threading.Event()
         worker.on("failed", lambda job, exc: failed.set())
         completed = queue.add("x", "value")
@@ -1306,8 +1312,9 @@ def test_after_a_gap_waiting_threads_are_rechecked_in_batches_not_each_on_its_ow
             thread.start()
         until(lambda: qe._table.jobs() == len(jobs), WAIT)
         with ReaderKiller(redis_client, queue_name):
-            with Worker(queue_name, echo, connection=redis_url) as worker:
-                cond, done = completed_counter(worker)
+            worker = Worker(queue_name, echo, connection=redis_url)
+            cond, done = completed_counter(worker)  # before it takes a job
+            with worker:
                 with cond:
                     assert cond.wait_for(lambda: len(done) == len(jobs), WAIT)
             for _ in range(300):  # the jobs' events are trimmed before the reader reads them
